@@ -1,0 +1,156 @@
+"""The NumPy-like entry point: :func:`attention`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import device as _device
+from . import dispatch, interop
+from .families.base import Tensors
+from .problem import Problem, out_shape, validate
+from .reference import attention_reference
+
+
+def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
+              return_lse=False, out=None, lse_out=None, kernel="auto"):
+    """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
+
+    Parameters
+    ----------
+    q : array [B, Hq, Sq, D] (``layout="bhsd"``) or [B, Sq, Hq, D] (``"bshd"``)
+    k, v : arrays [B, Hkv, Sk, D] (or [B, Sk, Hkv, D]); Hq must be a multiple of
+        Hkv (grouped-query / multi-query attention: query head h reads KV head
+        h // (Hq // Hkv)). Sq and Sk may differ (cross attention).
+        Arrays may be CuPy arrays, torch CUDA tensors (zero-copy through DLPack,
+        run on torch's current stream, results returned as torch tensors), NumPy
+        arrays (copied to the current device, results returned as NumPy) or any
+        DLPack producer. Any strides with unit stride in the last axis, e.g.
+        slices of a packed QKV tensor, are read in place.
+        dtypes: float32, float16, bfloat16 (all three alike; fp32 accumulation).
+    causal : bool
+        Causal masking aligned to the bottom-right corner, as in FlashAttention:
+        query i attends key j iff ``j <= i + Sk - Sq``. With Sq > Sk the first
+        ``Sq - Sk`` queries attend nothing (output 0, LSE -inf).
+    scale : float, optional
+        Multiplies ``q k^T``; defaults to ``1 / sqrt(D)``.
+    mask : array, optional
+        Broadcastable to [B, Hq, Sq, Sk] (always in that axis order, whatever the
+        layout). Boolean: True = attend. Floating: added to the scaled scores
+        (-inf = do not attend).
+    layout : "bhsd" or "bshd"
+    return_lse : bool
+        Also return the log-sum-exp of each row, float32 [B, Hq, Sq], natural log
+        (``-inf`` for rows that attend nothing).
+    out, lse_out : arrays, optional
+        Preallocated outputs (same kind, shape and dtype as the results).
+    kernel : str
+        ``"auto"`` (fastest kernel that runs the problem), a family name
+        (:func:`cupy_attention.kernels`), or ``"reference"`` (float64 NumPy on the
+        host; slow, for checking).
+
+    Returns
+    -------
+    out, or ``(out, lse)`` when ``return_lse`` is true. Rows that attend no key
+    give 0.
+    """
+    p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
+                 lse_out=lse_out)
+    if kernel == "reference":
+        return _reference(p, q, k, v, mask, out, lse_out, return_lse)
+    _device.require_device()
+    ctx = interop.context_for(q)
+    cc = _device.compute_capability(ctx.device_id)
+    family = dispatch.choose(p, kernel, cc)
+    return _run(family, p, ctx, q, k, v, mask, out, lse_out, return_lse)
+
+
+def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse):
+    cupy = _device.require_cupy()
+    want_lse = return_lse or lse_out is not None
+    with cupy.cuda.Device(ctx.device_id), ctx.stream:
+        qc, kc, vc = (interop.to_cupy(x, n, ctx) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        oc = interop.to_cupy(out, "out", ctx)
+        if oc is None:
+            oc = cupy.empty(out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout),
+                            dtype=qc.dtype)
+        lc = interop.to_cupy(lse_out, "lse_out", ctx)
+        if lc is None and want_lse:
+            lc = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
+        if not p.empty:
+            if p.seqlen_k == 0:
+                oc.fill(0)
+                if lc is not None:
+                    lc.fill(-np.inf)
+            else:
+                mc = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
+                family.launch(p, Tensors(qc, kc, vc, oc, lc, mc), ctx.stream, ctx.device_id,
+                              _device.device_arch(ctx.device_id))
+        result = _give_back(oc, out, ctx)
+        if not return_lse:
+            return result
+        return result, _give_back(lc, lse_out, ctx)
+
+
+def _device_mask(mc, p: Problem):
+    """The user mask as the kernels read it: uint8 or float32, broadcast (stride 0)."""
+    if mc is None:
+        return None
+    cupy = _device.require_cupy()
+    if p.mask_kind == "bool":
+        mc = mc.view(cupy.uint8)
+    elif mc.dtype != cupy.float32:
+        mc = mc.astype(cupy.float32)
+    return cupy.broadcast_to(mc, (p.batch, p.heads_q, p.seqlen_q, p.seqlen_k))
+
+
+def _give_back(arr, user_array, ctx):
+    """Return the caller's own preallocated array if there was one."""
+    if user_array is None:
+        return interop.from_cupy(arr, ctx)
+    if ctx.kind == "numpy":
+        user_array[...] = interop.from_cupy(arr, ctx)
+    return user_array
+
+
+def _host(x):
+    """A float64 NumPy copy of any supported array."""
+    if x is None:
+        return None
+    if type(x).__module__.startswith("torch"):
+        x = x.detach()
+        return (x.cpu().numpy() if str(x.dtype) == "torch.bool"
+                else x.to(dtype=__import__("torch").float64).cpu().numpy())
+    if type(x).__module__.startswith("cupy"):
+        x = x.get()
+    x = np.asarray(x)
+    return x if x.dtype == np.bool_ else x.astype(np.float64)
+
+
+def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse):
+    ref_out, ref_lse = attention_reference(_host(q), _host(k), _host(v), causal=p.causal,
+                                           scale=p.scale, mask=_host(mask), layout=p.layout)
+    kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
+    o = _like(ref_out, q, kind)
+    lse = _like(ref_lse, q, kind, float32=True)
+    if out is not None:
+        out[...] = o
+        o = out
+    if lse_out is not None:
+        lse_out[...] = lse
+        lse = lse_out
+    return (o, lse) if return_lse else o
+
+
+def _like(x64, proto, kind, float32=False):
+    """Cast a float64 host result to ``proto``'s dtype and array kind."""
+    if kind == "torch":
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(x64))
+        dtype = torch.float32 if float32 else proto.dtype
+        return t.to(device=proto.device, dtype=dtype)
+    dtype = np.float32 if float32 else proto.dtype
+    if kind == "cupy":
+        cupy = _device.require_cupy()
+        return cupy.asarray(x64.astype(dtype))
+    return x64.astype(dtype)

@@ -1,0 +1,105 @@
+"""What every kernel family provides, and the shared launch plumbing.
+
+A family is one way to compute the forward pass (one source file under
+``kernels/``). It states what it supports (:meth:`Family.check`), how it picks a
+configuration for a problem, which instantiations CI compiles, and how to
+launch. ``Tensors`` carries CuPy views of the caller's arrays (strides intact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import jit
+from ..params import FWD_DTYPE, make_struct
+from ..problem import Problem
+
+LOG2E = 1.4426950408889634
+
+CPP_DTYPE = {"float32": "float", "float16": "f16", "bfloat16": "bf16"}
+SHORT_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+CPP_DENSE = {"none": "NoDense", "bool": "BoolDense", "add": "AddDense"}
+MASK_SUFFIX = {"none": "", "bool": ",bool-mask", "add": ",add-mask"}
+
+
+@dataclasses.dataclass
+class Tensors:
+    q: object
+    k: object
+    v: object
+    out: object
+    lse: object = None    # float32 [B, Hq, Sq] or None
+    mask: object = None   # broadcast to [B, Hq, Sq, Sk]: uint8 or float32, or None
+
+
+def bhs_strides(arr, layout: str):
+    """(batch, head, row) strides in elements of a rank-4 q/k/v/out view."""
+    s = [x // arr.itemsize for x in arr.strides]
+    return (s[0], s[1], s[2]) if layout == "bhsd" else (s[0], s[2], s[1])
+
+
+def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
+    """The ``FwdParams`` struct for one launch."""
+    qs, ks, vs, os_ = (bhs_strides(a, p.layout) for a in (t.q, t.k, t.v, t.out))
+    values = {
+        "q": t.q.data.ptr, "k": t.k.data.ptr, "v": t.v.data.ptr, "o": t.out.data.ptr,
+        "q_batch_stride": qs[0], "q_head_stride": qs[1], "q_row_stride": qs[2],
+        "k_batch_stride": ks[0], "k_head_stride": ks[1], "k_row_stride": ks[2],
+        "v_batch_stride": vs[0], "v_head_stride": vs[1], "v_row_stride": vs[2],
+        "o_batch_stride": os_[0], "o_head_stride": os_[1], "o_row_stride": os_[2],
+        "batch": p.batch, "heads_q": p.heads_q, "heads_kv": p.heads_kv, "group": p.group,
+        "seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
+        "causal_offset": p.seqlen_k - p.seqlen_q,
+        "scale": p.scale, "scale_log2": p.scale * LOG2E,
+    }
+    if t.lse is not None:
+        ls = [x // 4 for x in t.lse.strides]
+        values.update(lse=t.lse.data.ptr, lse_batch_stride=ls[0], lse_head_stride=ls[1])
+    if t.mask is not None:
+        ms = [x // t.mask.itemsize for x in t.mask.strides]
+        values.update(mask=t.mask.data.ptr, mask_batch_stride=ms[0], mask_head_stride=ms[1],
+                      mask_row_stride=ms[2], mask_col_stride=ms[3])
+    if scratch is not None:
+        values["scratch"] = scratch.data.ptr
+    return make_struct(FWD_DTYPE, values)
+
+
+def grid_check(p: Problem) -> str | None:
+    if p.heads_q > 65535 or p.batch > 65535:
+        return f"B={p.batch} and Hq={p.heads_q} must each be at most 65535 (CUDA grid limits)"
+    return None
+
+
+class Family:
+    """Base class of a forward kernel family."""
+
+    name: str = ""
+    summary: str = ""
+    source: str = ""
+    dtypes: tuple = ("float32", "float16", "bfloat16")
+    max_head_dim: int = 256
+    min_cc: int = 0
+    memory: str = "O(S)"
+
+    def head_dim_range(self) -> str:
+        return f"1..{self.max_head_dim}"
+
+    def check(self, p: Problem, cc: int | None) -> str | None:
+        """None if this family runs ``p`` on a device of compute capability ``cc``,
+        else the reason it cannot."""
+        if p.dtype not in self.dtypes:
+            return f"{self.name} takes {', '.join(self.dtypes)}, not {p.dtype}"
+        if p.head_dim > self.max_head_dim:
+            return f"{self.name} takes head dims {self.head_dim_range()}, not {p.head_dim}"
+        if cc is not None and cc < self.min_cc:
+            return f"{self.name} needs compute capability {self.min_cc / 10:.1f}+, device has {cc / 10:.1f}"
+        return grid_check(p)
+
+    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
+        raise NotImplementedError
+
+    def ci_specs(self) -> list[jit.KernelSpec]:
+        """A representative set of instantiations that CI compiles for sm_80 and sm_90a."""
+        raise NotImplementedError

@@ -1,0 +1,53 @@
+"""`naive`: three plain kernels through a full [B, Hq, Sq, Sk] score matrix."""
+
+from __future__ import annotations
+
+from .. import jit
+from ..problem import Problem
+from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+
+THREADS = 128
+
+
+def _causal(causal: bool) -> str:
+    return "Causal" if causal else "NoCausal"
+
+
+def specs(dtype: str, causal: bool, mask_kind: str) -> tuple[jit.KernelSpec, ...]:
+    t, c, m = CPP_DTYPE[dtype], _causal(causal), CPP_DENSE[mask_kind]
+    tag = f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}"
+    return (
+        jit.KernelSpec("naive.cu", f"naive_scores<{t}, {c}, {m}>", f"naive_scores[{tag}]"),
+        jit.KernelSpec("naive.cu", "naive_softmax", "naive_softmax"),
+        jit.KernelSpec("naive.cu", f"naive_pv<{t}, {c}>",
+                       f"naive_pv[{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]"),
+    )
+
+
+class Naive(Family):
+    name = "naive"
+    summary = "one kernel per stage, full score matrix in global memory (debugging baseline)"
+    source = "naive.cu"
+    max_head_dim = 4096
+    memory = "O(S^2)"
+
+    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
+        import cupy
+
+        scratch = cupy.empty((p.batch, p.heads_q, p.seqlen_q, p.seqlen_k), dtype=cupy.float32)
+        args = (fwd_params(p, t, scratch),)
+        k_scores, k_softmax, k_pv = (jit.get_function(s, arch, device_id)
+                                     for s in specs(p.dtype, p.causal, p.mask_kind))
+        cells = p.seqlen_q * p.seqlen_k
+        k_scores.launch((-(-cells // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
+        k_softmax.launch((-(-p.seqlen_q // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
+        outs = p.seqlen_q * p.head_dim
+        k_pv.launch((-(-outs // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
+
+    def ci_specs(self) -> list[jit.KernelSpec]:
+        out = []
+        for dtype in CPP_DTYPE:
+            for causal in (False, True):
+                for mask in CPP_DENSE:
+                    out.extend(specs(dtype, causal, mask))
+        return list(dict.fromkeys(out))

@@ -1,0 +1,383 @@
+"""Run-time compilation of kernel templates: NVRTC -> cubin -> CuPy module.
+
+A kernel instantiation is a :class:`KernelSpec`: the family's source file under
+``kernels/``, a C++ name expression (``flash_fwd<FlashTraits<128, 64, 64, float>,
+Causal, NoDense>``) and a readable name used in logs, errors and cache files.
+
+Compilation uses NVRTC directly (CuPy's raw binding), which needs no GPU: pass an
+explicit ``arch`` and :func:`compile_spec` returns the cubin and ptxas' resource
+report. At run time :func:`get_function` adds two caches in front of it:
+
+* in process: a dict keyed by (spec, arch), so a hot call hashes nothing;
+* on disk: one file per instantiation, keyed by the content of every source under
+  ``kernels/``, the name expression, the options, the NVRTC version, the arch and
+  the package version. Files are written atomically (temp file + ``os.replace``)
+  in a directory only the user can read; a corrupt or foreign file is a miss.
+
+Environment variables:
+
+``CUPY_ATTENTION_CACHE_DIR``   cache directory (default ``~/.cache/cupy_attention``)
+``CUPY_ATTENTION_NO_CACHE=1``  skip the disk cache (compile every new process)
+``CUPY_ATTENTION_DUMP_SOURCE`` directory that receives each compiled translation
+                               unit, its options and the NVRTC log
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+from . import __version__
+from .errors import CompileError, NoDeviceError
+
+_MAGIC = b"CUATTN1\n"
+_BASE_OPTIONS = ("-std=c++17", "-default-device", "-Xptxas=-v")
+
+
+def kernels_dir() -> Path:
+    """The directory that holds the CUDA sources (installed wheel or checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "common").is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"cupy_attention cannot find its CUDA sources next to {here}; reinstall the package"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """One kernel instantiation.
+
+    source: file name under ``kernels/`` (``"flash.cu"``).
+    expr:   C++ name expression of the ``__global__`` template instantiation.
+    name:   readable name (``flash[D=128,BM=64,BN=64,f32,causal]``).
+    """
+
+    source: str
+    expr: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """ptxas' resource report for one compiled kernel."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    spec: KernelSpec
+    arch: str
+    cubin: bytes
+    lowered_name: str
+    log: str
+    resources: Resources
+
+
+# ---------------------------------------------------------------------------
+# NVRTC
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise NoDeviceError(
+            "CuPy is not installed: pip install 'cupy-attention[cuda12]' "
+            "(or [cuda13]) to get CuPy and NVRTC"
+        ) from exc
+    return nvrtc
+
+
+def nvrtc_version() -> tuple[int, int]:
+    try:
+        return tuple(_nvrtc().getVersion())
+    except Exception as exc:
+        raise NoDeviceError(
+            f"NVRTC could not be loaded ({exc}); install NVIDIA's NVRTC wheel "
+            "(nvidia-cuda-nvrtc-cu12 for CUDA 12, nvidia-cuda-nvrtc for CUDA 13)"
+        ) from exc
+
+
+def supported_archs() -> list[int]:
+    return list(_nvrtc().getSupportedArchs())
+
+
+def arch_option(arch: str) -> str:
+    return f"-arch={arch}"
+
+
+def options_for(arch: str) -> tuple[str, ...]:
+    return _BASE_OPTIONS + (f"-I{kernels_dir()}", arch_option(arch))
+
+
+_RES_RE = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+    "stack_frame": re.compile(r"(\d+) bytes stack frame"),
+    "static_smem": re.compile(r"(\d+) bytes smem"),
+}
+
+
+def parse_resources(log: str) -> Resources:
+    """Read registers, spills, stack frame and static shared memory off ptxas -v."""
+    values = {}
+    for key, rx in _RES_RE.items():
+        found = [int(x) for x in rx.findall(log)]
+        values[key] = max(found) if found else 0
+    return Resources(**values)
+
+
+def _read_source(name: str) -> str:
+    return (kernels_dir() / name).read_text()
+
+
+def compile_spec(spec: KernelSpec, arch: str) -> Compiled:
+    """Compile one instantiation with NVRTC for ``arch`` (e.g. ``"sm_90a"``).
+
+    Needs no GPU. Raises :class:`CompileError` with the NVRTC log on failure.
+    """
+    nvrtc = _nvrtc()
+    src = _read_source(spec.source)
+    opts = options_for(arch)
+    prog = nvrtc.createProgram(src, spec.source, [], [])
+    try:
+        nvrtc.addNameExpression(prog, spec.expr)
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except nvrtc.NVRTCError:
+            log = nvrtc.getProgramLog(prog)
+            _dump(spec, arch, src, opts, log)
+            raise CompileError(spec.name, log) from None
+        log = nvrtc.getProgramLog(prog)
+        lowered = nvrtc.getLoweredName(prog, spec.expr)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    _dump(spec, arch, src, opts, log)
+    return Compiled(spec, arch, cubin, lowered, log, parse_resources(log))
+
+
+def _dump(spec: KernelSpec, arch: str, src: str, opts, log: str) -> None:
+    target = os.environ.get("CUPY_ATTENTION_DUMP_SOURCE")
+    if not target:
+        return
+    out = Path(target)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = _safe_name(f"{spec.name}-{arch}")
+    (out / f"{stem}.cu").write_text(
+        f"// {spec.name}\n// name expression: {spec.expr}\n// options: {' '.join(opts)}\n{src}"
+    )
+    (out / f"{stem}.log").write_text(log)
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=,+-]", "_", text)
+
+
+# ---------------------------------------------------------------------------
+# Disk cache
+
+_sources_digest: str | None = None
+_sources_lock = threading.Lock()
+
+
+def sources_digest(refresh: bool = False) -> str:
+    """SHA-256 over every file under ``kernels/`` (paths and contents).
+
+    Memoized per process: a hot call never touches the file system.
+    """
+    global _sources_digest
+    with _sources_lock:
+        if _sources_digest is None or refresh:
+            h = hashlib.sha256()
+            root = kernels_dir()
+            for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".cu", ".cuh")):
+                h.update(str(path.relative_to(root)).encode())
+                h.update(b"\0")
+                h.update(path.read_bytes())
+                h.update(b"\0")
+            _sources_digest = h.hexdigest()
+        return _sources_digest
+
+
+def cache_key(spec: KernelSpec, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (
+        sources_digest(),
+        spec.source,
+        spec.expr,
+        " ".join(_BASE_OPTIONS),
+        arch,
+        ".".join(map(str, nvrtc_version())),
+        __version__,
+    ):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def cache_enabled() -> bool:
+    return os.environ.get("CUPY_ATTENTION_NO_CACHE", "") in ("", "0")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("CUPY_ATTENTION_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cupy_attention"
+
+
+def cache_path(spec: KernelSpec, arch: str) -> Path:
+    return cache_dir() / f"{_safe_name(spec.name)}-{arch}-{cache_key(spec, arch)[:24]}.bin"
+
+
+def _encode(compiled: Compiled, key: str) -> bytes:
+    meta = json.dumps({
+        "key": key,
+        "name": compiled.spec.name,
+        "expr": compiled.spec.expr,
+        "arch": compiled.arch,
+        "lowered": compiled.lowered_name,
+        "log": compiled.log,
+    }).encode()
+    body = len(meta).to_bytes(8, "little") + meta + compiled.cubin
+    return _MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _decode(blob: bytes, spec: KernelSpec, arch: str, key: str) -> Compiled | None:
+    """Parse a cache file; None for anything corrupt, truncated or foreign."""
+    head = len(_MAGIC) + 32
+    if len(blob) < head + 8 or not blob.startswith(_MAGIC):
+        return None
+    digest, body = blob[len(_MAGIC):head], blob[head:]
+    if hashlib.sha256(body).digest() != digest:
+        return None
+    n = int.from_bytes(body[:8], "little")
+    try:
+        meta = json.loads(body[8:8 + n])
+    except ValueError:
+        return None
+    if meta.get("key") != key or meta.get("expr") != spec.expr or meta.get("arch") != arch:
+        return None
+    cubin = body[8 + n:]
+    log = meta.get("log", "")
+    return Compiled(spec, arch, cubin, meta["lowered"], log, parse_resources(log))
+
+
+def load_or_compile(spec: KernelSpec, arch: str) -> Compiled:
+    """The disk-cached :func:`compile_spec`."""
+    if not cache_enabled():
+        return compile_spec(spec, arch)
+    key = cache_key(spec, arch)
+    path = cache_path(spec, arch)
+    try:
+        hit = _decode(path.read_bytes(), spec, arch, key)
+    except OSError:
+        hit = None
+    if hit is not None:
+        return hit
+    compiled = compile_spec(spec, arch)
+    _write_atomic(path, _encode(compiled, key))
+    return compiled
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        # A read-only or full cache directory costs a recompile next time, nothing more.
+        pass
+
+
+def cache_size() -> tuple[int, int]:
+    """(number of entries, total bytes) of the disk cache."""
+    d = cache_dir()
+    if not d.is_dir():
+        return 0, 0
+    files = [p for p in d.glob("*.bin") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def clear_cache() -> int:
+    n = 0
+    d = cache_dir()
+    if d.is_dir():
+        for p in d.glob("*.bin"):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------
+# Loading on a device
+
+@dataclasses.dataclass
+class LoadedKernel:
+    compiled: Compiled
+    module: object
+    function: object
+    max_dynamic_smem: int = 0
+
+    def launch(self, grid, block, args, shared_mem: int, stream) -> None:
+        if shared_mem > self.max_dynamic_smem and shared_mem > 48 * 1024:
+            from cupy.cuda import driver
+
+            driver.funcSetAttribute(
+                self.function.ptr,
+                driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_mem,
+            )
+            self.max_dynamic_smem = shared_mem
+        self.function(grid, block, args, shared_mem=shared_mem, stream=stream)
+
+
+_loaded: dict[tuple[KernelSpec, str, int], LoadedKernel] = {}
+_load_lock = threading.Lock()
+
+
+def get_function(spec: KernelSpec, arch: str, device_id: int) -> LoadedKernel:
+    """Compiled (or cached) kernel loaded on ``device_id``; memoized per process."""
+    key = (spec, arch, device_id)
+    hit = _loaded.get(key)
+    if hit is not None:
+        return hit
+    with _load_lock:
+        hit = _loaded.get(key)
+        if hit is not None:
+            return hit
+        import cupy
+
+        compiled = load_or_compile(spec, arch)
+        with cupy.cuda.Device(device_id):
+            module = cupy.cuda.function.Module()
+            module.load(compiled.cubin)
+            function = module.get_function(compiled.lowered_name)
+        loaded = LoadedKernel(compiled, module, function)
+        _loaded[key] = loaded
+        return loaded

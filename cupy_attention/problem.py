@@ -1,0 +1,202 @@
+"""Input validation: the caller's arrays -> one frozen :class:`Problem`.
+
+Validation reads only shapes, strides and dtypes, so it runs (and raises the same
+typed errors) on a machine with no GPU. Shapes in the notation used everywhere:
+
+    layout "bhsd": q [B, Hq, Sq, D]   k, v [B, Hkv, Sk, D]   out like q
+    layout "bshd": q [B, Sq, Hq, D]   k, v [B, Sk, Hkv, D]   out like q
+    lse  [B, Hq, Sq] float32         mask broadcastable to [B, Hq, Sq, Sk]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError
+
+DTYPES = ("float32", "float16", "bfloat16")
+LAYOUTS = ("bhsd", "bshd")
+_FLOAT_MASK_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple
+    strides: tuple      # in elements
+    dtype: str
+    device: object      # int device id, or "cpu"
+    itemsize: int
+
+
+def _dtype_name(dt) -> str:
+    name = str(dt)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    return {"half": "float16", "float": "float32", "double": "float64", "bool_": "bool"}.get(name, name)
+
+
+def describe(x, name: str) -> TensorInfo:
+    """Shape/stride/dtype/device of any supported array, without touching its data."""
+    kind = type(x).__module__.split(".")[0]
+    if kind == "torch":
+        dev = x.device.index if x.is_cuda else "cpu"
+        if x.is_cuda and dev is None:
+            dev = 0
+        return TensorInfo(tuple(x.shape), tuple(x.stride()), _dtype_name(x.dtype), dev, x.element_size())
+    if hasattr(x, "shape") and hasattr(x, "strides") and hasattr(x, "dtype"):
+        itemsize = x.dtype.itemsize
+        if any(s % itemsize for s in x.strides):
+            raise LayoutError(f"{name} has strides {x.strides} (bytes) that are not whole elements")
+        dev = x.device.id if kind == "cupy" else "cpu"
+        return TensorInfo(tuple(x.shape), tuple(s // itemsize for s in x.strides),
+                          _dtype_name(x.dtype), dev, itemsize)
+    raise DTypeError(
+        f"{name} has unsupported type {type(x).__name__}; pass a CuPy array, a torch tensor "
+        "or a NumPy array"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    dtype: str
+    layout: str
+    causal: bool
+    mask_kind: str        # "none" | "bool" | "add"
+    scale: float
+    device: object
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def empty(self) -> bool:
+        return self.batch == 0 or self.heads_q == 0 or self.seqlen_q == 0
+
+    def flops(self) -> float:
+        """Forward FLOPs: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk (true D)."""
+        f = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        if self.causal and self.seqlen_q == self.seqlen_k:
+            f /= 2
+        return f
+
+    def describe(self) -> str:
+        mask = {"none": "", "bool": ",bool-mask", "add": ",add-mask"}[self.mask_kind]
+        return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} "
+                f"Sk={self.seqlen_k} D={self.head_dim} {self.dtype}"
+                f"{',causal' if self.causal else ''}{mask}")
+
+
+def _bhsd(info: TensorInfo, layout: str):
+    """(B, H, S, D) of a rank-4 tensor in the given layout."""
+    b, x, y, d = info.shape
+    return (b, x, y, d) if layout == "bhsd" else (b, y, x, d)
+
+
+def out_shape(batch, heads, seqlen, dim, layout):
+    return (batch, heads, seqlen, dim) if layout == "bhsd" else (batch, seqlen, heads, dim)
+
+
+def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out=None,
+             lse_out=None) -> Problem:
+    """Check every argument; raise a typed error naming the argument and the fix."""
+    if layout not in LAYOUTS:
+        raise ShapeError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(causal, (bool, int)) or isinstance(causal, float):
+        raise DTypeError(f"causal must be a bool, got {type(causal).__name__}")
+    qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
+    for name, info in (("q", qi), ("k", ki), ("v", vi)):
+        if len(info.shape) != 4:
+            want = "[B, H, S, D]" if layout == "bhsd" else "[B, S, H, D]"
+            raise ShapeError(f"{name} must have rank 4 ({want} for layout={layout!r}), "
+                             f"got shape {info.shape}")
+    if not (qi.dtype == ki.dtype == vi.dtype):
+        raise DTypeError(f"q, k and v must share one dtype, got {qi.dtype}, {ki.dtype}, {vi.dtype}")
+    if qi.dtype not in DTYPES:
+        raise DTypeError(f"q has dtype {qi.dtype}; supported dtypes are {', '.join(DTYPES)}")
+    if not (qi.device == ki.device == vi.device):
+        raise DeviceMismatchError(
+            f"q, k and v are on different devices ({qi.device}, {ki.device}, {vi.device}); "
+            "move them to one device")
+
+    B, Hq, Sq, D = _bhsd(qi, layout)
+    Bk, Hkv, Sk, Dk = _bhsd(ki, layout)
+    Bv, Hv, Sv, Dv = _bhsd(vi, layout)
+    if Bk != B or Bv != B:
+        raise ShapeError(f"batch sizes differ: q has {B}, k has {Bk}, v has {Bv}")
+    if (Hv, Sv) != (Hkv, Sk):
+        raise ShapeError(f"k and v must have the same heads and sequence length, got "
+                         f"k {ki.shape} and v {vi.shape} (layout={layout!r})")
+    if Dk != D or Dv != D:
+        raise ShapeError(f"head dims differ: q has D={D}, k has D={Dk}, v has D={Dv}; "
+                         "q, k and v must share one head dim")
+    if D == 0:
+        raise ShapeError("head dim D must be at least 1, got 0")
+    if Hkv == 0 or Hq % Hkv:
+        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
+                         "grouped-query attention")
+    for name, info in (("q", qi), ("k", ki), ("v", vi)):
+        if info.strides[3] != 1 and info.shape[3] > 1:
+            raise LayoutError(f"{name} must have unit stride in its last (head-dim) axis, got "
+                              f"strides {info.strides}; pass {name}.contiguous() or a view of "
+                              "a packed tensor sliced along the other axes")
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    else:
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
+        if not math.isfinite(scale):
+            raise ShapeError(f"scale must be finite, got {scale}")
+
+    mask_kind = "none"
+    if mask is not None:
+        mi = describe(mask, "mask")
+        if mi.dtype == "bool":
+            mask_kind = "bool"
+        elif mi.dtype in _FLOAT_MASK_DTYPES:
+            mask_kind = "add"
+        else:
+            raise DTypeError(f"mask must be boolean (True = attend) or floating (added to the "
+                             f"scores), got dtype {mi.dtype}")
+        if mi.device != qi.device:
+            raise DeviceMismatchError(f"mask is on device {mi.device} but q is on {qi.device}")
+        target = (B, Hq, Sq, Sk)
+        if len(mi.shape) > 4 or any(
+                m not in (1, t) for m, t in zip(reversed(mi.shape), reversed(target))):
+            raise ShapeError(f"mask of shape {mi.shape} is not broadcastable to "
+                             f"[B, Hq, Sq, Sk] = {list(target)}")
+
+    expected_out = out_shape(B, Hq, Sq, D, layout)
+    if out is not None:
+        oi = describe(out, "out")
+        if oi.shape != expected_out:
+            raise ShapeError(f"out must have shape {expected_out} (like q), got {oi.shape}")
+        if oi.dtype != qi.dtype:
+            raise DTypeError(f"out must have dtype {qi.dtype} (like q), got {oi.dtype}")
+        if oi.device != qi.device:
+            raise DeviceMismatchError(f"out is on device {oi.device} but q is on {qi.device}")
+        if oi.strides[3] != 1 and D > 1:
+            raise LayoutError(f"out must have unit stride in its last axis, got {oi.strides}")
+    if lse_out is not None:
+        li = describe(lse_out, "lse_out")
+        if li.shape != (B, Hq, Sq):
+            raise ShapeError(f"lse_out must have shape {(B, Hq, Sq)}, got {li.shape}")
+        if li.dtype != "float32":
+            raise DTypeError(f"lse_out must be float32, got {li.dtype}")
+        if li.device != qi.device:
+            raise DeviceMismatchError(f"lse_out is on device {li.device} but q is on {qi.device}")
+        if li.strides[2] != 1 and Sq > 1:
+            raise LayoutError(f"lse_out must have unit stride in its last axis, got {li.strides}")
+
+    return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
+                   qi.device)

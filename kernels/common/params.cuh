@@ -1,0 +1,40 @@
+// Forward-pass arguments, passed by value to every forward kernel.
+//
+// Tensors (strides in elements, last dimension contiguous):
+//   q    [B, Hq,  Sq, D]   o   [B, Hq, Sq, D]   lse [B, Hq, Sq] float32 (natural log)
+//   k, v [B, Hkv, Sk, D]
+//   mask broadcast to [B, Hq, Sq, Sk] (stride 0 on broadcast axes): u8 (nonzero =
+//        attend) or float32 (added to the scaled score)
+// Both user layouts ([B,H,S,D] and [B,S,H,D]) are expressed by the strides alone.
+// Query head h reads KV head h / group (group = Hq / Hkv; GQA and MQA).
+//
+// The Python mirror is cupy_attention/params.py; a CPU test checks that the two
+// agree on every field offset.
+#pragma once
+#include "types.cuh"
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;           // null: LSE not requested
+  const void* mask;     // null unless a dense mask policy is used
+  float* scratch;       // [B, Hq, Sq, Sk] fp32 scores, for the O(S^2) kernels only
+
+  i64 q_batch_stride, q_head_stride, q_row_stride;
+  i64 k_batch_stride, k_head_stride, k_row_stride;
+  i64 v_batch_stride, v_head_stride, v_row_stride;
+  i64 o_batch_stride, o_head_stride, o_row_stride;
+  i64 mask_batch_stride, mask_head_stride, mask_row_stride, mask_col_stride;
+  i64 lse_batch_stride, lse_head_stride;
+
+  i32 batch, heads_q, heads_kv, group;
+  i32 seqlen_q, seqlen_k, head_dim;
+  // Bottom-right causal alignment: query i sees keys j <= i + causal_offset,
+  // causal_offset = seqlen_k - seqlen_q.
+  i32 causal_offset;
+
+  float scale;       // softmax scale (1/sqrt(D) by default)
+  float scale_log2;  // scale * log2(e): scores are kept in the exp2 domain
+};

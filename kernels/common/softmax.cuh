@@ -1,0 +1,56 @@
+// Online softmax state of one query row, in the exp2 domain.
+//
+// Scores arrive already multiplied by scale*log2(e) (`s2`), so p = exp2(s2 - m_i)
+// equals exp(s*scale - m_i*ln2) and one `ex2` instruction replaces exp().
+//   m_i  running row max of s2        l_i  running sum of exp2(s2 - m_i)
+// Processing a tile:  alpha = rescale(tile_max);  acc *= alpha;
+//                     p = exp2(s2 - ref());       l_i += sum(p);  acc += p V
+// Finish:             out = acc * inv_l();        lse = lse()
+//
+// Hazard: a row whose scores so far are all masked has m_i = -inf, and
+// -inf - -inf would give NaN; ref() uses 0 instead, so exp2(-inf - 0) = 0.
+// A row masked to the end keeps l_i = 0: inv_l() gives 0 (output exactly 0) and
+// lse() gives -inf. NaN in an attended score propagates (fmaxf skips it, but
+// exp2(NaN) makes l_i NaN).
+#pragma once
+#include "types.cuh"
+
+struct SoftmaxRow {
+  float m_i;
+  float l_i;
+
+  __device__ __forceinline__ void init() {
+    m_i = -CA_INF;
+    l_i = 0.f;
+  }
+  __device__ __forceinline__ float ref() const { return m_i == -CA_INF ? 0.f : m_i; }
+
+  // Raise the running max to cover a new tile; returns the factor that rescales
+  // the accumulator (l_i is rescaled here).
+  __device__ __forceinline__ float rescale(float tile_max) {
+    float m_new = fmaxf(m_i, tile_max);
+    float alpha = fast_exp2(m_i - (m_new == -CA_INF ? 0.f : m_new));
+    m_i = m_new;
+    l_i *= alpha;
+    return alpha;
+  }
+  __device__ __forceinline__ float inv_l() const { return l_i == 0.f ? 0.f : 1.f / l_i; }
+  __device__ __forceinline__ float lse() const {
+    return l_i == 0.f ? -CA_INF : (m_i + fast_log2(l_i)) * CA_LN2;
+  }
+};
+
+// Butterfly reductions over `WIDTH` consecutive lanes (a power of two <= 32).
+template <int WIDTH>
+__device__ __forceinline__ float group_max(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}

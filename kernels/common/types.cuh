@@ -1,0 +1,88 @@
+// Scalar types and storage-dtype traits shared by every kernel family.
+//
+// NVRTC compiles the kernels with no CUDA toolkit headers at all (a user has a
+// driver and the NVRTC wheel, nothing else), so the 16-bit float types are plain
+// storage structs and every conversion is one PTX `cvt` instruction.
+//
+// Notation: `T` is the storage dtype of q/k/v/o (float, f16, bf16); all
+// arithmetic is fp32.
+#pragma once
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+#define CA_INF __int_as_float(0x7f800000)
+#define CA_LOG2E 1.4426950408889634f
+#define CA_LN2 0.6931471805599453f
+
+template <class T> struct DType;
+
+template <> struct DType<float> {
+  static constexpr const char* name = "f32";
+  __device__ __forceinline__ static float to_float(float x) { return x; }
+  __device__ __forceinline__ static float from_float(float x) { return x; }
+};
+
+template <> struct DType<f16> {
+  static constexpr const char* name = "f16";
+  __device__ __forceinline__ static float to_float(f16 x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x.bits));
+    return r;
+  }
+  __device__ __forceinline__ static f16 from_float(float x) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+    return r;
+  }
+};
+
+template <> struct DType<bf16> {
+  static constexpr const char* name = "bf16";
+  __device__ __forceinline__ static float to_float(bf16 x) {
+    return __uint_as_float(u32(x.bits) << 16);
+  }
+  // Round to nearest even with NaN kept quiet; the PTX cvt to bf16 needs sm_80,
+  // this integer form runs everywhere and rounds identically.
+  __device__ __forceinline__ static bf16 from_float(float x) {
+    u32 u = __float_as_uint(x);
+    bf16 r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      r.bits = u16((u >> 16) | 0x40u);
+    } else {
+      r.bits = u16((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return r;
+  }
+};
+
+template <class T> __device__ __forceinline__ float to_float(T x) { return DType<T>::to_float(x); }
+template <class T> __device__ __forceinline__ T from_float(float x) { return DType<T>::from_float(x); }
+
+// 2^x through the special-function unit (`ex2.approx.ftz`): relative error ~2^-22,
+// and ex2(-inf) = +0, which the online softmax relies on for masked scores.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float fast_log2(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+template <int A, int B> struct CeilDiv { static constexpr int value = (A + B - 1) / B; };
+template <int A, int B> struct RoundUp { static constexpr int value = CeilDiv<A, B>::value * B; };
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
