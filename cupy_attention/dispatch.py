@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from .errors import UnsupportedError
 from .families.base import Family
+from .families.flash_mma import FlashMma
 from .families.naive import Naive
 from .problem import Problem
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (Naive(),)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (FlashMma(), Naive())}
 HOST_KERNELS = ("reference",)
 
 
