@@ -94,6 +94,12 @@ class Problem:
                 f"{',causal' if self.causal else ''}{mask}")
 
 
+def _unit_last_stride(info: TensorInfo) -> bool:
+    """Unit stride in the last axis; vacuous for an empty tensor (NumPy gives those
+    all-zero strides) or a last axis of length 1."""
+    return info.strides[-1] == 1 or info.shape[-1] <= 1 or 0 in info.shape
+
+
 def _bhsd(info: TensorInfo, layout: str):
     """(B, H, S, D) of a rank-4 tensor in the given layout."""
     b, x, y, d = info.shape
@@ -143,7 +149,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
         raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
                          "grouped-query attention")
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
-        if info.strides[3] != 1 and info.shape[3] > 1:
+        if not _unit_last_stride(info):
             raise LayoutError(f"{name} must have unit stride in its last (head-dim) axis, got "
                               f"strides {info.strides}; pass {name}.contiguous() or a view of "
                               "a packed tensor sliced along the other axes")
@@ -185,7 +191,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
             raise DTypeError(f"out must have dtype {qi.dtype} (like q), got {oi.dtype}")
         if oi.device != qi.device:
             raise DeviceMismatchError(f"out is on device {oi.device} but q is on {qi.device}")
-        if oi.strides[3] != 1 and D > 1:
+        if not _unit_last_stride(oi):
             raise LayoutError(f"out must have unit stride in its last axis, got {oi.strides}")
     if lse_out is not None:
         li = describe(lse_out, "lse_out")
@@ -195,7 +201,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
             raise DTypeError(f"lse_out must be float32, got {li.dtype}")
         if li.device != qi.device:
             raise DeviceMismatchError(f"lse_out is on device {li.device} but q is on {qi.device}")
-        if li.strides[2] != 1 and Sq > 1:
+        if not _unit_last_stride(li):
             raise LayoutError(f"lse_out must have unit stride in its last axis, got {li.strides}")
 
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
