@@ -2,19 +2,20 @@
 // FlashAttention-2 style, for sm_80 and newer.
 //
 // Layouts: see common/params.cuh. One block computes BLOCK_M query rows of one
-// (batch, query head); each warp owns 16 of those rows end to end, so softmax
-// statistics never cross warps.
+// (batch, query head); each warp owns 16 * M_TILES of those rows end to end, so
+// softmax statistics never cross warps. With M_TILES = 2 every K/V fragment read
+// from shared memory feeds two MMAs, halving shared-memory traffic per FLOP.
 //
 // Steps (per block):
-//   1. cp.async Q tile and K tile 0 into shared memory.
+//   1. cp.async Q and the first STAGES key/value tiles into shared memory.
 //   2. for each key tile j (up to the causal bound):
-//        wait K[j]; issue cp.async V[j]
+//        wait for tile j (later tiles may still be in flight)
 //        S = Q K[j]^T              ldmatrix + mma.m16n8k16, fp32 accumulators
 //        scale into the exp2 domain; mask only edge/diagonal tiles
 //        online softmax in registers: m_i, l_i, rescale acc
 //        P = exp2(S - m_i) rounded to 16 bits, kept in registers as A fragments
-//        wait V[j]; issue cp.async K[j+1]   (loads overlap the two products)
 //        acc += P V[j]             ldmatrix.trans + mma
+//        issue cp.async of tile j + STAGES into the buffer just freed
 //   3. acc /= l_i; stage the tile in shared memory; 16-byte stores; lse.
 // Shared rows are padded by 16 bytes so the 8 row addresses of every ldmatrix
 // land in distinct banks.
@@ -29,7 +30,7 @@
 #include "common/mma.cuh"
 #include "common/softmax.cuh"
 
-template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
+template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, int STAGES_, class T_, bool VEC_>
 struct MmaTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -37,24 +38,28 @@ struct MmaTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int WARPS = WARPS_;
+  static constexpr int STAGES = STAGES_;        // key/value tiles in flight
   static constexpr int THREADS = WARPS * 32;
   static constexpr bool VEC = VEC_;
+  static constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // m16 tiles per warp
+  static constexpr int WARP_ROWS = 16 * M_TILES;
   static constexpr int SROW = D_PAD + 8;        // shared row stride in elements
   static constexpr int N_TILES = BLOCK_N / 8;   // n8 tiles of S per warp
   static constexpr int D_TILES = D_PAD / 8;     // n8 tiles of O per warp
   static constexpr int QK_STEPS = D_PAD / 16;   // k16 steps of Q K^T
   static constexpr int PV_STEPS = BLOCK_N / 16; // k16 steps of P V
-  // Q fragments stay in registers when they fit beside acc; otherwise they are
-  // re-read from shared memory for every key tile.
-  static constexpr bool Q_IN_REGS = D_PAD <= 128;
+  // Q fragments stay in registers when they fit beside acc and S; otherwise they
+  // are re-read from shared memory for every key tile.
+  static constexpr bool Q_IN_REGS = M_TILES * D_PAD <= 128;
   static constexpr int SMEM_Q = BLOCK_M * SROW;
   static constexpr int SMEM_KV = BLOCK_N * SROW;
-  static constexpr int SMEM_BYTES = (SMEM_Q + 2 * SMEM_KV) * 2;
+  static constexpr int SMEM_BYTES = (SMEM_Q + 2 * STAGES * SMEM_KV) * 2;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
-  static_assert(BLOCK_M == 16 * WARPS, "each warp owns 16 query rows");
+  static_assert(M_TILES >= 1 && BLOCK_M == WARP_ROWS * WARPS, "BLOCK_M = 16 * M_TILES * WARPS");
   static_assert(BLOCK_N % 16 == 0, "key tiles are whole k16 steps of P V");
+  static_assert(STAGES >= 1, "at least one key/value buffer");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
@@ -87,10 +92,11 @@ __device__ __forceinline__ void load_tile(typename K::T* s, const typename K::T*
 template <class K, class CausalT, class DenseT>
 __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   using T = typename K::T;
+  constexpr int MT = K::M_TILES;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + K::SMEM_Q;
-  T* sV = sK + K::SMEM_KV;
+  T* sK = sQ + K::SMEM_Q;                   // STAGES buffers of BLOCK_N rows
+  T* sV = sK + K::STAGES * K::SMEM_KV;
 
   const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
@@ -98,7 +104,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   const int g = lane / 4, t = lane % 4;
   const int q0 = m_block * K::BLOCK_M;
   const int q_rows = cmin(K::BLOCK_M, p.seqlen_q - q0);
-  const int row0 = warp * 16;  // this warp's first row within the block
+  const int row0 = warp * K::WARP_ROWS;  // this warp's first row within the block
 
   const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
@@ -107,154 +113,195 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   const int k_end = CausalT::k_end(q0 + q_rows - 1, p.seqlen_k, p.causal_offset);
   const int n_blocks = ceil_div(k_end, K::BLOCK_N);
 
+  // Tile j goes to buffer j % STAGES; one commit group per tile (empty past the end)
+  // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 1>.
+  auto load_kv = [&](int j) {
+    if (j < n_blocks) {
+      const int k0 = j * K::BLOCK_N, rows = cmin(K::BLOCK_N, p.seqlen_k - k0);
+      const int buf = (j % K::STAGES) * K::SMEM_KV;
+      load_tile<K, K::BLOCK_N>(sK + buf, k_head + k0 * p.k_row_stride, p.k_row_stride, rows, k_head);
+      load_tile<K, K::BLOCK_N>(sV + buf, v_head + k0 * p.v_row_stride, p.v_row_stride, rows, v_head);
+    }
+    cp_async_commit();
+  };
   load_tile<K, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
-  if (n_blocks > 0)
-    load_tile<K, K::BLOCK_N>(sK, k_head, p.k_row_stride, cmin(K::BLOCK_N, p.seqlen_k), k_head);
-  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < K::STAGES; ++j) load_kv(j);  // Q rides in tile 0's group
 
-  float acc[K::D_TILES][4];
+  float acc[MT][K::D_TILES][4];
 #pragma unroll
-  for (int dt = 0; dt < K::D_TILES; ++dt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
-  SoftmaxRow row[2];  // rows g and g + 8 of this warp; l_i is this lane's partial sum
-  row[0].init();
-  row[1].init();
-  u32 qf[K::Q_IN_REGS ? K::QK_STEPS : 1][4];
+    for (int dt = 0; dt < K::D_TILES; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  // Rows g and g + 8 of each m16 tile; l_i is this lane's partial sum until the end.
+  SoftmaxRow row[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    row[mt][0].init();
+    row[mt][1].init();
+  }
+  u32 qf[K::Q_IN_REGS ? MT : 1][K::Q_IN_REGS ? K::QK_STEPS : 1][4];
 
   // ldmatrix lane addressing (see common/mma.cuh): matrix lane / 8, row lane % 8.
   const int lm = lane / 8, lr = lane % 8;
   const u32 q_addr = smem_addr(sQ + (row0 + lr + 8 * (lm & 1)) * K::SROW + 8 * (lm >> 1));
   const u32 k_addr = smem_addr(sK + (lr + 8 * (lm >> 1)) * K::SROW + 8 * (lm & 1));
   const u32 v_addr = smem_addr(sV + (lr + 8 * (lm & 1)) * K::SROW + 8 * (lm >> 1));
+  constexpr u32 M_TILE_BYTES = 16 * K::SROW * 2;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int k0 = nb * K::BLOCK_N;
-    cp_async_wait<0>();
-    __syncthreads();  // K[nb] (and Q) visible; every warp is done with V[nb-1]
-    if (K::Q_IN_REGS && nb == 0) {
+    const u32 buf_bytes = (nb % K::STAGES) * K::SMEM_KV * 2;
+    cp_async_wait<K::STAGES - 1>();
+    __syncthreads();  // tile nb (and Q) visible to every warp
+    if constexpr (K::Q_IN_REGS) {
+      if (nb == 0) {
 #pragma unroll
-      for (int ks = 0; ks < K::QK_STEPS; ++ks) ldmatrix_x4(qf[ks], q_addr + ks * 32);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int ks = 0; ks < K::QK_STEPS; ++ks) ldmatrix_x4(qf[mt][ks], q_addr + mt * M_TILE_BYTES + ks * 32);
+      }
     }
-    load_tile<K, K::BLOCK_N>(sV, v_head + k0 * p.v_row_stride, p.v_row_stride,
-                             cmin(K::BLOCK_N, p.seqlen_k - k0), v_head);
-    cp_async_commit();
 
-    float s[K::N_TILES][4];
+    float s[MT][K::N_TILES][4];
 #pragma unroll
-    for (int nt = 0; nt < K::N_TILES; ++nt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+      for (int nt = 0; nt < K::N_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < K::QK_STEPS; ++ks) {
-      u32 a[4];
-      if constexpr (K::Q_IN_REGS) {
+      u32 a[MT][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = qf[ks][e];
-      } else {
-        ldmatrix_x4(a, q_addr + ks * 32);
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (K::Q_IN_REGS) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
+        } else {
+          ldmatrix_x4(a[mt], q_addr + mt * M_TILE_BYTES + ks * 32);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < K::N_TILES; nt += 2) {
         u32 bk[4];
-        ldmatrix_x4(bk, k_addr + (nt * 8 * K::SROW + ks * 16) * 2);
-        mma_16816(s[nt], a, bk[0], bk[1], T{});
-        mma_16816(s[nt + 1], a, bk[2], bk[3], T{});
+        ldmatrix_x4(bk, k_addr + buf_bytes + (nt * 8 * K::SROW + ks * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(s[mt][nt], a[mt], bk[0], bk[1], T{});
+          mma_16816(s[mt][nt + 1], a[mt], bk[2], bk[3], T{});
+        }
       }
     }
 
-    // Scale into the exp2 domain; per-element masks only where the tile needs them.
+    // Scale into the exp2 domain; masks only on tiles that need them (the last
+    // key tile, tiles crossing the causal diagonal, or a dense mask). One column
+    // limit per row covers both the sequence end and causality.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < K::N_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
     const bool edge = k0 + K::BLOCK_N > p.seqlen_k ||
                       CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
+    if (edge || DenseT::enabled) {
 #pragma unroll
-    for (int nt = 0; nt < K::N_TILES; ++nt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * p.scale_log2;
-        if (edge || DenseT::enabled) {
-          const int i = q0 + row0 + g + 8 * (e >> 1);
-          const int j = k0 + nt * 8 + 2 * t + (e & 1);
-          if (j >= p.seqlen_k || !CausalT::keep(i, j, p.causal_offset)) {
-            x = -CA_INF;
-          } else if (DenseT::enabled && i < p.seqlen_q) {
-            x = DenseT::apply(p, b, h, i, j, x);
-          }
+        for (int r = 0; r < 2; ++r) {
+          const int i = q0 + row0 + 16 * mt + g + 8 * r;
+          const int col_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset) - k0;
+#pragma unroll
+          for (int nt = 0; nt < K::N_TILES; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int jr = nt * 8 + 2 * t + c;
+              float& x = s[mt][nt][2 * r + c];
+              if (jr >= col_end) {
+                x = -CA_INF;
+              } else if (DenseT::enabled && i < p.seqlen_q) {
+                x = DenseT::apply(p, b, h, i, k0 + jr, x);
+              }
+            }
         }
-        s[nt][e] = x;
-      }
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -CA_INF;
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      const float alpha = row[r].rescale(group_max<4>(mx));
-#pragma unroll
-      for (int dt = 0; dt < K::D_TILES; ++dt) {
-        acc[dt][2 * r] *= alpha;
-        acc[dt][2 * r + 1] *= alpha;
-      }
-      const float ref = row[r].ref();
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt) {
-        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - ref);
-        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - ref);
-        sum += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      row[r].l_i += sum;
     }
 
-    cp_async_wait<0>();
-    __syncthreads();  // V[nb] visible; every warp is done with K[nb]
-    if (nb + 1 < n_blocks) {
-      const int k1 = k0 + K::BLOCK_N;
-      load_tile<K, K::BLOCK_N>(sK, k_head + k1 * p.k_row_stride, p.k_row_stride,
-                               cmin(K::BLOCK_N, p.seqlen_k - k1), k_head);
-    }
-    cp_async_commit();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -CA_INF;
+#pragma unroll
+        for (int nt = 0; nt < K::N_TILES; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        const float alpha = row[mt][r].rescale(group_max<4>(mx));
+#pragma unroll
+        for (int dt = 0; dt < K::D_TILES; ++dt) {
+          acc[mt][dt][2 * r] *= alpha;
+          acc[mt][dt][2 * r + 1] *= alpha;
+        }
+        const float ref = row[mt][r].ref();
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < K::N_TILES; ++nt) {
+          s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - ref);
+          s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - ref);
+          sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+        }
+        row[mt][r].l_i += sum;
+      }
 
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks) {
-      u32 a[4];
-      a[0] = MmaType<T>::pack(s[2 * ks][0], s[2 * ks][1]);
-      a[1] = MmaType<T>::pack(s[2 * ks][2], s[2 * ks][3]);
-      a[2] = MmaType<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-      a[3] = MmaType<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = MmaType<T>::pack(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+        a[mt][1] = MmaType<T>::pack(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+        a[mt][2] = MmaType<T>::pack(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+        a[mt][3] = MmaType<T>::pack(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < K::D_TILES; dt += 2) {
         u32 bv[4];
-        ldmatrix_x4_trans(bv, v_addr + (ks * 16 * K::SROW + dt * 8) * 2);
-        mma_16816(acc[dt], a, bv[0], bv[1], T{});
-        mma_16816(acc[dt + 1], a, bv[2], bv[3], T{});
+        ldmatrix_x4_trans(bv, v_addr + buf_bytes + (ks * 16 * K::SROW + dt * 8) * 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(acc[mt][dt], a[mt], bv[0], bv[1], T{});
+          mma_16816(acc[mt][dt + 1], a[mt], bv[2], bv[3], T{});
+        }
       }
     }
+    __syncthreads();  // every warp is done with buffer nb % STAGES
+    load_kv(nb + K::STAGES);
   }
 
   // Epilogue: finish the row sums across the quad, normalize, stage through this
   // warp's own rows of sQ, then store whole rows.
   cp_async_wait<0>();
   __syncthreads();  // no copy into sQ is in flight and every warp is done reading it
-  float inv_l[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row[r].l_i = group_sum<4>(row[r].l_i);
-    inv_l[r] = row[r].inv_l();
-  }
-#pragma unroll
-  for (int dt = 0; dt < K::D_TILES; ++dt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      u32 packed = MmaType<T>::pack(acc[dt][2 * r] * inv_l[r], acc[dt][2 * r + 1] * inv_l[r]);
-      *reinterpret_cast<u32*>(sQ + (row0 + g + 8 * r) * K::SROW + dt * 8 + 2 * t) = packed;
+      row[mt][r].l_i = group_sum<4>(row[mt][r].l_i);
+      const float inv_l = row[mt][r].inv_l();
+#pragma unroll
+      for (int dt = 0; dt < K::D_TILES; ++dt) {
+        const u32 packed = MmaType<T>::pack(acc[mt][dt][2 * r] * inv_l, acc[mt][dt][2 * r + 1] * inv_l);
+        *reinterpret_cast<u32*>(sQ + (row0 + 16 * mt + g + 8 * r) * K::SROW + dt * 8 + 2 * t) = packed;
+      }
     }
   __syncwarp();
 
   T* o_head = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
-  const int rows_here = cmin(16, q_rows - row0);
+  const int rows_here = cmin(K::WARP_ROWS, q_rows - row0);
   if constexpr (K::VEC) {
     constexpr int CHUNKS = K::D / 8;
-    for (int c = lane; c < 16 * CHUNKS; c += 32) {
+    for (int c = lane; c < K::WARP_ROWS * CHUNKS; c += 32) {
       const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
       if (r < rows_here) {
         *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + col) =
@@ -262,16 +309,18 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
       }
     }
   } else {
-    for (int e = lane; e < 16 * K::D; e += 32) {
+    for (int e = lane; e < K::WARP_ROWS * K::D; e += 32) {
       const int r = e / K::D, col = e % K::D;
       if (r < rows_here) o_head[(q0 + row0 + r) * p.o_row_stride + col] = sQ[(row0 + r) * K::SROW + col];
     }
   }
   if (p.lse && t == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = q0 + row0 + g + 8 * r;
-      if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[r].lse();
-    }
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = q0 + row0 + 16 * mt + g + 8 * r;
+        if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[mt][r].lse();
+      }
   }
 }

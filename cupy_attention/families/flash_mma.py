@@ -6,38 +6,47 @@ from .. import jit
 from ..problem import Problem
 from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
 
-# Tile heuristics: first row whose bound covers the head dim padded to 16.
-# (max D_PAD, BLOCK_M, BLOCK_N, warps, reason)
+# Tile heuristics: the first row whose bound covers the head dim padded to 16.
+# Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
+# rows, and 32 rows (two m16 tiles) let every K/V fragment read from shared memory
+# feed two MMAs. Dense masks need registers for their per-element reads, so they
+# take 16-row warps. Figures: bf16, S=4096, H200, 2026-11-22 (benchmarks/results).
+# (max D_PAD, plain config, dense-mask config, reason)
 TILES = (
-    (64, 128, 128, 8, "small rows: wide key tiles amortize each Q fragment; acc is only 32 regs"),
-    (128, 128, 64, 8, "8 warps share every K/V tile; acc 64 + S 32 + Q 32 regs fit under 255"),
-    (256, 64, 64, 4, "acc alone is 128 regs: 4 warps and Q re-read from shared memory"),
+    (64, (128, 64, 4, 2), (128, 64, 8, 2),
+     "32 rows/warp: 232 vs 162 TFLOPs at 16 rows/warp; Q stays in registers"),
+    (128, (128, 64, 4, 2), (128, 64, 8, 2),
+     "32 rows/warp: 272 vs 198 TFLOPs; acc 128 + S 64 regs, no spills"),
+    (160, (128, 64, 8, 2), (64, 64, 4, 2),
+     "acc alone is D/2 regs: 16 rows/warp, 8 warps share each K/V tile"),
+    (256, (128, 64, 8, 2), (64, 32, 4, 2),
+     "as above (231 TFLOPs at D=256); dense masks need the narrower S tile to avoid spills"),
 )
 
 
-def tiles_for(head_dim: int) -> tuple[int, int, int]:
+def tiles_for(head_dim: int, dense: bool = False) -> tuple[int, int, int, int]:
     d_pad = -(-head_dim // 16) * 16
-    for bound, bm, bn, warps, _ in TILES:
+    for bound, plain, masked, _ in TILES:
         if d_pad <= bound:
-            return bm, bn, warps
+            return masked if dense else plain
     raise ValueError(f"flash_mma has no tile row for D={head_dim}")
 
 
 def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool) -> jit.KernelSpec:
-    bm, bn, warps = tiles_for(head_dim)
-    traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {CPP_DTYPE[dtype]}, "
+    bm, bn, warps, stages = tiles_for(head_dim, mask_kind != "none")
+    traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
     expr = (f"flash_mma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}, "
             f"{CPP_DENSE[mask_kind]}>")
-    name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},{SHORT_DTYPE[dtype]}"
+    name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},ST={stages},{SHORT_DTYPE[dtype]}"
             f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma.cu", expr, name)
 
 
-def smem_bytes(head_dim: int) -> int:
-    bm, bn, _ = tiles_for(head_dim)
+def smem_bytes(head_dim: int, dense: bool) -> int:
+    bm, bn, _, stages = tiles_for(head_dim, dense)
     srow = -(-head_dim // 16) * 16 + 8
-    return (bm + 2 * bn) * srow * 2
+    return (bm + 2 * stages * bn) * srow * 2
 
 
 def vectorizable(p: Problem, t: Tensors) -> bool:
@@ -60,11 +69,12 @@ class FlashMma(Family):
     min_cc = 80
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        bm, _, warps = tiles_for(p.head_dim)
+        dense = p.mask_kind != "none"
+        bm, _, warps, _ = tiles_for(p.head_dim, dense)
         kernel = jit.get_function(
             spec(p.head_dim, p.dtype, p.causal, p.mask_kind, vectorizable(p, t)), arch, device_id)
         kernel.launch((-(-p.seqlen_q // bm), p.heads_q, p.batch), (32 * warps,),
-                      (fwd_params(p, t),), smem_bytes(p.head_dim), stream)
+                      (fwd_params(p, t),), smem_bytes(p.head_dim, dense), stream)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
