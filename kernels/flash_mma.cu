@@ -7,15 +7,15 @@
 // from shared memory feeds two MMAs, halving shared-memory traffic per FLOP.
 //
 // Steps (per block):
-//   1. cp.async Q and the first STAGES key/value tiles into shared memory.
+//   1. cp.async Q and the first STAGES - 1 key/value tiles into shared memory.
 //   2. for each key tile j (up to the causal bound):
-//        wait for tile j (later tiles may still be in flight)
+//        wait for tile j; one barrier, after which tile j-1's buffer is free
+//        issue cp.async of tile j + STAGES - 1 into that buffer
 //        S = Q K[j]^T              ldmatrix + mma.m16n8k16, fp32 accumulators
 //        scale into the exp2 domain; mask only edge/diagonal tiles
 //        online softmax in registers: m_i, l_i, rescale acc
 //        P = exp2(S - m_i) rounded to 16 bits, kept in registers as A fragments
 //        acc += P V[j]             ldmatrix.trans + mma
-//        issue cp.async of tile j + STAGES into the buffer just freed
 //   3. acc /= l_i; stage the tile in shared memory; 16-byte stores; lse.
 // Shared rows are padded by 16 bytes so the 8 row addresses of every ldmatrix
 // land in distinct banks.
@@ -59,7 +59,7 @@ struct MmaTraits {
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
   static_assert(M_TILES >= 1 && BLOCK_M == WARP_ROWS * WARPS, "BLOCK_M = 16 * M_TILES * WARPS");
   static_assert(BLOCK_N % 16 == 0, "key tiles are whole k16 steps of P V");
-  static_assert(STAGES >= 1, "at least one key/value buffer");
+  static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   const int n_blocks = ceil_div(k_end, K::BLOCK_N);
 
   // Tile j goes to buffer j % STAGES; one commit group per tile (empty past the end)
-  // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 1>.
+  // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 2>.
   auto load_kv = [&](int j) {
     if (j < n_blocks) {
       const int k0 = j * K::BLOCK_N, rows = cmin(K::BLOCK_N, p.seqlen_k - k0);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   };
   load_tile<K, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
 #pragma unroll
-  for (int j = 0; j < K::STAGES; ++j) load_kv(j);  // Q rides in tile 0's group
+  for (int j = 0; j < K::STAGES - 1; ++j) load_kv(j);  // Q rides in tile 0's group
 
   float acc[MT][K::D_TILES][4];
 #pragma unroll
@@ -154,8 +154,9 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int k0 = nb * K::BLOCK_N;
     const u32 buf_bytes = (nb % K::STAGES) * K::SMEM_KV * 2;
-    cp_async_wait<K::STAGES - 1>();
-    __syncthreads();  // tile nb (and Q) visible to every warp
+    cp_async_wait<K::STAGES - 2>();
+    __syncthreads();  // tile nb (and Q) visible; every warp is done with tile nb - 1
+    load_kv(nb + K::STAGES - 1);
     if constexpr (K::Q_IN_REGS) {
       if (nb == 0) {
 #pragma unroll
@@ -275,8 +276,6 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
         }
       }
     }
-    __syncthreads();  // every warp is done with buffer nb % STAGES
-    load_kv(nb + K::STAGES);
   }
 
   // Epilogue: finish the row sums across the quad, normalize, stage through this

@@ -24,16 +24,33 @@ TILES = (
 )
 
 
-def tiles_for(head_dim: int, dense: bool = False) -> tuple[int, int, int, int]:
+# Smaller fallbacks for GPUs with less shared memory per block than Hopper's
+# 227 KB (A100: 163 KB, consumer Ampere/Ada: 99 KB).
+SMALL_SMEM_TILES = ((64, 32, 4, 2), (64, 16, 4, 2))
+
+HOPPER_SMEM = 227 * 1024
+
+
+def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM):
+    """(BLOCK_M, BLOCK_N, warps, stages) for this head dim, mask and shared-memory budget."""
     d_pad = -(-head_dim // 16) * 16
     for bound, plain, masked, _ in TILES:
         if d_pad <= bound:
-            return masked if dense else plain
-    raise ValueError(f"flash_mma has no tile row for D={head_dim}")
+            for cfg in ((masked if dense else plain),) + SMALL_SMEM_TILES:
+                if _smem(d_pad, cfg) <= smem_limit:
+                    return cfg
+            break
+    raise ValueError(f"flash_mma has no tile config for D={head_dim} within {smem_limit} bytes")
 
 
-def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool) -> jit.KernelSpec:
-    bm, bn, warps, stages = tiles_for(head_dim, mask_kind != "none")
+def _smem(d_pad: int, cfg) -> int:
+    bm, bn, _, stages = cfg
+    return (bm + 2 * stages * bn) * (d_pad + 8) * 2
+
+
+def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool,
+         cfg=None) -> jit.KernelSpec:
+    bm, bn, warps, stages = cfg or tiles_for(head_dim, mask_kind != "none")
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
     expr = (f"flash_mma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}, "
@@ -41,12 +58,6 @@ def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool) -> 
     name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},ST={stages},{SHORT_DTYPE[dtype]}"
             f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma.cu", expr, name)
-
-
-def smem_bytes(head_dim: int, dense: bool) -> int:
-    bm, bn, _, stages = tiles_for(head_dim, dense)
-    srow = -(-head_dim // 16) * 16 + 8
-    return (bm + 2 * stages * bn) * srow * 2
 
 
 def vectorizable(p: Problem, t: Tensors) -> bool:
@@ -69,12 +80,15 @@ class FlashMma(Family):
     min_cc = 80
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        dense = p.mask_kind != "none"
-        bm, _, warps, _ = tiles_for(p.head_dim, dense)
+        from ..device import max_shared_per_block
+
+        cfg = tiles_for(p.head_dim, p.mask_kind != "none", max_shared_per_block(device_id))
+        bm, _, warps, _ = cfg
         kernel = jit.get_function(
-            spec(p.head_dim, p.dtype, p.causal, p.mask_kind, vectorizable(p, t)), arch, device_id)
+            spec(p.head_dim, p.dtype, p.causal, p.mask_kind, vectorizable(p, t), cfg),
+            arch, device_id)
         kernel.launch((-(-p.seqlen_q // bm), p.heads_q, p.batch), (32 * warps,),
-                      (fwd_params(p, t),), smem_bytes(p.head_dim, dense), stream)
+                      (fwd_params(p, t),), _smem(-(-p.head_dim // 16) * 16, cfg), stream)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
