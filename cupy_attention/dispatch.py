@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from .errors import UnsupportedError
 from .families.base import Family
+from .families.flash import Flash
 from .families.flash_mma import FlashMma
 from .families.naive import Naive
+from .families.tiled import Tiled
 from .problem import Problem
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (FlashMma(), Naive())}
+FAMILIES: dict[str, Family] = {f.name: f for f in (FlashMma(), Flash(), Tiled(), Naive())}
 HOST_KERNELS = ("reference",)
 
 
