@@ -9,6 +9,7 @@ See :func:`attention` for the arguments, :func:`kernels` for the kernel ladder.
 __version__ = "0.1.0"
 
 from .api import attention  # noqa: E402
+from .backward import attention_backward  # noqa: E402
 from .errors import (  # noqa: E402
     AttentionError,
     CompileError,
@@ -33,7 +34,7 @@ def kernels() -> dict:
 
 
 __all__ = [
-    "attention", "attention_reference", "kernels", "AttentionError", "CompileError",
-    "DeviceMismatchError", "DTypeError", "LayoutError", "NoDeviceError", "ShapeError",
-    "UnsupportedError", "__version__",
+    "attention", "attention_backward", "attention_reference", "kernels", "AttentionError",
+    "CompileError", "DeviceMismatchError", "DTypeError", "LayoutError", "NoDeviceError",
+    "ShapeError", "UnsupportedError", "__version__",
 ]

@@ -1,4 +1,4 @@
-"""Python mirror of ``kernels/common/params.cuh`` (``FwdParams``).
+"""Python mirror of ``kernels/common/params.cuh`` (``FwdParams``, ``BwdParams``).
 
 The struct travels to the kernel by value as one NumPy structured scalar (CuPy
 passes ``numpy.generic`` arguments by their bytes). Field order, types and
@@ -32,6 +32,18 @@ FWD_FIELDS = [
 ]
 
 FWD_DTYPE = np.dtype(FWD_FIELDS, align=True)
+
+BWD_FIELDS = [
+    ("fwd", FWD_DTYPE),
+    ("dout", _PTR), ("dq", _PTR), ("dk", _PTR), ("dv", _PTR), ("dq_accum", _PTR),
+    ("delta", _PTR),
+    ("dout_batch_stride", _I64), ("dout_head_stride", _I64), ("dout_row_stride", _I64),
+    ("dq_batch_stride", _I64), ("dq_head_stride", _I64), ("dq_row_stride", _I64),
+    ("dk_batch_stride", _I64), ("dk_head_stride", _I64), ("dk_row_stride", _I64),
+    ("dv_batch_stride", _I64), ("dv_head_stride", _I64), ("dv_row_stride", _I64),
+]
+
+BWD_DTYPE = np.dtype(BWD_FIELDS, align=True)
 
 
 def make_struct(dtype: np.dtype, values: dict) -> np.void:

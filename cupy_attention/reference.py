@@ -6,7 +6,15 @@ Written straight from the definition, independent of every device kernel:
     p   = softmax(s) along keys (rows with no attended key give p = 0)
     out = p v,   lse = log(sum(exp(s))) (natural log, -inf for fully masked rows)
 
-Causal is aligned bottom-right: query i sees keys j <= i + Sk - Sq.
+and its gradients (:func:`attention_backward_reference`), with p recomputed here:
+
+    dv = p^T dout    dp = dout v^T    ds = p * (dp - rowsum(p * dp))
+    dq = scale * ds k    dk = scale * ds^T q     (dk, dv summed over each KV head's
+                                                  query group)
+
+Products treat p = 0 (and ds = 0) as structural zeros: a masked-out key whose k or
+v holds Inf/NaN contributes nothing, while non-finite values at attended positions
+propagate. Causal is aligned bottom-right: query i sees keys j <= i + Sk - Sq.
 """
 
 from __future__ import annotations
@@ -20,19 +28,18 @@ def _to_bhsd(x, layout):
     return x if layout == "bhsd" else np.swapaxes(x, 1, 2)
 
 
-def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd"):
-    """Return (out, lse) in float64; ``out`` in the given layout, ``lse`` [B, Hq, Sq]."""
-    q = _to_bhsd(np.asarray(q, dtype=np.float64), layout)
-    k = _to_bhsd(np.asarray(k, dtype=np.float64), layout)
-    v = _to_bhsd(np.asarray(v, dtype=np.float64), layout)
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    group = Hq // Hkv if Hkv else 1
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    k = np.repeat(k, group, axis=1)
-    v = np.repeat(v, group, axis=1)
+def _inputs(q, k, v, layout):
+    """float64 [B, H, S, D] views; k and v repeated to Hq heads (GQA: head h reads
+    KV head h // group)."""
+    q, k, v = (_to_bhsd(np.asarray(x, dtype=np.float64), layout) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    return q, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1), group
 
+
+def _probabilities(q, k, causal, scale, mask):
+    """(p, l_i, ref) of softmax(q k^T * scale + mask), q and k float64 [B, Hq, S, D]."""
+    B, Hq, Sq, _ = q.shape
+    Sk = k.shape[2]
     with np.errstate(invalid="ignore", over="ignore"):
         s = np.einsum("bhid,bhjd->bhij", q, k) * scale
     keep = np.ones((B, Hq, Sq, Sk), dtype=bool)
@@ -57,14 +64,57 @@ def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout=
         l_i = e.sum(axis=-1, keepdims=True)
         p = np.where(l_i > 0, e / np.where(l_i > 0, l_i, 1.0), 0.0)
         p = np.where(np.isnan(l_i), np.nan, p)
-        # p = 0 times a NaN/Inf value must give 0 (masked keys do not leak), while
-        # non-finite values at attended keys must propagate.
-        finite_v = np.isfinite(v)
-        clean = np.einsum("bhij,bhjd->bhid", p, np.where(finite_v, v, 0.0))
-        touched = np.einsum("bhij,bhjd->bhid", (p != 0).astype(np.float64),
-                            (~finite_v).astype(np.float64)) > 0
-        raw = np.einsum("bhij,bhjd->bhid", p, v) if touched.any() else clean
-        out = np.where(touched, raw, clean)
+    return p, l_i, ref
+
+
+def _product(spec, a, b):
+    """``einsum(spec, a, b)`` where a zero in ``a`` times Inf/NaN in ``b`` gives 0
+    (structural zeros), while non-zero terms with non-finite ``b`` propagate."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite_b = np.isfinite(b)
+        clean = np.einsum(spec, a, np.where(finite_b, b, 0.0))
+        touched = np.einsum(spec, (a != 0).astype(np.float64),
+                            (~finite_b).astype(np.float64)) > 0
+        if not touched.any():
+            return clean
+        return np.where(touched, np.einsum(spec, a, b), clean)
+
+
+def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd"):
+    """Return (out, lse) in float64; ``out`` in the given layout, ``lse`` [B, Hq, Sq]."""
+    q, k, v, _ = _inputs(q, k, v, layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    p, l_i, ref = _probabilities(q, k, causal, scale, mask)
+    out = _product("bhij,bhjd->bhid", p, v)
+    with np.errstate(invalid="ignore", divide="ignore"):
         lse = np.where(l_i > 0, np.log(np.where(l_i > 0, l_i, 1.0)) + ref, -np.inf)
         lse = np.where(np.isnan(l_i), np.nan, lse)[..., 0]
     return _to_bhsd(out, layout), lse
+
+
+def attention_backward_reference(dout, q, k, v, *, causal=False, scale=None, mask=None,
+                                 layout="bhsd"):
+    """Gradients (dq, dk, dv) of ``sum(dout * attention(q, k, v))`` in float64, each
+    in the given layout and shaped like q, k, v. The forward is recomputed here
+    (no out or lse is taken); the mask gets no gradient."""
+    q, k, v, group = _inputs(q, k, v, layout)
+    dout = _to_bhsd(np.asarray(dout, dtype=np.float64), layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    p, _, _ = _probabilities(q, k, causal, scale, mask)
+    dv = _product("bhij,bhid->bhjd", p, dout)
+    dp = _product("bhid,bhjd->bhij", dout, v)
+    with np.errstate(invalid="ignore"):
+        pdp = np.where(p == 0, 0.0, p * dp)
+        delta = pdp.sum(axis=-1, keepdims=True)
+        ds = np.where(p == 0, 0.0, pdp - p * delta)
+    dq = _product("bhij,bhjd->bhid", ds, k) * scale
+    dk = _product("bhij,bhid->bhjd", ds, q) * scale
+
+    def per_kv_head(x):
+        B, Hq, S, D = x.shape
+        return x.reshape(B, Hq // group, group, S, D).sum(axis=2)
+
+    return (_to_bhsd(dq, layout), _to_bhsd(per_kv_head(dk), layout),
+            _to_bhsd(per_kv_head(dv), layout))

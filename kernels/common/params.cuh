@@ -38,3 +38,27 @@ struct FwdParams {
   float scale;       // softmax scale (1/sqrt(D) by default)
   float scale_log2;  // scale * log2(e): scores are kept in the exp2 domain
 };
+
+// Backward-pass arguments, passed by value to every backward kernel.
+//
+// `fwd` holds the forward problem unchanged (q, k, v, o = the forward output, lse
+// as the forward wrote it, the mask, strides, sizes, scale), so the mask
+// policies of common/mask.cuh apply to the backward as they are. Added tensors:
+//   dout, dq  [B, Hq, Sq, D] (strided like q)    dk, dv [B, Hkv, Sk, D]
+//   delta     [B, Hq, Sq] fp32, contiguous: rowsum(dout * o)
+//   dq_accum  [B, Hq, Sq, D] fp32, contiguous: dQ / scale summed with atomics;
+//             null in deterministic mode
+struct BwdParams {
+  FwdParams fwd;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  float* dq_accum;
+  float* delta;
+
+  i64 dout_batch_stride, dout_head_stride, dout_row_stride;
+  i64 dq_batch_stride, dq_head_stride, dq_row_stride;
+  i64 dk_batch_stride, dk_head_stride, dk_row_stride;
+  i64 dv_batch_stride, dv_head_stride, dv_row_stride;
+};

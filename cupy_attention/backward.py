@@ -1,0 +1,119 @@
+"""The backward pass: :func:`attention_backward`."""
+
+from __future__ import annotations
+
+from . import device as _device
+from . import interop
+from .api import _device_mask, _host, _like
+from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError
+from .families import flash_bwd
+from .families.base import Tensors
+from .problem import Problem, describe, out_shape, validate
+from .reference import attention_backward_reference
+
+BACKWARD_KERNELS = ("auto", "flash", "reference")
+
+
+def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
+                       layout="bhsd", deterministic=False, kernel="auto"):
+    """Gradients of :func:`cupy_attention.attention` with respect to q, k and v.
+
+    Parameters
+    ----------
+    dout : array like ``out``: the gradient of the loss with respect to the output.
+    q, k, v, causal, scale, mask, layout : exactly as passed to the forward.
+    out, lse : the forward's output and its log-sum-exp (``return_lse=True``),
+        float32 [B, Hq, Sq]. P is recomputed from them, so nothing of size S^2 is
+        stored between the passes or allocated here.
+    deterministic : bool
+        ``False`` sums dQ with fp32 atomics (fastest; the summation order, hence
+        the last bits, vary from run to run). ``True`` computes dQ in a second pass
+        without atomics: bitwise identical results run to run. dK and dV are
+        deterministic either way.
+    kernel : ``"auto"`` or ``"flash"`` (the fused CUDA-core backward: all dtypes,
+        head dims 1..256), or ``"reference"`` (float64 NumPy on the host; ignores
+        ``out`` and ``lse`` and recomputes the forward).
+
+    Returns
+    -------
+    (dq, dk, dv): arrays of the inputs' kind (torch in -> torch out, on torch's
+    current stream), shaped like q, k, v in ``layout`` (contiguous), in the input
+    dtype; accumulation is fp32. GQA/MQA: dk, dv sum over each KV head's query
+    group. Rows that attend no key get zero gradients; the mask gets none.
+    """
+    if out is None or lse is None:
+        raise ShapeError("out and lse (the forward's output and its log-sum-exp, from "
+                         "attention(..., return_lse=True)) are required")
+    p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out)
+    _check_grad_inputs(p, dout, lse, q)
+    if not isinstance(deterministic, bool):
+        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if kernel not in BACKWARD_KERNELS:
+        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
+                               f"{', '.join(BACKWARD_KERNELS)}")
+    if kernel == "reference":
+        return _reference(p, dout, q, k, v, mask)
+    _device.require_device()
+    ctx = interop.context_for(q)
+    reason = flash_bwd.check(p, _device.compute_capability(ctx.device_id))
+    if reason is not None:
+        raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")
+    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic)
+
+
+def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
+    qi = describe(q, "q")
+    want = out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout)
+    di = describe(dout, "dout")
+    if di.shape != want:
+        raise ShapeError(f"dout must have shape {want} (like the forward's out), got {di.shape}")
+    if di.dtype != p.dtype:
+        raise DTypeError(f"dout must have dtype {p.dtype} (like q), got {di.dtype}")
+    if di.device != qi.device:
+        raise DeviceMismatchError(f"dout is on device {di.device} but q is on {qi.device}")
+    if not (di.strides[-1] == 1 or di.shape[-1] <= 1 or 0 in di.shape):
+        raise LayoutError(f"dout must have unit stride in its last axis, got strides "
+                          f"{di.strides}; pass dout.contiguous()")
+    li = describe(lse, "lse")
+    if li.shape != (p.batch, p.heads_q, p.seqlen_q):
+        raise ShapeError(f"lse must have shape {(p.batch, p.heads_q, p.seqlen_q)} "
+                         f"[B, Hq, Sq], got {li.shape}")
+    if li.dtype != "float32":
+        raise DTypeError(f"lse must be float32 (as attention(..., return_lse=True) gives "
+                         f"it), got {li.dtype}")
+    if li.device != qi.device:
+        raise DeviceMismatchError(f"lse is on device {li.device} but q is on {qi.device}")
+
+
+def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic):
+    cupy = _device.require_cupy()
+    with cupy.cuda.Device(ctx.device_id), ctx.stream:
+        qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
+                              ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout")))
+        kv_shape = out_shape(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, p.layout)
+        empty = p.empty or p.seqlen_k == 0
+        alloc = cupy.zeros if empty else cupy.empty
+        dq = alloc(qc.shape, dtype=qc.dtype)
+        dk = alloc(kv_shape, dtype=qc.dtype)
+        dv = alloc(kv_shape, dtype=qc.dtype)
+        if not empty:
+            lc = interop.to_cupy(lse, "lse", ctx)
+            if lc.strides[-1] != 4:
+                lc = cupy.ascontiguousarray(lc)   # the kernels read LSE rows with unit stride
+            t = flash_bwd.BwdTensors(
+                fwd=Tensors(qc, kc, vc, oc, lc, _device_mask(interop.to_cupy(mask, "mask", ctx), p)),
+                dout=dc, dq=dq, dk=dk, dv=dv,
+                delta=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
+                dq_accum=None if deterministic else cupy.empty(
+                    (p.batch, p.heads_q, p.seqlen_q, p.head_dim), dtype=cupy.float32))
+            flash_bwd.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
+                             deterministic)
+        return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
+
+
+def _reference(p: Problem, dout, q, k, v, mask):
+    grads = attention_backward_reference(_host(dout), _host(q), _host(k), _host(v),
+                                         causal=p.causal, scale=p.scale, mask=_host(mask),
+                                         layout=p.layout)
+    kind = interop.array_kind(q)
+    return tuple(_like(g, q, kind) for g in grads)

@@ -1,0 +1,213 @@
+"""The backward pass (``kernels/flash_bwd.cu``): fused CUDA-core kernels, O(S) memory.
+
+Behind :func:`cupy_attention.attention_backward` with ``kernel="auto"`` or
+``"flash"``. Launch sequence on the caller's stream:
+
+1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``);
+2. ``flash_bwd_dkdv``: dK, dV per key block (and, unless deterministic, dQ / scale
+   added into ``dq_accum`` with fp32 atomics);
+3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
+   ``deterministic=True`` ``flash_bwd_dq``, which recomputes P and dS per query
+   block and writes dQ without atomics: bitwise identical run to run.
+
+The traits struct ``BwdTraits<D, BLOCK_M, BLOCK_N, T>`` derives the shared-memory
+layout; :func:`smem_bytes` mirrors it (the kernels trap if launched with less).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .. import jit
+from ..params import BWD_DTYPE, make_struct
+from ..problem import DTYPES, Problem
+from .base import (CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Tensors, bhs_strides,
+                   fwd_params, grid_check)
+
+_KB = 1024
+SM80_SMEM = 163 * _KB
+THREADS = 256
+ROWS_PER_BLOCK = THREADS // 32   # delta / convert kernels: one warp per query row
+
+# Tile heuristics, first matching row wins: a row matches when D <= max_d and its
+# shared memory fits the device. Tiles are fp32 for every storage dtype.
+#   (max_d, BLOCK_M, BLOCK_N, reason)
+HEURISTICS = (
+    (64, 64, 64,
+     "4 x 4 scores and dP per thread; 98 KB of shared memory and ~126 registers: "
+     "two blocks per H100 / A100 SM"),
+    (128, 32, 64,
+     "dK, dV accumulators of 64 keys x 128 columns take 64 registers per thread; "
+     "32-row query tiles keep shared memory at 113 KB"),
+    (256, 32, 32,
+     "D > 128: 32-key tiles keep dK, dV at 64 registers per thread and shared memory "
+     "at 137 KB (sm_80 allows 163 KB)"),
+    (256, 16, 16,
+     "devices with 99 KB per block (sm_86, sm_89, sm_120) at D > 128: 67 KB at D = 256"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    head_dim: int
+    block_m: int
+    block_n: int
+
+    @property
+    def smem(self) -> int:
+        return smem_bytes(self.head_dim, self.block_m, self.block_n)
+
+
+def smem_bytes(d: int, block_m: int, block_n: int) -> int:
+    """``BwdTraits::SMEM_BYTES``: sK, sV, sQ, sdO rows of D rounded to 32 plus one,
+    sP, sdS rows of BLOCK_N + 1, sLse and sDelta (fp32)."""
+    ldd = -(-d // 32) * 32 + 1
+    lds = block_n + 1
+    return 4 * (2 * block_n * ldd + 2 * block_m * ldd + 2 * block_m * lds + 2 * block_m)
+
+
+def config(head_dim: int, smem_limit: int = SM80_SMEM) -> Config | None:
+    for max_d, bm, bn, _reason in HEURISTICS:
+        c = Config(head_dim, bm, bn)
+        if head_dim <= max_d and c.smem <= smem_limit:
+            return c
+    return None
+
+
+def _traits(c: Config, dtype: str) -> str:
+    return f"BwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {CPP_DTYPE[dtype]}>"
+
+
+def _tag(c: Config, dtype: str, causal: bool, mask_kind: str) -> str:
+    return (f"D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}"
+            f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}")
+
+
+def _policies(causal: bool, mask_kind: str) -> str:
+    return f"{'Causal' if causal else 'NoCausal'}, {CPP_DENSE[mask_kind]}"
+
+
+def dkdv_spec(c: Config, dtype: str, causal: bool, mask_kind: str,
+              atomic_dq: bool) -> jit.KernelSpec:
+    expr = (f"flash_bwd_dkdv<{_traits(c, dtype)}, {_policies(causal, mask_kind)}, "
+            f"{'true' if atomic_dq else 'false'}>")
+    name = f"flash_bwd_dkdv[{_tag(c, dtype, causal, mask_kind)}{',atomic-dq' if atomic_dq else ''}]"
+    return jit.KernelSpec("flash_bwd.cu", expr, name)
+
+
+def dq_spec(c: Config, dtype: str, causal: bool, mask_kind: str) -> jit.KernelSpec:
+    expr = f"flash_bwd_dq<{_traits(c, dtype)}, {_policies(causal, mask_kind)}>"
+    return jit.KernelSpec("flash_bwd.cu", expr, f"flash_bwd_dq[{_tag(c, dtype, causal, mask_kind)}]")
+
+
+def delta_spec(dtype: str) -> jit.KernelSpec:
+    return jit.KernelSpec("flash_bwd.cu", f"flash_bwd_delta<{CPP_DTYPE[dtype]}>",
+                          f"flash_bwd_delta[{SHORT_DTYPE[dtype]}]")
+
+
+def convert_spec(dtype: str) -> jit.KernelSpec:
+    return jit.KernelSpec("flash_bwd.cu", f"flash_bwd_dq_convert<{CPP_DTYPE[dtype]}>",
+                          f"flash_bwd_dq_convert[{SHORT_DTYPE[dtype]}]")
+
+
+def specs(c: Config, dtype: str, causal: bool, mask_kind: str,
+          deterministic: bool) -> list[jit.KernelSpec]:
+    """Every instantiation one backward launch uses, in launch order."""
+    if deterministic:
+        return [delta_spec(dtype), dkdv_spec(c, dtype, causal, mask_kind, False),
+                dq_spec(c, dtype, causal, mask_kind)]
+    return [delta_spec(dtype), dkdv_spec(c, dtype, causal, mask_kind, True), convert_spec(dtype)]
+
+
+@dataclasses.dataclass
+class BwdTensors:
+    """CuPy views for one backward launch (strides intact)."""
+
+    fwd: Tensors        # q, k, v, out (the forward output), lse, mask
+    dout: object
+    dq: object
+    dk: object
+    dv: object
+    delta: object       # float32 [B, Hq, Sq], contiguous
+    dq_accum: object    # float32 [B, Hq, Sq, D], contiguous; None when deterministic
+
+
+def bwd_params(p: Problem, t: BwdTensors) -> object:
+    """The ``BwdParams`` struct for one launch."""
+    values = {"fwd": fwd_params(p, t.fwd), "dout": t.dout.data.ptr, "dq": t.dq.data.ptr,
+              "dk": t.dk.data.ptr, "dv": t.dv.data.ptr, "delta": t.delta.data.ptr}
+    if t.dq_accum is not None:
+        values["dq_accum"] = t.dq_accum.data.ptr
+    for name in ("dout", "dq", "dk", "dv"):
+        s = bhs_strides(getattr(t, name), p.layout)
+        values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],
+                       f"{name}_row_stride": s[2]})
+    return make_struct(BWD_DTYPE, values)
+
+
+def check(p: Problem, cc: int | None) -> str | None:
+    """None if the fused backward runs ``p`` on compute capability ``cc``, else why not.
+
+    Shared memory is checked at launch against the device itself: the last
+    heuristics row (67 KB) fits every device of compute capability 7.0+ but sm_75.
+    """
+    if p.dtype not in DTYPES:
+        return f"the flash backward takes {', '.join(DTYPES)}, not {p.dtype}"
+    if p.head_dim > 256:
+        return f"the flash backward takes head dims 1..256, not {p.head_dim}"
+    if cc is not None and cc < 70:
+        return f"the flash backward needs compute capability 7.0+, device has {cc / 10:.1f}"
+    return grid_check(p)
+
+
+def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
+           deterministic: bool) -> None:
+    from ..device import max_shared_per_block
+    from ..errors import UnsupportedError
+
+    limit = max_shared_per_block(device_id)
+    c = config(p.head_dim, limit)
+    if c is None:
+        raise UnsupportedError(f"the flash backward at D={p.head_dim} needs more than the "
+                               f"{limit // _KB} KB of shared memory per block this device has")
+    k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id)
+                             for s in specs(c, p.dtype, p.causal, p.mask_kind, deterministic))
+    args = (bwd_params(p, t),)
+    rows = (-(-p.seqlen_q // ROWS_PER_BLOCK), p.heads_q, p.batch)
+    k_delta.launch(rows, (THREADS,), args, 0, stream)
+    k_dkdv.launch((-(-p.seqlen_k // c.block_n), p.heads_kv, p.batch), (THREADS,), args, c.smem,
+                  stream)
+    if deterministic:
+        k_dq.launch((-(-p.seqlen_q // c.block_m), p.heads_q, p.batch), (THREADS,), args, c.smem,
+                    stream)
+    else:
+        k_dq.launch(rows, (THREADS,), args, 0, stream)
+
+
+# CI spread: every head dim of the test grid once (both tile kernels) with dtype /
+# causal / mask / atomic dQ rotating so each value of each axis appears, the common
+# training shapes (D = 64, 128, every dtype, causal or not), and the
+# small-shared-memory fallback.
+_CI_HEAD_DIMS = (1, 8, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 224, 256)
+_CI_MASKS = ("none", "bool", "add")
+
+
+def ci_specs() -> list[jit.KernelSpec]:
+    """A representative set of instantiations that CI compiles for sm_80 and sm_90a."""
+    dtypes = tuple(CPP_DTYPE)
+    out = []
+    for dtype in dtypes:
+        out += [delta_spec(dtype), convert_spec(dtype)]
+    for idx, d in enumerate(_CI_HEAD_DIMS):
+        c = config(d)
+        dtype, causal, mask = dtypes[idx % 3], idx % 2 == 1, _CI_MASKS[(idx // 2) % 3]
+        out.append(dkdv_spec(c, dtype, causal, mask, idx % 4 != 3))
+        out.append(dq_spec(c, dtype, causal, mask))
+    for d in (64, 128):
+        for dtype in dtypes:
+            for causal in (False, True):
+                out.append(dkdv_spec(config(d), dtype, causal, "none", True))
+    small = config(256, 99 * _KB)
+    out += specs(small, "bfloat16", True, "bool", False)
+    out += specs(small, "float16", False, "add", True)
+    return list(dict.fromkeys(out))

@@ -1,0 +1,680 @@
+"""The backward pass: ``attention_backward``, the float64 reference backward, the
+``flash_bwd`` kernels and the torch integration.
+
+CPU: the reference backward against central finite differences and against
+torch.autograd in float64; this file's plain backward against the reference;
+validation errors; every CI instantiation of kernels/flash_bwd.cu compiles for
+sm_80 and sm_90a without spills; torch plumbing through ``kernel="reference"``.
+
+GPU (marker ``gpu``): each backward mode (atomic dQ, deterministic) against the
+float64 plain backward with TESTING.md's rule for gradients (factor 3) over a
+sampled grid; fully masked rows and non-finite masked-out values; 50 bitwise-equal
+deterministic reruns; no S^2 allocation; torch autograd against SDPA; a toy
+transformer block trained 200 steps beside the same block on torch SDPA.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention import jit
+from cupy_attention.errors import (DTypeError, LayoutError, NoDeviceError, ShapeError,
+                                   UnsupportedError)
+from cupy_attention.families import flash_bwd
+from cupy_attention.reference import attention_backward_reference, attention_reference
+
+from helpers import (as_float, cast, make_qkv, normal, plain_attention, record, round_to,
+                     seed_for, set_values, to_bhsd, tolerance, xp_of)
+
+ARCHS = ("sm_80", "sm_90a")
+
+
+# ---------------------------------------------------------------------------
+# An independent plain backward (float64, or the kernel's precision)
+
+def plain_backward(dout, q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
+                   precision="float64"):
+    """(dq, dk, dv) as float64 [B, H, S, D] arrays, from the definition.
+
+    ``precision=<dtype>`` is TESTING.md's ``same``: inputs rounded to the dtype,
+    fp32 arithmetic, P recomputed in fp32, delta = rowsum(dout * out) with out
+    rounded to the dtype (as the forward stores it), gradients rounded to the dtype.
+    """
+    xp = xp_of(q)
+    q, k, v, dout = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v, dout))
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    work = xp.float64 if precision == "float64" else xp.float32
+    if precision != "float64":
+        q, k, v, dout = (round_to(t, precision, xp) for t in (q, k, v, dout))
+    q, k, v, dout = (t.astype(work) for t in (q, k, v, dout))
+    kr, vr = xp.repeat(k, group, axis=1), xp.repeat(v, group, axis=1)
+
+    s = xp.matmul(q, kr.swapaxes(-1, -2)) * work(scale)
+    keep = xp.ones((B, Hq, Sq, Sk), dtype=bool)
+    if mask is not None:
+        if str(mask.dtype) == "bool":
+            keep = keep & xp.broadcast_to(mask, keep.shape)
+        else:
+            bias = xp.broadcast_to(as_float(mask, xp).astype(work), keep.shape)
+            keep = keep & (bias != -np.inf)
+            s = s + xp.where(keep, bias, 0)
+    if causal:
+        keep = keep & (xp.arange(Sk)[None, :] <= xp.arange(Sq)[:, None] + (Sk - Sq))
+    s = xp.where(keep, s, work(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = xp.where(xp.isneginf(m), work(0), m)
+    e = xp.exp(s - m)
+    l_i = e.sum(axis=-1, keepdims=True)
+    p = e / xp.where(l_i > 0, l_i, work(1))
+    out = xp.matmul(p, vr)
+    if precision != "float64":
+        out = round_to(out, precision, xp).astype(work)
+    delta = (dout * out).sum(axis=-1, keepdims=True)
+    dp = xp.matmul(dout, vr.swapaxes(-1, -2))
+    ds = xp.where(p == 0, work(0), p * (dp - delta))
+    dq = xp.matmul(ds, kr) * work(scale)
+    dk = (xp.matmul(ds.swapaxes(-1, -2), q) * work(scale)).reshape(B, Hkv, group, Sk, D).sum(2)
+    dv = xp.matmul(p.swapaxes(-1, -2), dout).reshape(B, Hkv, group, Sk, D).sum(2)
+    grads = (dq, dk, dv)
+    if precision != "float64":
+        grads = tuple(round_to(g, precision, xp) for g in grads)
+    return tuple(g.astype(xp.float64) for g in grads)
+
+
+def make_mask(xp, kind, seed, *, batch, heads_q, seqlen_q, seqlen_k):
+    """None, a bool mask [B, 1, Sq, Sk] (~75% attended) or an additive float32 mask
+    [1, Hq, Sq, Sk] (normal values, ~10% -inf)."""
+    if kind is None:
+        return None
+    if kind == "bool":
+        return normal(xp, seed + 11, (batch, 1, seqlen_q, seqlen_k)) > -0.67
+    bias = normal(xp, seed + 13, (1, heads_q, seqlen_q, seqlen_k))
+    drop = normal(xp, seed + 17, bias.shape) > 1.28
+    return xp.where(drop, xp.float32(-np.inf), bias).astype(xp.float32)
+
+
+# ---------------------------------------------------------------------------
+# CPU: the float64 reference backward
+
+def _finite_differences(dout, q, k, v, eps=1e-6, **kw):
+    """Central differences of sum(dout * attention_reference(q, k, v)) per element."""
+    def loss():
+        out, _ = attention_reference(q, k, v, **kw)
+        return float((dout * out).sum())
+
+    grads = []
+    for x in (q, k, v):
+        g = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            keep = x[idx]
+            x[idx] = keep + eps
+            hi = loss()
+            x[idx] = keep - eps
+            lo = loss()
+            x[idx] = keep
+            g[idx] = (hi - lo) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def _tiny(seed, B=1, Hq=2, Hkv=1, Sq=3, Sk=4, D=3, layout="bhsd"):
+    rng = np.random.default_rng(seed)
+    shape = lambda h, s: (B, h, s, D) if layout == "bhsd" else (B, s, h, D)  # noqa: E731
+    return (rng.standard_normal(shape(Hq, Sq)), rng.standard_normal(shape(Hq, Sq)),
+            rng.standard_normal(shape(Hkv, Sk)), rng.standard_normal(shape(Hkv, Sk)))
+
+
+FD_CASES = [
+    dict(Hkv=2),
+    dict(Hkv=1, causal=True),
+    dict(Hkv=1, Sq=4, Sk=3, causal=True),            # bottom-right: query 0 attends nothing
+    dict(Hkv=2, Sq=3, Sk=5, causal=True, scale=0.7),
+    dict(Hkv=1, mask="bool"),
+    dict(Hkv=2, mask="add"),
+    dict(Hkv=1, Sq=2, Sk=6, causal=True, mask="add", layout="bshd"),
+]
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=[str(i) for i in range(len(FD_CASES))])
+def test_reference_backward_matches_finite_differences(case):
+    case = dict(case)
+    mask_kind, layout = case.pop("mask", None), case.pop("layout", "bhsd")
+    causal, scale = case.pop("causal", False), case.pop("scale", None)
+    dout, q, k, v = _tiny(seed_for("fd", sorted(case.items()), mask_kind), layout=layout, **case)
+    Sq, Sk = case.get("Sq", 3), case.get("Sk", 4)
+    mask = None
+    if mask_kind == "bool":
+        mask = np.random.default_rng(1).random((1, 1, Sq, Sk)) < 0.7
+        mask[..., 1, :] = False                         # a fully masked row
+        mask[..., 0, 0] = True
+    elif mask_kind == "add":
+        mask = np.random.default_rng(2).standard_normal((1, 2, Sq, Sk))
+        mask[..., 0, 1] = -np.inf
+    kw = dict(causal=causal, scale=scale, mask=mask, layout=layout)
+    got = attention_backward_reference(dout, q, k, v, **kw)
+    want = _finite_differences(dout, q, k, v, **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape
+        assert np.isfinite(g).all(), name
+        np.testing.assert_allclose(g, w, atol=1e-7, rtol=1e-6, err_msg=name)
+
+
+def test_reference_backward_fully_masked_rows_are_zero():
+    dout, q, k, v = _tiny(3, Hkv=1, Sq=6, Sk=2)
+    dq, dk, dv = attention_backward_reference(dout, q, k, v, causal=True)
+    assert np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+    assert (dq[:, :, :4] == 0).all()                    # queries 0..3 see no key
+
+
+def test_reference_backward_ignores_nonfinite_masked_keys():
+    dout, q, k, v = _tiny(4, Hkv=1, Sq=3, Sk=5)
+    mask = np.ones((1, 1, 3, 5), dtype=bool)
+    mask[..., 2] = False
+    clean = attention_backward_reference(dout, q, k, v, mask=mask)
+    k[:, :, 2], v[:, :, 2] = np.nan, np.inf
+    poisoned = attention_backward_reference(dout, q, k, v, mask=mask)
+    for c, p in zip(clean, poisoned):
+        np.testing.assert_array_equal(c, p)
+
+
+def test_reference_backward_layouts_agree():
+    dout, q, k, v = _tiny(5, Hkv=1, Sq=5, Sk=7, D=4)
+    bhsd = attention_backward_reference(dout, q, k, v, causal=True)
+    sw = lambda x: np.swapaxes(x, 1, 2)  # noqa: E731
+    bshd = attention_backward_reference(sw(dout), sw(q), sw(k), sw(v), causal=True, layout="bshd")
+    for a, b in zip(bhsd, bshd):
+        np.testing.assert_allclose(a, sw(b), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("causal,mask_kind,hkv", [(False, None, 2), (True, None, 1),
+                                                  (True, "add", 2), (False, "bool", 1)])
+def test_plain_backward_matches_reference(causal, mask_kind, hkv):
+    """The GPU tests' oracle agrees with cupy_attention.reference (two independent
+    float64 implementations)."""
+    dout, q, k, v = _tiny(6, B=2, Hq=4, Hkv=hkv, Sq=9, Sk=13, D=5)
+    mask = make_mask(np, mask_kind, 7, batch=2, heads_q=4, seqlen_q=9, seqlen_k=13)
+    if mask is not None and mask.dtype == np.bool_:
+        mask[..., 0] = True                             # no fully masked row: same p either way
+    got = plain_backward(dout, q, k, v, causal=causal, mask=mask)
+    want = attention_backward_reference(dout, q, k, v, causal=causal, mask=mask)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+def _torch_attention(q, k, v, *, causal, scale, mask):
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
+    if causal:
+        Sq, Sk = s.shape[-2:]
+        keep = torch.arange(Sk)[None, :] <= torch.arange(Sq)[:, None] + (Sk - Sq)
+        s = s.masked_fill(~keep, -math.inf)
+    return torch.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("causal,mask_kind,hkv", [(False, None, 4), (True, None, 2),
+                                                  (False, "add", 1), (True, "bool", 2)])
+def test_reference_backward_matches_torch_autograd(causal, mask_kind, hkv):
+    torch = pytest.importorskip("torch")
+    dout, q, k, v = _tiny(8, B=2, Hq=4, Hkv=hkv, Sq=11, Sk=17, D=6)
+    mask = make_mask(np, mask_kind, 9, batch=2, heads_q=4, seqlen_q=11, seqlen_k=17)
+    if mask is not None and mask.dtype == np.bool_:
+        mask[..., -1] = True        # torch's softmax of an all -inf row is NaN: avoid those
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    tmask = None if mask is None else torch.tensor(
+        mask if mask.dtype == np.bool_ else mask.astype(np.float64))
+    out = _torch_attention(tq, tk, tv, causal=causal, scale=0.4, mask=tmask)
+    (out * torch.tensor(dout)).sum().backward()
+    got = attention_backward_reference(dout, q, k, v, causal=causal, scale=0.4, mask=mask)
+    for g, t in zip(got, (tq, tk, tv)):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# CPU: the public API without a device
+
+def _np_case(B=1, Hq=4, Hkv=2, Sq=5, Sk=7, D=8, dtype=np.float32):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, Sk, D)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, Sk, D)).astype(dtype)
+    out, lse = ca.attention(q, k, v, kernel="reference", return_lse=True)
+    dout = rng.standard_normal(out.shape).astype(dtype)
+    return dout, q, k, v, out, lse
+
+
+def test_reference_kernel_through_the_api():
+    dout, q, k, v, out, lse = _np_case()
+    dq, dk, dv = ca.attention_backward(dout, q, k, v, out, lse, kernel="reference")
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert dq.dtype == dk.dtype == dv.dtype == np.float32
+    want = attention_backward_reference(dout, q, k, v)
+    for g, w in zip((dq, dk, dv), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mutate,error,word", [
+    (lambda a: a.update(dout=a["dout"][:, :, :-1]), ShapeError, "dout"),
+    (lambda a: a.update(dout=a["dout"].astype(np.float16)), DTypeError, "dout"),
+    (lambda a: a.update(dout=np.asfortranarray(a["dout"])), LayoutError, "dout"),
+    (lambda a: a.update(lse=a["lse"][:, :, :-1]), ShapeError, "lse"),
+    (lambda a: a.update(lse=a["lse"].astype(np.float64)), DTypeError, "lse"),
+    (lambda a: a.update(out=a["out"][:, :1]), ShapeError, "out"),
+    (lambda a: a.update(out=None), ShapeError, "out"),
+    (lambda a: a.update(k=a["k"][:, :, :, :4]), ShapeError, "head dim"),
+    (lambda a: a.update(q=a["q"][:, :3]), ShapeError, "multiple"),
+    (lambda a: a.update(kernel="naive"), UnsupportedError, "naive"),
+    (lambda a: a.update(deterministic="yes"), DTypeError, "deterministic"),
+    (lambda a: a.update(mask=np.ones((3, 5), dtype=bool)), ShapeError, "mask"),
+], ids=["dout-shape", "dout-dtype", "dout-stride", "lse-shape", "lse-dtype", "out-shape",
+        "out-missing", "head-dim", "gqa", "kernel", "deterministic", "mask"])
+def test_validation_errors(mutate, error, word):
+    dout, q, k, v, out, lse = _np_case()
+    args = dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, kernel="reference")
+    mutate(args)
+    with pytest.raises(error, match=word):
+        ca.attention_backward(args.pop("dout"), args.pop("q"), args.pop("k"), args.pop("v"),
+                              args.pop("out"), args.pop("lse"), **args)
+
+
+def test_no_device_is_one_clear_error():
+    from conftest import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a CUDA device is present")
+    dout, q, k, v, out, lse = _np_case()
+    with pytest.raises(NoDeviceError, match="no CUDA device"):
+        ca.attention_backward(dout, q, k, v, out, lse)
+
+
+def test_torch_plumbing_through_the_reference_kernel():
+    """AttentionFunction and CUDAAttention on CPU tensors (kernel="reference"):
+    forward and gradients equal the same module written with torch ops."""
+    torch = pytest.importorskip("torch")
+    from cupy_attention.torch import CUDAAttention
+
+    torch.manual_seed(0)
+    ours = CUDAAttention(24, 4, num_kv_heads=2, causal=True, kernel="reference")
+    x = torch.randn(2, 9, 24)
+    y = ours(x)
+    y.square().sum().backward()
+    got = {n: p.grad.clone() for n, p in ours.named_parameters()}
+
+    ours.zero_grad()
+    B, S, _ = x.shape
+    qkv = ours.qkv(x).view(B, S, 8, 6)
+    q, k, v = (t.transpose(1, 2).double() for t in qkv.split([4, 2, 2], dim=2))
+    o = _torch_attention(q, k, v, causal=True, scale=6 ** -0.5, mask=None).float()
+    y_ref = ours.proj(o.transpose(1, 2).reshape(B, S, 24))
+    y_ref.square().sum().backward()
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    for n, p in ours.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+# ---------------------------------------------------------------------------
+# CPU: every CI instantiation compiles without spills
+
+def _compile_one(job):
+    spec, arch = job
+    from cupy_attention import jit as _jit
+    from cupy_attention.errors import CompileError
+
+    try:
+        return spec, arch, _jit.compile_spec(spec, arch).resources, ""
+    except CompileError as exc:
+        return spec, arch, None, exc.log
+
+
+def test_ci_specs_compile_without_spills():
+    specs = flash_bwd.ci_specs()
+    assert len({s.name for s in specs}) == len(specs), "readable names must be unique"
+    jobs = [(s, a) for s in specs for a in ARCHS]
+    workers = max(2, min(os.cpu_count() or 2, 8))
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        rows = list(pool.map(_compile_one, jobs))
+    failed = [f"{s.name} ({a}):\n{log}" for s, a, res, log in rows if res is None]
+    assert not failed, "\n".join(failed[:3])
+    spills = [f"{s.name} ({a}): {r.spills} B spilled, {r.registers} registers"
+              for s, a, r, _ in rows if r.spills or r.stack_frame]
+    assert not spills, "\n".join(spills)
+    assert all(0 < r.registers <= 255 for _, _, r, _ in rows)
+
+
+def test_heuristics_fit_their_devices():
+    for d in range(1, 257):
+        assert flash_bwd.config(d) is not None                      # sm_80: 163 KB
+        assert flash_bwd.config(d, 99 * 1024) is not None           # sm_86 / sm_89 / sm_120
+        assert flash_bwd.config(d).smem <= 163 * 1024
+
+
+# ---------------------------------------------------------------------------
+# GPU
+
+# The sampled grid: every head dim of the brief's list, each dtype, causal with
+# both orders of Sq != Sk, MHA / GQA / MQA, both layouts, packed and padded views,
+# both mask kinds, both dQ modes, one large-magnitude case.
+GRID = [
+    dict(dtype="float32", D=1, Sq=17, Sk=33, Hq=2, Hkv=2),
+    dict(dtype="float16", D=32, Sq=113, Sk=203, causal=True, Hq=6, Hkv=2, layout="bshd",
+         view="packed"),
+    dict(dtype="bfloat16", D=59, Sq=128, Sk=217, Hq=6, Hkv=1, view="padded"),
+    dict(dtype="float32", D=64, Sq=239, Sk=1, causal=True, Hq=2, Hkv=1),
+    dict(dtype="float16", D=64, Sq=3, Sk=799, causal=True, mask="bool", B=2),
+    dict(dtype="bfloat16", D=96, Sq=127, Sk=513, causal=True, mask="add", layout="bshd"),
+    dict(dtype="float16", D=128, Sq=256, Sk=512, Hq=6, Hkv=2, B=2, magnitude=3.0),
+    dict(dtype="float32", D=128, Sq=512, Sk=256, causal=True, deterministic=True),
+    dict(dtype="bfloat16", D=160, Sq=108, Sk=256, layout="bshd", view="packed",
+         deterministic=True),
+    dict(dtype="float16", D=256, Sq=1, Sk=147, Hq=6, Hkv=6),
+    dict(dtype="float32", D=256, Sq=799, Sk=3, causal=True),
+    dict(dtype="bfloat16", D=64, Sq=1023, Sk=1024, causal=True),
+    dict(dtype="float16", D=128, Sq=1024, Sk=1023, causal=True, mask="bool", Hq=4, Hkv=2,
+         deterministic=True),
+    dict(dtype="float32", D=59, Sq=113, Sk=203, mask="add", deterministic=True, layout="bshd"),
+    dict(dtype="bfloat16", D=1, Sq=127, Sk=512, causal=True, view="padded"),
+    dict(dtype="float16", D=32, Sq=1, Sk=1, deterministic=True),
+    dict(dtype="bfloat16", D=256, Sq=200, Sk=300, causal=True, mask="add", Hq=4, Hkv=1,
+         deterministic=True),
+]
+
+
+def _case_id(c):
+    return "-".join(f"{k}={v}" for k, v in c.items())
+
+
+def _shape(c):
+    return dict(batch=c.get("B", 1), heads_q=c.get("Hq", 2), heads_kv=c.get("Hkv", 1),
+                seqlen_q=c["Sq"], seqlen_k=c["Sk"], head_dim=c["D"], dtype=c["dtype"],
+                layout=c.get("layout", "bhsd"))
+
+
+@pytest.fixture(scope="module")
+def warm_kernels():
+    """Compile every instantiation the GPU tests launch, in parallel, into the disk
+    cache (a speed-up only: each test compiles what is missing)."""
+    import cupy
+
+    from cupy_attention import device
+
+    if not jit.cache_enabled():
+        return
+    dev = cupy.cuda.runtime.getDevice()
+    arch, limit = device.device_arch(dev), device.max_shared_per_block(dev)
+    # (case, dQ modes) for the grid and for the other GPU tests of this file.
+    extra = [(dict(dtype="float16", D=64, causal=True), (False, True)),
+             (dict(dtype="float16", D=64, causal=True, mask="bool"), (False, True)),
+             (dict(dtype="float32", D=64), (False,)),
+             (dict(dtype="float32", D=64, causal=True), (False,)),
+             (dict(dtype="bfloat16", D=64, causal=True), (False,)),
+             (dict(dtype="float32", D=16, causal=True), (False,))]
+    wanted = {}
+    for c, modes in [(c, (c.get("deterministic", False),)) for c in GRID] + extra:
+        cfg = flash_bwd.config(c["D"], limit)
+        mask_kind = c.get("mask") or "none"
+        for det in modes:
+            for s in flash_bwd.specs(cfg, c["dtype"], c.get("causal", False), mask_kind, det):
+                wanted[(s, arch)] = None
+    workers = max(1, min(len(wanted), os.cpu_count() or 1))
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_warm_one, wanted))
+
+
+def _warm_one(job):
+    from cupy_attention import jit as _jit
+
+    try:
+        _jit.load_or_compile(*job)
+    except Exception:  # the test that launches it reports the error properly
+        pass
+
+
+def _inputs(c, seed, xp):
+    """q, k, v (views as the case asks), mask, and the forward's out / lse / dout in
+    the case's layout: out and lse from the same-precision plain forward."""
+    shape = _shape(c)
+    dtype, layout = c["dtype"], shape["layout"]
+    q, k, v, _ = make_qkv(xp, seed, view=c.get("view", "contiguous"),
+                          magnitude=c.get("magnitude", 1.0), **shape)
+    mask = make_mask(xp, c.get("mask"), seed, batch=shape["batch"], heads_q=shape["heads_q"],
+                     seqlen_q=c["Sq"], seqlen_k=c["Sk"])
+    causal = c.get("causal", False)
+    out, lse = plain_attention(q, k, v, causal=causal, mask=mask, layout=layout, precision=dtype)
+    out = xp.ascontiguousarray(cast(to_bhsd(out, layout), dtype, xp))
+    dout = cast(normal(xp, seed + 101, out.shape), dtype, xp)
+    return q, k, v, mask, out, lse.astype(xp.float32), dout
+
+
+def _check_grads(c, grads, inputs, meta):
+    q, k, v, mask, _, _, dout = inputs
+    dtype, layout = c["dtype"], c.get("layout", "bhsd")
+    kw = dict(causal=c.get("causal", False), mask=mask, layout=layout)
+    ref = plain_backward(dout, q, k, v, **kw)
+    same = plain_backward(dout, q, k, v, precision=dtype, **kw)
+    figs = []
+    for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref, same):
+        g = to_bhsd(as_float(g), layout)
+        figs.append(tolerance(g, r, s, dtype, what=name, factor=3.0))
+        if dtype == "float32" and float(abs(r).max()) > 0:
+            rel = figs[-1].max_err / float(abs(r).max())
+            assert rel < 1e-5, f"{name}: fp32 max|g-ref|/max|ref| = {rel:.3e} >= 1e-5"
+    record(meta, figs)
+    return figs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", GRID, ids=[_case_id(c) for c in GRID])
+def test_backward_grid(c, warm_kernels):
+    import cupy
+
+    inputs = _inputs(c, seed_for("bwd", _case_id(c)), cupy)
+    q, k, v, mask, out, lse, dout = inputs
+    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=c.get("causal", False),
+                                  mask=mask, layout=c.get("layout", "bhsd"),
+                                  deterministic=c.get("deterministic", False))
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == x.dtype
+    _check_grads(c, grads, inputs, dict(kernel="flash_bwd", **c))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, warm_kernels):
+    """Causal with Sq > Sk (queries 0..39 attend nothing) and a bool mask whose key
+    column 7 is all False: NaN in those queries' q and dout rows and in key 7's k
+    and v must not leak; their gradients are exactly zero."""
+    import cupy
+
+    c = dict(dtype="float16", D=64, Sq=70, Sk=30, causal=True, Hq=2, Hkv=1, mask="bool")
+    q, k, v, _ = make_qkv(cupy, 21, **_shape(c))
+    mask = cupy.ones((1, 1, 70, 30), dtype=bool)
+    mask[..., 7] = False
+    out, lse = plain_attention(q, k, v, causal=True, mask=mask, precision="float16")
+    assert bool(cupy.isneginf(lse[:, :, :40]).all())
+    out = cast(out, "float16", cupy)
+    dout = cast(normal(cupy, 22, out.shape), "float16", cupy)
+    ref = plain_backward(dout, q, k, v, causal=True, mask=mask)
+    same = plain_backward(dout, q, k, v, causal=True, mask=mask, precision="float16")
+    for x in (q, dout):
+        set_values(x, (slice(None), slice(None), slice(0, 6)), np.nan)
+    for x in (k, v):
+        set_values(x, (slice(None), slice(None), 7), np.nan)
+    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
+                                  deterministic=deterministic)
+    dq, dk, dv = (as_float(g) for g in grads)
+    assert bool((dq[:, :, :40] == 0).all()), "queries that attend nothing get dq = 0"
+    assert bool((dk[:, :, 7] == 0).all()) and bool((dv[:, :, 7] == 0).all())
+    for name, g, r, s in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, same):
+        tolerance(g, r, s, "float16", what=name, factor=3.0)
+
+
+@pytest.mark.gpu
+def test_empty_problems_launch_nothing():
+    import cupy
+
+    for B, Sq, Sk in ((0, 5, 7), (2, 0, 7), (2, 5, 0)):
+        q = cupy.ones((B, 2, Sq, 8), dtype=cupy.float16)
+        k = cupy.ones((B, 1, Sk, 8), dtype=cupy.float16)
+        lse = cupy.zeros((B, 2, Sq), dtype=cupy.float32)
+        dq, dk, dv = ca.attention_backward(q, q, k, k, q, lse)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+        for g in (dq, dk, dv):
+            assert not bool(g.astype(cupy.float32).any())
+
+
+@pytest.mark.gpu
+def test_deterministic_reruns_are_bitwise_equal(warm_kernels):
+    import cupy
+
+    c = dict(dtype="float16", D=64, Sq=300, Sk=300, causal=True, Hq=4, Hkv=2)
+    q, k, v, mask, out, lse, dout = _inputs(c, 31, cupy)
+    first = [g.view(cupy.uint16).copy() for g in
+             ca.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)]
+    for _ in range(49):
+        again = ca.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        for a, b in zip(first, again):
+            assert bool((a == b.view(cupy.uint16)).all())
+    atomic = ca.attention_backward(dout, q, k, v, out, lse, causal=True)
+    _check_grads(c, atomic, (q, k, v, mask, out, lse, dout), dict(kernel="flash_bwd-atomic"))
+
+
+@pytest.mark.gpu
+def test_backward_allocates_no_s_squared_memory(warm_kernels):
+    import cupy
+
+    S, D = 4096, 64
+    c = dict(dtype="float32", D=D, Sq=S, Sk=S, Hq=1, Hkv=1)
+    q, k, v, _ = make_qkv(cupy, 41, **_shape(c))
+    dout = normal(cupy, 42, q.shape)
+    out, lse = ca.attention(q, k, v, return_lse=True)
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    before = pool.total_bytes()
+    grads = ca.attention_backward(dout, q, k, v, out, lse)
+    cupy.cuda.Device().synchronize()
+    grown = pool.total_bytes() - before
+    # dq, dk, dv (3 S D floats), the dQ accumulator (S D) and delta (S): ~4.1 MB.
+    o_s = 4 * (4 * S * D + S)
+    assert grown <= 2 * o_s, f"backward took {grown} bytes, O(S) bound {2 * o_s}"
+    assert grown < 4 * S * S / 8
+    del grads
+
+
+@pytest.mark.gpu
+def test_through_the_real_forward(warm_kernels):
+    """out and lse from cupy_attention.attention itself (kernel auto) feed the backward."""
+    import cupy
+
+    c = dict(dtype="float16", D=64, Sq=200, Sk=333, causal=True, Hq=4, Hkv=2, layout="bshd")
+    q, k, v, _ = make_qkv(cupy, 51, **_shape(c))
+    out, lse = ca.attention(q, k, v, causal=True, layout="bshd", return_lse=True)
+    dout = cast(normal(cupy, 52, out.shape), "float16", cupy)
+    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, layout="bshd")
+    _check_grads(c, grads, (q, k, v, None, out, lse, dout), dict(kernel="flash_bwd+fwd-auto"))
+
+
+def _sdpa(q, k, v, causal):
+    import torch.nn.functional as F
+
+    group = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
+                                          v.repeat_interleave(group, 1), is_causal=causal)
+
+
+@pytest.mark.gpu
+def test_torch_autograd_matches_sdpa(warm_kernels):
+    torch = pytest.importorskip("torch")
+    from cupy_attention.torch import attention
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 100, 64, device="cuda", requires_grad=True)
+    k = torch.randn(2, 2, 100, 64, device="cuda", requires_grad=True)
+    v = torch.randn(2, 2, 100, 64, device="cuda", requires_grad=True)
+    dout = torch.randn(2, 4, 100, 64, device="cuda")
+    attention(q, k, v, causal=True).backward(dout)
+    ours = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    _sdpa(q, k, v, True).backward(dout)
+    for a, t in zip(ours, (q, k, v)):
+        torch.testing.assert_close(a, t.grad, rtol=1e-4, atol=1e-4)
+
+    qh, kh, vh = (t.detach().to(torch.bfloat16).requires_grad_() for t in (q, k, v))
+    attention(qh, kh, vh, causal=True).float().sum().backward()
+    for t in (qh, kh, vh):
+        assert t.grad.dtype == torch.bfloat16 and bool(torch.isfinite(t.grad).all())
+
+
+@pytest.mark.gpu
+def test_toy_transformer_trains_like_sdpa(warm_kernels):
+    """A pre-norm block (attention + MLP), CUDAAttention vs the same weights on
+    torch SDPA: 200 Adam steps in fp32, learning the causal running mean of the
+    input sequence (uniform causal attention solves it)."""
+    torch = pytest.importorskip("torch")
+    from cupy_attention.torch import CUDAAttention
+
+    class SdpaAttention(torch.nn.Module):
+        def __init__(self, like):
+            super().__init__()
+            self.like = like
+
+        def forward(self, x):
+            a = self.like
+            B, S, _ = x.shape
+            qkv = a.qkv(x).view(B, S, a.num_heads + 2 * a.num_kv_heads, a.head_dim)
+            q, k, v = (t.transpose(1, 2) for t in
+                       qkv.split([a.num_heads, a.num_kv_heads, a.num_kv_heads], dim=2))
+            return a.proj(_sdpa(q, k, v, a.causal).transpose(1, 2).reshape(B, S, a.embed_dim))
+
+    class Block(torch.nn.Module):
+        def __init__(self, attn):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(64), torch.nn.LayerNorm(64)
+            self.attn = attn
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                           torch.nn.Linear(128, 64))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    ours = Block(CUDAAttention(64, 4, num_kv_heads=2, causal=True)).cuda()
+    theirs = Block(SdpaAttention(CUDAAttention(64, 4, num_kv_heads=2, causal=True))).cuda()
+    theirs.load_state_dict({k.replace("attn.", "attn.like."): t
+                            for k, t in ours.state_dict().items()})
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    data = torch.randn(16, 8, 48, 64, device="cuda", generator=gen)
+    counts = torch.arange(1, 49, device="cuda", dtype=torch.float32)[None, :, None]
+    curves = []
+    for model in (ours, theirs):
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        losses = []
+        for step in range(200):
+            x = data[step % 16]
+            loss = torch.nn.functional.mse_loss(model(x), x.cumsum(dim=1) / counts)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(np.array(losses))
+    a, b = curves
+    assert a[-10:].mean() < 0.5 * a[:10].mean(), "the block did not learn"
+    rel = np.abs(a - b) / b
+    assert rel.max() < 2e-2, f"loss curves differ by up to {rel.max():.2e} (step {rel.argmax()})"
