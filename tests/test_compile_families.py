@@ -1,0 +1,76 @@
+"""Every kernel family's CI instantiations compile with NVRTC for sm_80 and sm_90a
+(no GPU needed) with no register spills.
+
+The compilations run once per session in a process pool (NVRTC holds the GIL of
+nothing: separate processes are what scales) and each (family, arch) test reads
+the results.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from cupy_attention import jit
+from cupy_attention.dispatch import FAMILIES
+
+ARCHS = ("sm_80", "sm_90a")
+
+
+def _compile_one(job):
+    spec, arch = job
+    from cupy_attention import jit as _jit
+    from cupy_attention.errors import CompileError
+
+    t0 = time.perf_counter()
+    try:
+        c = _jit.compile_spec(spec, arch)
+    except CompileError as exc:
+        return spec, arch, None, exc.log, time.perf_counter() - t0
+    return spec, arch, c.resources, "", time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """{(family, arch): [(spec, resources or None, log, seconds)]}."""
+    jobs = [(name, spec, arch) for name, fam in FAMILIES.items() for spec in fam.ci_specs()
+            for arch in ARCHS]
+    workers = max(2, min(os.cpu_count() or 2, 8))
+    results: dict = {}
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_compile_one, (spec, arch)): name for name, spec, arch in jobs}
+        for fut in cf.as_completed(futures):
+            spec, arch, res, log, secs = fut.result()
+            results.setdefault((futures[fut], arch), []).append((spec, res, log, secs))
+    return results
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_ci_specs_are_well_formed(name):
+    specs = FAMILIES[name].ci_specs()
+    assert specs, f"{name}.ci_specs() is empty"
+    assert len({s.name for s in specs}) == len(specs), "readable names must be unique"
+    assert len({(s.source, s.expr) for s in specs}) == len(specs), "no duplicate instantiations"
+    for s in specs:
+        assert (jit.kernels_dir() / s.source).is_file(), f"{s.name}: no kernels/{s.source}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_compiles_without_spills(compiled, name, arch):
+    rows = compiled[(name, arch)]
+    assert len(rows) == len(FAMILIES[name].ci_specs())
+    failed = [f"{spec.name}:\n{log}" for spec, res, log, _ in rows if res is None]
+    assert not failed, f"{len(failed)} {name} instantiations fail to compile for {arch}:\n" + \
+        "\n".join(failed[:3])
+    spills = [f"{spec.name}: {res.spill_stores} B spill stores, {res.spill_loads} B spill loads, "
+              f"{res.registers} registers, {res.stack_frame} B stack"
+              for spec, res, _, _ in rows if res.spills]
+    assert not spills, f"register spills on {arch}:\n" + "\n".join(spills)
+    for spec, res, _, _ in rows:
+        assert 0 < res.registers <= 255, f"{spec.name}: {res.registers} registers"
