@@ -1,0 +1,102 @@
+"""Small launches of every device kernel family, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck  python3 scripts/sanitize_case.py --no-pool
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_case.py
+
+Per family: a few small problems that reach the edge paths (a head dim that is not
+a multiple of 8, lengths off every tile, causal with Sq > Sk and Sq < Sk, GQA, a
+dense mask where the family takes one, a 16-byte-aligned case for the vector
+path). Inputs come from the host (NumPy), so nothing but our kernels and CuPy's
+copies runs on the device. Each result is checked against the float64 reference;
+the exit status is 1 if any result is wrong.
+
+--no-pool turns CuPy's memory pool off (cupy.cuda.set_allocator(None)), so
+memcheck sees every allocation's real bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+# (B, Hq, Hkv, Sq, Sk, D, causal, mask)
+CASES = (
+    (1, 2, 1, 67, 131, 59, True, None),
+    (2, 4, 2, 130, 67, 64, True, None),
+    (1, 2, 2, 33, 200, 128, False, "bool"),
+    (1, 3, 1, 17, 45, 8, False, "add"),
+)
+
+
+def host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D):
+    import ml_dtypes
+
+    npdt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(npdt)
+    k = rng.standard_normal((B, Hkv, Sk, D)).astype(npdt)
+    v = rng.standard_normal((B, Hkv, Sk, D)).astype(npdt)
+    return q, k, v
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-pool", action="store_true", help="disable CuPy's memory pool")
+    ap.add_argument("--families", nargs="*", help="default: every family in dispatch.FAMILIES")
+    args = ap.parse_args(argv)
+
+    import cupy
+
+    if args.no_pool:
+        cupy.cuda.set_allocator(None)
+        cupy.cuda.set_pinned_memory_allocator(None)
+
+    import cupy_attention as ca
+    from cupy_attention import device
+    from cupy_attention.dispatch import FAMILIES
+    from cupy_attention.problem import validate
+
+    cc = device.compute_capability(cupy.cuda.runtime.getDevice())
+    rng = np.random.default_rng(0)
+    bad = 0
+    for name in args.families or list(FAMILIES):
+        family = FAMILIES[name]
+        dtype = "float16" if "float16" in family.dtypes else family.dtypes[0]
+        for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in CASES:
+            q, k, v = host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D)
+            mask = None
+            if mask_kind == "bool":
+                mask = rng.random((B, 1, Sq, Sk)) > 0.3
+            elif mask_kind == "add":
+                mask = rng.standard_normal((Sq, Sk)).astype(np.float32)
+            label = f"{name} B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {dtype}" \
+                    f"{' causal' if causal else ''}{' ' + mask_kind + '-mask' if mask_kind else ''}"
+            reason = family.check(validate(q, k, v, causal=causal, mask=mask), cc)
+            if reason:
+                print(f"skip  {label}: {reason}", flush=True)
+                continue
+            t0 = time.perf_counter()
+            dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+            dm = None if mask is None else cupy.asarray(mask)
+            out, lse = ca.attention(dq, dk, dv, causal=causal, mask=dm, return_lse=True,
+                                    kernel=name)
+            cupy.cuda.Device().synchronize()
+            ref, ref_lse = ca.attention_reference(q, k, v, causal=causal, mask=mask)
+            got = cupy.asnumpy(out).astype(np.float64)
+            err = float(np.abs(got - ref).max()) if got.size else 0.0
+            ok = bool(np.isfinite(got).all()) and err < (2e-2 if dtype != "float32" else 1e-4)
+            lse_fin = np.isfinite(ref_lse)
+            got_lse = cupy.asnumpy(lse)
+            ok = ok and np.array_equal(np.isfinite(got_lse), lse_fin) and (
+                not lse_fin.any() or float(np.abs(got_lse[lse_fin] - ref_lse[lse_fin]).max()) < 1e-3)
+            bad += not ok
+            print(f"{'ok   ' if ok else 'WRONG'} {label}: max err {err:.2e} "
+                  f"({time.perf_counter() - t0:.1f}s)", flush=True)
+    print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
