@@ -57,6 +57,7 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
                  lse_out=lse_out)
     if kernel == "reference":
         return _reference(p, q, k, v, mask, out, lse_out, return_lse)
+    dispatch.check_kernel_name(kernel)
     _device.require_device()
     ctx = interop.context_for(q)
     cc = _device.compute_capability(ctx.device_id)

@@ -23,6 +23,11 @@ def kernel_names() -> list[str]:
     return ["auto", *FAMILIES, *HOST_KERNELS]
 
 
+def check_kernel_name(kernel: str) -> None:
+    if kernel not in kernel_names():
+        raise UnsupportedError(f"unknown kernel {kernel!r}; choose one of {kernel_names()}")
+
+
 def supporting(p: Problem, cc: int | None) -> list[str]:
     return [name for name, f in FAMILIES.items() if f.check(p, cc) is None]
 
@@ -35,9 +40,8 @@ def choose(p: Problem, kernel: str, cc: int | None) -> Family:
                 return family
         reasons = "; ".join(f.check(p, cc) for f in FAMILIES.values())
         raise UnsupportedError(f"no kernel runs {p.describe()}: {reasons}")
-    family = FAMILIES.get(kernel)
-    if family is None:
-        raise UnsupportedError(f"unknown kernel {kernel!r}; choose one of {kernel_names()}")
+    check_kernel_name(kernel)
+    family = FAMILIES[kernel]
     reason = family.check(p, cc)
     if reason is not None:
         others = [n for n in supporting(p, cc) if n != kernel] + list(HOST_KERNELS)
