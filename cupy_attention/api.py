@@ -69,27 +69,62 @@ def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse):
     cupy = _device.require_cupy()
     want_lse = return_lse or lse_out is not None
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
-        qc, kc, vc = (interop.to_cupy(x, n, ctx) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-        oc = interop.to_cupy(out, "out", ctx)
-        if oc is None:
-            oc = cupy.empty(out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout),
-                            dtype=qc.dtype)
-        lc = interop.to_cupy(lse_out, "lse_out", ctx)
-        if lc is None and want_lse:
-            lc = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
+        operands = _torch_operands if ctx.kind == "torch" else _cupy_operands
+        tensors, results = operands(p, ctx, q, k, v, mask, out, lse_out, want_lse)
         if not p.empty:
-            if p.seqlen_k == 0:
-                oc.fill(0)
-                if lc is not None:
-                    lc.fill(-np.inf)
+            if p.seqlen_k == 0:  # every row attends nothing
+                _fill(results[0], 0.0)
+                if results[1] is not None:
+                    _fill(results[1], -np.inf)
             else:
-                mc = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
-                family.launch(p, Tensors(qc, kc, vc, oc, lc, mc), ctx.stream, ctx.device_id,
+                family.launch(p, tensors, ctx.stream, ctx.device_id,
                               _device.device_arch(ctx.device_id))
-        result = _give_back(oc, out, ctx)
+        o = _give_back(results[0], out, ctx)
         if not return_lse:
-            return result
-        return result, _give_back(lc, lse_out, ctx)
+            return o
+        return o, _give_back(results[1], lse_out, ctx)
+
+
+def _torch_operands(p: Problem, ctx, q, k, v, mask, out, lse_out, want_lse):
+    """Views of torch tensors read in place; results allocated by torch."""
+    import torch
+
+    if out is None:
+        out = torch.empty(out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout),
+                          dtype=q.dtype, device=q.device)
+    if lse_out is None and want_lse:
+        lse_out = torch.empty((p.batch, p.heads_q, p.seqlen_q), dtype=torch.float32,
+                              device=q.device)
+    m = None
+    if mask is not None and not p.empty and p.seqlen_k:
+        if interop.array_kind(mask) == "torch":
+            m = mask.view(torch.uint8) if p.mask_kind == "bool" else mask.float()
+            m = interop.torch_view(m.expand(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k),
+                                   "mask", ctx)
+        else:
+            m = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
+    view = interop.torch_view
+    tensors = Tensors(view(q, "q", ctx), view(k, "k", ctx), view(v, "v", ctx),
+                      view(out, "out", ctx),
+                      None if lse_out is None else view(lse_out, "lse_out", ctx), m)
+    return tensors, (out, lse_out)
+
+
+def _cupy_operands(p: Problem, ctx, q, k, v, mask, out, lse_out, want_lse):
+    """CuPy arrays as they are (NumPy and other producers converted once)."""
+    cupy = _device.require_cupy()
+    qc, kc, vc = (interop.to_cupy(x, n, ctx) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    oc = interop.to_cupy(out, "out", ctx)
+    if oc is None:
+        oc = cupy.empty(out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout),
+                        dtype=qc.dtype)
+    lc = interop.to_cupy(lse_out, "lse_out", ctx)
+    if lc is None and want_lse:
+        lc = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
+    mc = None
+    if mask is not None and not p.empty and p.seqlen_k:
+        mc = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
+    return Tensors(qc, kc, vc, oc, lc, mc), (oc, lc)
 
 
 def _device_mask(mc, p: Problem):
@@ -104,8 +139,17 @@ def _device_mask(mc, p: Problem):
     return cupy.broadcast_to(mc, (p.batch, p.heads_q, p.seqlen_q, p.seqlen_k))
 
 
+def _fill(arr, value: float) -> None:
+    if hasattr(arr, "fill_"):
+        arr.fill_(value)
+    else:
+        arr.fill(value)
+
+
 def _give_back(arr, user_array, ctx):
     """Return the caller's own preallocated array if there was one."""
+    if ctx.kind == "torch":
+        return arr
     if user_array is None:
         return interop.from_cupy(arr, ctx)
     if ctx.kind == "numpy":

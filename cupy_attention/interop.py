@@ -1,10 +1,19 @@
-"""Array interop: CuPy, torch (zero-copy through DLPack), NumPy, other producers.
+"""Array interop: CuPy, torch, NumPy and other DLPack producers.
 
-:func:`adapt` turns the caller's arrays into CuPy views (no copies for device
-arrays) and records what to give back: the same array kind as ``q``, on the
-stream the caller is using (torch's current stream for torch inputs, CuPy's
-current stream otherwise). NumPy inputs are copied to the current device and the
-results copied back: convenient for scripting, not for speed.
+:func:`context_for` records what to give back: the same array kind as ``q``, on
+the stream the caller is using (torch's current stream for torch inputs, CuPy's
+current stream otherwise). Device arrays are never copied:
+
+* CuPy arrays are used as they are;
+* the forward reads torch tensors in place through their data pointers
+  (:func:`torch_view`) and allocates its results with torch, because a DLPack
+  round trip per tensor costs more than the whole launch of a short attention;
+  the backward and other entry points go through DLPack (:func:`to_cupy`,
+  :func:`from_cupy`), zero-copy as well;
+* other producers go through DLPack or ``__cuda_array_interface__``.
+
+NumPy inputs are copied to the current device and the results copied back:
+convenient for scripting, not for speed.
 """
 
 from __future__ import annotations
@@ -22,6 +31,54 @@ def _is_numpy(x) -> bool:
     import numpy as np
 
     return isinstance(x, np.ndarray) or isinstance(x, np.generic)
+
+
+class DeviceView:
+    """Pointer, shape and byte strides of a device tensor read in place (no copy).
+
+    Quacks like the parts of a CuPy array the kernel launchers read
+    (``.data.ptr``, ``.shape``, ``.strides``, ``.itemsize``).
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "itemsize")
+
+    def __init__(self, ptr: int, shape: tuple, strides: tuple, itemsize: int):
+        self.ptr, self.shape, self.strides, self.itemsize = ptr, shape, strides, itemsize
+
+    @property
+    def data(self):
+        return self
+
+
+def torch_view(t, name: str, ctx) -> DeviceView:
+    """A torch CUDA tensor as a :class:`DeviceView` (its memory, read in place)."""
+    if not t.is_cuda:
+        raise DeviceMismatchError(f"{name} is a CPU torch tensor while q is on a CUDA device; "
+                                  f"move it with {name}.cuda()")
+    if t.device.index != ctx.device_id:
+        raise DeviceMismatchError(f"{name} is on device {t.device.index} but q is on device "
+                                  f"{ctx.device_id}; move all tensors to one device")
+    size = t.element_size()
+    return DeviceView(t.data_ptr(), tuple(t.shape), tuple(x * size for x in t.stride()), size)
+
+
+_external_streams: dict = {}
+
+
+def _external_stream(ptr: int, device_id: int):
+    """One CuPy wrapper per foreign stream handle (creating one per call costs ~10 us)."""
+    key = (ptr, device_id)
+    stream = _external_streams.get(key)
+    if stream is None:
+        import warnings
+
+        cupy = require_cupy()
+        with warnings.catch_warnings():
+            # CuPy 14 prefers Stream.from_external(obj with __cuda_stream__); a raw
+            # handle works on every version this package supports.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = _external_streams[key] = cupy.cuda.ExternalStream(ptr, device_id)
+    return stream
 
 
 @dataclasses.dataclass
@@ -63,8 +120,7 @@ def context_for(q) -> Context:
                 "or pass NumPy arrays"
             )
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        ptr = torch.cuda.current_stream(dev).cuda_stream
-        stream = cupy.cuda.ExternalStream(ptr, dev)
+        stream = _external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
         return Context("torch", stream, dev, q.dtype)
     if kind == "cupy":
         return Context("cupy", cupy.cuda.get_current_stream(), q.device.id)

@@ -465,10 +465,17 @@ def _check_grads(c, grads, inputs, meta):
     kw = dict(causal=c.get("causal", False), mask=mask, layout=layout)
     ref = plain_backward(dout, q, k, v, **kw)
     same = plain_backward(dout, q, k, v, precision=dtype, **kw)
+    # dS = P * (dP - delta) cancels two fp32 sums of D terms of size |dout||v|; where
+    # the exact result is 0 (a single key: dP == delta) only that rounding is left.
+    # dq = scale * dS k, so the floor is that rounding times scale * max|k|.
+    xp = xp_of(q)
+    d = q.shape[-1]
+    dp_size = d * float(xp.abs(as_float(dout)).max()) * float(xp.abs(as_float(v)).max())
+    cancel = 4 * 2.0 ** -23 * dp_size * float(xp.abs(as_float(k)).max()) / math.sqrt(d)
     figs = []
     for name, g, r, s in zip(("dq", "dk", "dv"), grads, ref, same):
         g = to_bhsd(as_float(g), layout)
-        figs.append(tolerance(g, r, s, dtype, what=name, factor=3.0))
+        figs.append(tolerance(g, r, s, dtype, what=name, factor=3.0, extra=cancel))
         if dtype == "float32" and float(abs(r).max()) > 0:
             rel = figs[-1].max_err / float(abs(r).max())
             assert rel < 1e-5, f"{name}: fp32 max|g-ref|/max|ref| = {rel:.3e} >= 1e-5"
@@ -505,6 +512,7 @@ def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, warm_kerne
     mask[..., 7] = False
     out, lse = plain_attention(q, k, v, causal=True, mask=mask, precision="float16")
     assert bool(cupy.isneginf(lse[:, :, :40]).all())
+    lse = lse.astype(cupy.float32)
     out = cast(out, "float16", cupy)
     dout = cast(normal(cupy, 22, out.shape), "float16", cupy)
     ref = plain_backward(dout, q, k, v, causal=True, mask=mask)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .. import jit
 from ..problem import Problem
 from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
@@ -60,6 +62,18 @@ def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool,
     return jit.KernelSpec("flash_mma.cu", expr, name)
 
 
+@functools.lru_cache(maxsize=None)
+def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, arch: str,
+          device_id: int):
+    """(loaded kernel, BLOCK_M, threads, shared bytes), memoized: a hot call builds
+    no spec strings and hashes nothing but this key."""
+    from ..device import max_shared_per_block
+
+    cfg = tiles_for(head_dim, mask_kind != "none", max_shared_per_block(device_id))
+    kernel = jit.get_function(spec(head_dim, dtype, causal, mask_kind, vec, cfg), arch, device_id)
+    return kernel, cfg[0], 32 * cfg[2], _smem(-(-head_dim // 16) * 16, cfg)
+
+
 def vectorizable(p: Problem, t: Tensors) -> bool:
     """16-byte cp.async/stores need D % 8 == 0 and 16-byte aligned rows."""
     if p.head_dim % 8:
@@ -80,15 +94,10 @@ class FlashMma(Family):
     min_cc = 80
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        from ..device import max_shared_per_block
-
-        cfg = tiles_for(p.head_dim, p.mask_kind != "none", max_shared_per_block(device_id))
-        bm, _, warps, _ = cfg
-        kernel = jit.get_function(
-            spec(p.head_dim, p.dtype, p.causal, p.mask_kind, vectorizable(p, t), cfg),
-            arch, device_id)
-        kernel.launch((-(-p.seqlen_q // bm), p.heads_q, p.batch), (32 * warps,),
-                      (fwd_params(p, t),), _smem(-(-p.head_dim // 16) * 16, cfg), stream)
+        kernel, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
+                                               vectorizable(p, t), arch, device_id)
+        kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
+                      (fwd_params(p, t),), smem, stream)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
