@@ -63,15 +63,13 @@ def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool,
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, arch: str,
-          device_id: int):
-    """(loaded kernel, BLOCK_M, threads, shared bytes), memoized: a hot call builds
-    no spec strings and hashes nothing but this key."""
+def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, device_id: int):
+    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
     from ..device import max_shared_per_block
 
     cfg = tiles_for(head_dim, mask_kind != "none", max_shared_per_block(device_id))
-    kernel = jit.get_function(spec(head_dim, dtype, causal, mask_kind, vec, cfg), arch, device_id)
-    return kernel, cfg[0], 32 * cfg[2], _smem(-(-head_dim // 16) * 16, cfg)
+    return (spec(head_dim, dtype, causal, mask_kind, vec, cfg), cfg[0], 32 * cfg[2],
+            _smem(-(-head_dim // 16) * 16, cfg))
 
 
 def vectorizable(p: Problem, t: Tensors) -> bool:
@@ -94,8 +92,9 @@ class FlashMma(Family):
     min_cc = 80
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        kernel, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
-                                               vectorizable(p, t), arch, device_id)
+        kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
+                                              vectorizable(p, t), device_id)
+        kernel = jit.get_function(kspec, arch, device_id)
         kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
                       (fwd_params(p, t),), smem, stream)
 
