@@ -53,8 +53,7 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     out, or ``(out, lse)`` when ``return_lse`` is true. Rows that attend no key
     give 0.
     """
-    p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 lse_out=lse_out)
+    p = _validated(q, k, v, causal, scale, mask, layout, out, lse_out)
     if kernel == "reference":
         return _reference(p, q, k, v, mask, out, lse_out, return_lse)
     dispatch.check_kernel_name(kernel)
@@ -63,6 +62,29 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     cc = _device.compute_capability(ctx.device_id)
     family = dispatch.choose(p, kernel, cc)
     return _run(family, p, ctx, q, k, v, mask, out, lse_out, return_lse)
+
+
+_PROBLEMS: dict = {}
+
+
+def _validated(q, k, v, causal, scale, mask, layout, out, lse_out) -> Problem:
+    """:func:`validate`, memoized for the hot path (device arrays, no mask or
+    preallocated outputs): the Problem depends only on the key below."""
+    if mask is not None or out is not None or lse_out is not None:
+        return validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
+                        out=out, lse_out=lse_out)
+    try:
+        key = (type(q), causal, scale, layout,
+               *[(x.shape, x.stride() if callable(x.stride) else x.strides, x.dtype, x.device)
+                 for x in (q, k, v)])
+        hit = _PROBLEMS.get(key)
+    except (AttributeError, TypeError):  # not a torch/CuPy array, or unhashable
+        key, hit = None, None
+    if hit is None:
+        hit = validate(q, k, v, causal=causal, scale=scale, layout=layout)
+        if key is not None and len(_PROBLEMS) < 4096:
+            _PROBLEMS[key] = hit
+    return hit
 
 
 def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse):

@@ -29,11 +29,21 @@ class TensorInfo:
     itemsize: int
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(dt) -> str:
-    name = str(dt)
-    if name.startswith("torch."):
-        name = name[len("torch."):]
-    return {"half": "float16", "float": "float32", "double": "float64", "bool_": "bool"}.get(name, name)
+    """Canonical dtype name of a NumPy/CuPy/torch dtype (memoized: str() of a NumPy
+    dtype costs microseconds, and this runs for every argument of every call)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = str(dt)
+        if name.startswith("torch."):
+            name = name[len("torch."):]
+        name = {"half": "float16", "float": "float32", "double": "float64",
+                "bool_": "bool"}.get(name, name)
+        _DTYPE_NAMES[dt] = name
+    return name
 
 
 def describe(x, name: str) -> TensorInfo:

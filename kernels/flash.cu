@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
         const int j = k0 + tx * TN + c;
         const bool kept = !edge || (j < seqlen_k && CausalT::keep(i, j, offset));
         // Selected, not multiplied: Inf/NaN from masked-out K stays out.
-        float s2 = kept ? s[r][c] * p.scale_log2 : -CA_INF;
+        float s2 = kept ? exp2_score(p, s[r][c]) : -CA_INF;
         if (DenseT::enabled && kept && i < seqlen_q) s2 = DenseT::apply(p, b, h, i, j, s2);
         s[r][c] = s2;
         tile_max = fmaxf(tile_max, s2);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
       const float ref = row[r].ref();
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
-        s[r][c] = fast_exp2(s[r][c] - ref);
+        s[r][c] = exact_exp2(s[r][c] - ref);
         // A per-thread partial sum: every lane of the group rescales by the same
         // alpha, so the group sum is taken once, at the end.
         row[r].l_i += s[r][c];

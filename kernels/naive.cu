@@ -29,7 +29,7 @@ __global__ void naive_scores(const FwdParams p) {
   if (CausalT::keep(i, j, p.causal_offset)) {
     float dot = 0.f;
     for (int d = 0; d < p.head_dim; ++d) dot += to_float(q[d]) * to_float(k[d]);
-    s2 = DenseT::apply(p, b, h, i, j, dot * p.scale_log2);
+    s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, dot));
   }
   p.scratch[score_row(p, b, h, i) + j] = s2;
 }
@@ -44,9 +44,9 @@ __global__ void naive_softmax(const FwdParams p) {
   float m = -CA_INF;
   for (int j = 0; j < p.seqlen_k; ++j) m = fmaxf(m, s[j]);
   row.rescale(m);
-  for (int j = 0; j < p.seqlen_k; ++j) row.l_i += fast_exp2(s[j] - row.ref());
+  for (int j = 0; j < p.seqlen_k; ++j) row.l_i += exact_exp2(s[j] - row.ref());
   const float inv_l = row.inv_l();
-  for (int j = 0; j < p.seqlen_k; ++j) s[j] = fast_exp2(s[j] - row.ref()) * inv_l;
+  for (int j = 0; j < p.seqlen_k; ++j) s[j] = exact_exp2(s[j] - row.ref()) * inv_l;
   if (p.lse) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
     const int row = ty + r * Tr::ROW_STEP, i = q0 + row, j = k0 + tx;
     if (i >= p.seqlen_q || j >= p.seqlen_k) continue;
     float s2 = -CA_INF;
-    if (CausalT::keep(i, j, p.causal_offset)) s2 = DenseT::apply(p, b, h, i, j, dot[r] * p.scale_log2);
+    if (CausalT::keep(i, j, p.causal_offset)) s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, dot[r]));
     out[i64(row) * p.seqlen_k + j] = s2;
   }
 }
@@ -113,11 +113,11 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_softmax(const FwdParams p) 
   row.rescale(group_max<32>(m));
   const float ref = row.ref();
   float l = 0.f;
-  for (int j = lane; j < k_end; j += 32) l += fast_exp2(s[j] - ref);
+  for (int j = lane; j < k_end; j += 32) l += exact_exp2(s[j] - ref);
   row.l_i = group_sum<32>(l);
 
   const float inv_l = row.inv_l();
-  for (int j = lane; j < p.seqlen_k; j += 32) s[j] = j < k_end ? fast_exp2(s[j] - ref) * inv_l : 0.f;
+  for (int j = lane; j < p.seqlen_k; j += 32) s[j] = j < k_end ? exact_exp2(s[j] - ref) * inv_l : 0.f;
   if (p.lse && lane == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 

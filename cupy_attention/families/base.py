@@ -43,6 +43,8 @@ def bhs_strides(arr, layout: str):
 def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
     """The ``FwdParams`` struct for one launch."""
     qs, ks, vs, os_ = (bhs_strides(a, p.layout) for a in (t.q, t.k, t.v, t.out))
+    scale_log2 = float(np.float32(p.scale * LOG2E))
+    scale_log2_lo = p.scale * LOG2E - scale_log2
     values = {
         "q": t.q.data.ptr, "k": t.k.data.ptr, "v": t.v.data.ptr, "o": t.out.data.ptr,
         "q_batch_stride": qs[0], "q_head_stride": qs[1], "q_row_stride": qs[2],
@@ -52,7 +54,7 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
         "batch": p.batch, "heads_q": p.heads_q, "heads_kv": p.heads_kv, "group": p.group,
         "seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
         "causal_offset": p.seqlen_k - p.seqlen_q,
-        "scale": p.scale, "scale_log2": p.scale * LOG2E,
+        "scale": p.scale, "scale_log2": scale_log2, "scale_log2_lo": scale_log2_lo,
     }
     if t.lse is not None:
         ls = [x // 4 for x in t.lse.strides]

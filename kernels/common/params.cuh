@@ -36,8 +36,16 @@ struct FwdParams {
   i32 causal_offset;
 
   float scale;       // softmax scale (1/sqrt(D) by default)
-  float scale_log2;  // scale * log2(e): scores are kept in the exp2 domain
+  float scale_log2;     // scale * log2(e) rounded to fp32: scores live in the exp2 domain
+  float scale_log2_lo;  // scale * log2(e) - scale_log2, so exp2_score rounds only once
 };
+
+// dot * scale * log2(e) with a single rounding. The rounding of the constant alone
+// would shift every score by a relative 2^-24: at |score| ~ 100 that is a 1e-5
+// error in each probability, above an fp32 kernel's budget.
+__device__ __forceinline__ float exp2_score(const FwdParams& p, float dot) {
+  return fmaf(dot, p.scale_log2, dot * p.scale_log2_lo);
+}
 
 // Backward-pass arguments, passed by value to every backward kernel.
 //

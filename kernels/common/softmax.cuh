@@ -1,7 +1,9 @@
 // Online softmax state of one query row, in the exp2 domain.
 //
 // Scores arrive already multiplied by scale*log2(e) (`s2`), so p = exp2(s2 - m_i)
-// equals exp(s*scale - m_i*ln2) and one `ex2` instruction replaces exp().
+// equals exp(s*scale - m_i*ln2): the tensor-core kernel computes it with one `ex2`
+// instruction per score, the CUDA-core kernels with the exact exp2f. The per-row
+// rescale and lse here are rare, so they take the exact functions.
 //   m_i  running row max of s2        l_i  running sum of exp2(s2 - m_i)
 // Processing a tile:  alpha = rescale(tile_max);  acc *= alpha;
 //                     p = exp2(s2 - ref());       l_i += sum(p);  acc += p V
@@ -29,14 +31,14 @@ struct SoftmaxRow {
   // the accumulator (l_i is rescaled here).
   __device__ __forceinline__ float rescale(float tile_max) {
     float m_new = fmaxf(m_i, tile_max);
-    float alpha = fast_exp2(m_i - (m_new == -CA_INF ? 0.f : m_new));
+    float alpha = exact_exp2(m_i - (m_new == -CA_INF ? 0.f : m_new));
     m_i = m_new;
     l_i *= alpha;
     return alpha;
   }
   __device__ __forceinline__ float inv_l() const { return l_i == 0.f ? 0.f : 1.f / l_i; }
   __device__ __forceinline__ float lse() const {
-    return l_i == 0.f ? -CA_INF : (m_i + fast_log2(l_i)) * CA_LN2;
+    return l_i == 0.f ? -CA_INF : (m_i + exact_log2(l_i)) * CA_LN2;
   }
 };
 

@@ -75,6 +75,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return r;
 }
 
+// Correctly handled special values and ~2 ulp: for the CUDA-core kernels, whose
+// fp32 results must stay within a few ulps of an fp32 reference.
+__device__ __forceinline__ float exact_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ float exact_log2(float x) { return log2f(x); }
+
 __device__ __forceinline__ float fast_log2(float x) {
   float r;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
