@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -167,11 +168,28 @@ def compile_spec(spec: KernelSpec, arch: str) -> Compiled:
             raise CompileError(spec.name, log) from None
         log = nvrtc.getProgramLog(prog)
         lowered = nvrtc.getLoweredName(prog, spec.expr)
-        cubin = nvrtc.getCUBIN(prog)
+        cubin = _complete_elf(nvrtc.getCUBIN(prog))
     finally:
         nvrtc.destroyProgram(prog)
     _dump(spec, arch, src, opts, log)
     return Compiled(spec, arch, cubin, lowered, log, parse_resources(log))
+
+
+def _complete_elf(cubin: bytes) -> bytes:
+    """Restore the cubin's tail that CuPy's ``getCUBIN`` drops.
+
+    The binding returns NVRTC's buffer less its last byte (it treats the size as
+    that of a NUL-terminated string). That byte ends the ELF program-header table,
+    the high byte of the last header's 64-bit alignment: always 0. The driver loads
+    the short file, but cuobjdump and nvdisasm reject it, so pad the file back to
+    the end its own header declares.
+    """
+    if len(cubin) < 64 or not cubin.startswith(b"\x7fELF"):
+        return cubin
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+    return cubin + b"\0" * (end - len(cubin)) if end > len(cubin) else cubin
 
 
 def _dump(spec: KernelSpec, arch: str, src: str, opts, log: str) -> None:

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
         taken[kernel] = taken.get(kernel, 0) + 1
         if args.per_kernel and taken[kernel] > args.per_kernel:
             continue
-        target = args.out_dir / (path.stem + ".cubin")
+        # cuobjdump rejects paths with '=' or ',' (the readable names have both).
+        target = args.out_dir / f"{len(rows):04d}-{meta.get('arch', 'sm')}.cubin"
         target.write_bytes(cubin)
         row = {"name": meta.get("name"), "arch": meta.get("arch"), "cubin": target.name}
         if args.sass:

@@ -224,7 +224,7 @@ lines = [
     f"- commit: {st.get('commit', '?')}",
     f"- wall time: {st.get('total_s', '?')} s (GPU tests done at {st.get('pytest_s', '?')} s)",
     "",
-    f"## GPU tests: {verdict} (pytest rc {st.get('pytest_rc', '?')}; -x stops at the first failure)",
+    f"## GPU tests: {verdict} (pytest rc {st.get('pytest_rc', '?')}; stops after GPU_SUITE_MAXFAIL failures)",
     "",
     f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} errors, "
     f"{counts['skipped']} skipped, of {counts['tests']} run",
