@@ -280,8 +280,8 @@ def _encode(compiled: Compiled, key: str) -> bytes:
     return _MAGIC + hashlib.sha256(body).digest() + body
 
 
-def _decode(blob: bytes, spec: KernelSpec, arch: str, key: str) -> Compiled | None:
-    """Parse a cache file; None for anything corrupt, truncated or foreign."""
+def read_entry(blob: bytes):
+    """(metadata dict, cubin) of a cache file's bytes; None if corrupt or truncated."""
     head = len(_MAGIC) + 32
     if len(blob) < head + 8 or not blob.startswith(_MAGIC):
         return None
@@ -293,9 +293,17 @@ def _decode(blob: bytes, spec: KernelSpec, arch: str, key: str) -> Compiled | No
         meta = json.loads(body[8:8 + n])
     except ValueError:
         return None
+    return meta, body[8 + n:]
+
+
+def _decode(blob: bytes, spec: KernelSpec, arch: str, key: str) -> Compiled | None:
+    """A cache file as a :class:`Compiled`; None for anything corrupt or foreign."""
+    entry = read_entry(blob)
+    if entry is None:
+        return None
+    meta, cubin = entry
     if meta.get("key") != key or meta.get("expr") != spec.expr or meta.get("arch") != arch:
         return None
-    cubin = body[8 + n:]
     log = meta.get("log", "")
     return Compiled(spec, arch, cubin, meta["lowered"], log, parse_resources(log))
 

@@ -13,7 +13,6 @@ and shared-memory load/store instructions are counted per kernel.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -21,25 +20,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-MAGIC = b"CUATTN1\n"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cupy_attention import jit  # noqa: E402
+
 COUNTED = ("HMMA", "HGMMA", "LDSM", "LDL", "STL", "LDS", "STS", "LDGSTS", "BAR")
 
 
 def read_entry(path: Path):
     """(meta dict, cubin bytes), or None for anything that is not a valid entry."""
-    blob = path.read_bytes()
-    head = len(MAGIC) + 32
-    if len(blob) < head + 8 or not blob.startswith(MAGIC):
-        return None
-    body = blob[head:]
-    if hashlib.sha256(body).digest() != blob[len(MAGIC):head]:
-        return None
-    n = int.from_bytes(body[:8], "little")
-    try:
-        meta = json.loads(body[8:8 + n])
-    except ValueError:
-        return None
-    return meta, body[8 + n:]
+    return jit.read_entry(path.read_bytes())
 
 
 def sass_counts(cubin: Path) -> dict:
