@@ -65,7 +65,7 @@ def torch_view(t, name: str, ctx) -> DeviceView:
 _external_streams: dict = {}
 
 
-def _external_stream(ptr: int, device_id: int):
+def external_stream(ptr: int, device_id: int):
     """One CuPy wrapper per foreign stream handle (creating one per call costs ~10 us)."""
     key = (ptr, device_id)
     stream = _external_streams.get(key)
@@ -120,7 +120,7 @@ def context_for(q) -> Context:
                 "or pass NumPy arrays"
             )
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        stream = _external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
+        stream = external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
         return Context("torch", stream, dev, q.dtype)
     if kind == "cupy":
         return Context("cupy", cupy.cuda.get_current_stream(), q.device.id)

@@ -65,12 +65,14 @@ struct FlashTraits {
   // __launch_bounds__ occupancy: blocks per SM that fit both H100's 228 KB of
   // shared memory (1 KB reserved per block) and its 64K registers, at most 3.
   // Registers per thread are estimated as the accumulators plus 66 for the S, P
-  // and V fragments, softmax state and addresses; ptxas' report in CI confirms
-  // that the cap this sets (65536 / (THREADS * MIN_BLOCKS)) causes no spills.
+  // and V fragments, softmax state and addresses, plus the fp64 half of the dot
+  // products for fp32 inputs; ptxas' report in CI confirms that the cap this sets
+  // (65536 / (THREADS * MIN_BLOCKS)) causes no spills.
   static constexpr int ACC_FLOATS = TM * 2 * COL_PAIRS;
+  static constexpr int DOT_EXTRA = sizeof(typename Accum<T>::type) == 8 ? 2 * TM * TN : 0;
   static constexpr int MIN_BLOCKS =
       cmax(1, cmin(3, cmin((228 * 1024) / (SMEM_BYTES + 1024),
-                           65536 / (THREADS * (ACC_FLOATS + 66)))));
+                           65536 / (THREADS * (ACC_FLOATS + 66 + DOT_EXTRA)))));
 
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
   static_assert(THREADS % 32 == 0 && THREADS_M * THREADS_N == THREADS, "whole warps, full grid");
@@ -226,8 +228,12 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     fill_transposed<Tr, Tr::BLOCK_N>(sKV, Tr::LDK, k, p.k_row_stride, k0, seqlen_k);
     __syncthreads();
 
-    float s[TM][TN] = {};
+    float s[TM][TN];
     {
+      // fp64 dot products for fp32 inputs (see Accum): a large score's rounding
+      // is the largest error term of an fp32 result.
+      using acc_t = typename Accum<T>::type;
+      acc_t dot[TM][TN] = {};
       const float* q_col = sQ + ty * TM;
       const float* k_col = sKV + tx * TN;
 #pragma unroll 4
@@ -238,9 +244,13 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
 #pragma unroll
         for (int r = 0; r < TM; ++r) {
 #pragma unroll
-          for (int c = 0; c < TN; ++c) s[r][c] = fmaf(qd[r], kd[c], s[r][c]);
+          for (int c = 0; c < TN; ++c) dot[r][c] += acc_t(qd[r]) * kd[c];
         }
       }
+#pragma unroll
+      for (int r = 0; r < TM; ++r)
+#pragma unroll
+        for (int c = 0; c < TN; ++c) s[r][c] = float(dot[r][c]);
     }
 
     // Block-uniform: only tiles crossing Sk or the causal diagonal need an element test.

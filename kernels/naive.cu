@@ -27,9 +27,9 @@ __global__ void naive_scores(const FwdParams p) {
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + (h / p.group) * p.k_head_stride + j * p.k_row_stride;
   float s2 = -CA_INF;
   if (CausalT::keep(i, j, p.causal_offset)) {
-    float dot = 0.f;
+    typename Accum<T>::type dot = 0;
     for (int d = 0; d < p.head_dim; ++d) dot += to_float(q[d]) * to_float(k[d]);
-    s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, dot));
+    s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, float(dot)));
   }
   p.scratch[score_row(p, b, h, i) + j] = s2;
 }
@@ -44,9 +44,10 @@ __global__ void naive_softmax(const FwdParams p) {
   float m = -CA_INF;
   for (int j = 0; j < p.seqlen_k; ++j) m = fmaxf(m, s[j]);
   row.rescale(m);
-  for (int j = 0; j < p.seqlen_k; ++j) row.l_i += exact_exp2(s[j] - row.ref());
-  const float inv_l = row.inv_l();
-  for (int j = 0; j < p.seqlen_k; ++j) s[j] = exact_exp2(s[j] - row.ref()) * inv_l;
+  double l = 0;  // the baseline sums in fp64 whatever the dtype: exact enough to debug against
+  for (int j = 0; j < p.seqlen_k; ++j) l += exact_exp2(s[j] - row.ref());
+  row.l_i = float(l);
+  for (int j = 0; j < p.seqlen_k; ++j) s[j] = l == 0 ? 0.f : float(exact_exp2(s[j] - row.ref()) / l);
   if (p.lse) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 
@@ -59,11 +60,11 @@ __global__ void naive_pv(const FwdParams p) {
   const float* prow = p.scratch + score_row(p, b, h, i);
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + (h / p.group) * p.v_head_stride + d;
   const int k_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset);
-  float acc = 0.f;
+  typename Accum<T>::type acc = 0;
   for (int j = 0; j < k_end; ++j) {
     const float pj = prow[j];
     if (pj != 0.f) acc += pj * to_float(v[j * p.v_row_stride]);
   }
   T* o = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + i * p.o_row_stride;
-  o[d] = from_float<T>(acc);
+  o[d] = from_float<T>(float(acc));
 }

@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
 
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + (h / p.group) * p.k_head_stride;
-  float dot[Tr::ROWS_PER_THREAD] = {};
+  using acc_t = typename Accum<T>::type;
+  acc_t dot[Tr::ROWS_PER_THREAD] = {};
   for (int d0 = 0; d0 < p.head_dim; d0 += Tr::TILE) {
     // Lanes walk the head dim: coalesced global reads, one bank per lane.
 #pragma unroll
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
     for (int c = 0; c < Tr::TILE; ++c) {
       const float kc = sK[tx][c];
 #pragma unroll
-      for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) dot[r] = fmaf(sQ[ty + r * Tr::ROW_STEP][c], kc, dot[r]);
+      for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) dot[r] += acc_t(sQ[ty + r * Tr::ROW_STEP][c]) * kc;
     }
     __syncthreads();
   }
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
     const int row = ty + r * Tr::ROW_STEP, i = q0 + row, j = k0 + tx;
     if (i >= p.seqlen_q || j >= p.seqlen_k) continue;
     float s2 = -CA_INF;
-    if (CausalT::keep(i, j, p.causal_offset)) s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, dot[r]));
+    if (CausalT::keep(i, j, p.causal_offset)) s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, float(dot[r])));
     out[i64(row) * p.seqlen_k + j] = s2;
   }
 }
@@ -112,12 +113,12 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_softmax(const FwdParams p) 
   row.init();
   row.rescale(group_max<32>(m));
   const float ref = row.ref();
-  float l = 0.f;
+  double l = 0;  // the baseline sums in fp64 whatever the dtype
   for (int j = lane; j < k_end; j += 32) l += exact_exp2(s[j] - ref);
-  row.l_i = group_sum<32>(l);
-
-  const float inv_l = row.inv_l();
-  for (int j = lane; j < p.seqlen_k; j += 32) s[j] = j < k_end ? exact_exp2(s[j] - ref) * inv_l : 0.f;
+  l = group_sum<32>(l);
+  row.l_i = float(l);
+  for (int j = lane; j < p.seqlen_k; j += 32)
+    s[j] = (j < k_end && l != 0) ? float(exact_exp2(s[j] - ref) / l) : 0.f;
   if (p.lse && lane == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 
@@ -137,7 +138,8 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_pv(const FwdParams p) {
   const float* prob = p.scratch + tiled_score_row(p, b, h, q0);
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + (h / p.group) * p.v_head_stride;
 
-  float acc[Tr::ROWS_PER_THREAD] = {};
+  using acc_t = typename Accum<T>::type;
+  acc_t acc[Tr::ROWS_PER_THREAD] = {};
   for (int k0 = 0; k0 < k_end; k0 += Tr::TILE) {
 #pragma unroll
     for (int l = 0; l < Tr::LOADS_PER_THREAD; ++l) {
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_pv(const FwdParams p) {
 #pragma unroll
       for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) {
         const float pc = sP[ty + r * Tr::ROW_STEP][c];
-        acc[r] = pc != 0.f ? fmaf(pc, vc, acc[r]) : acc[r];
+        acc[r] = pc != 0.f ? acc[r] + acc_t(pc) * vc : acc[r];
       }
     }
     __syncthreads();
@@ -165,6 +167,6 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_pv(const FwdParams p) {
 #pragma unroll
   for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) {
     const int i = q0 + ty + r * Tr::ROW_STEP;
-    if (i < p.seqlen_q) o[i * p.o_row_stride] = from_float<T>(acc[r]);
+    if (i < p.seqlen_q) o[i * p.o_row_stride] = from_float<T>(float(acc[r]));
   }
 }

@@ -6,7 +6,8 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+from .base import (CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors,
+                   fwd_params)
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -72,16 +73,19 @@ def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, de
             _smem(-(-head_dim // 16) * 16, cfg))
 
 
-def vectorizable(p: Problem, t: Tensors) -> bool:
-    """16-byte cp.async/stores need D % 8 == 0 and 16-byte aligned rows."""
+def _strides_aligned(p: Problem, t: Tensors) -> bool:
+    """D % 8 == 0 and every row/head/batch stride a multiple of 16 bytes."""
     if p.head_dim % 8:
         return False
-    for arr in (t.q, t.k, t.v, t.out):
-        if arr.data.ptr % 16:
-            return False
-        if any((s // arr.itemsize) % 8 for s, n in zip(arr.strides[:3], arr.shape[:3]) if n > 1):
-            return False
-    return True
+    return not any((s // arr.itemsize) % 8
+                   for arr in (t.q, t.k, t.v, t.out)
+                   for s, n in zip(arr.strides[:3], arr.shape[:3]) if n > 1)
+
+
+def vectorizable(p: Problem, t: Tensors) -> bool:
+    """16-byte cp.async/stores need aligned strides and 16-byte aligned base pointers."""
+    return _strides_aligned(p, t) and not any(
+        arr.data.ptr % 16 for arr in (t.q, t.k, t.v, t.out))
 
 
 class FlashMma(Family):
@@ -97,6 +101,18 @@ class FlashMma(Family):
         kernel = jit.get_function(kspec, arch, device_id)
         kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
                       (fwd_params(p, t),), smem, stream)
+
+    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
+        grid_y_z = (p.heads_q, p.batch)
+
+        @functools.lru_cache(maxsize=2)
+        def variant(vec: bool):
+            kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
+                                                  vec, device_id)
+            return (jit.get_function(kspec, arch, device_id),
+                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
+
+        return HotLaunch(p, t, _strides_aligned(p, t), variant)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

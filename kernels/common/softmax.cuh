@@ -50,8 +50,8 @@ __device__ __forceinline__ float group_max(float x) {
   return x;
 }
 
-template <int WIDTH>
-__device__ __forceinline__ float group_sum(float x) {
+template <int WIDTH, class V>
+__device__ __forceinline__ V group_sum(V x) {
 #pragma unroll
   for (int off = WIDTH / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;

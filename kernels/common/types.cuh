@@ -64,6 +64,13 @@ template <> struct DType<bf16> {
   }
 };
 
+// Accumulator of the CUDA-core kernels' dot products and sums: fp64 for fp32
+// inputs, so an fp32 result stays within an ulp or two of a plain fp32
+// computation whatever the summation order; fp32 for 16-bit inputs, whose own
+// rounding dwarfs fp32's.
+template <class T> struct Accum { using type = float; };
+template <> struct Accum<float> { using type = double; };
+
 template <class T> __device__ __forceinline__ float to_float(T x) { return DType<T>::to_float(x); }
 template <class T> __device__ __forceinline__ T from_float(float x) { return DType<T>::from_float(x); }
 
