@@ -5,10 +5,10 @@ from __future__ import annotations
 from . import device as _device
 from . import interop
 from .api import _device_mask, _host, _like
-from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError
+from .errors import DTypeError, ShapeError, UnsupportedError
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import Problem, describe, out_shape, validate
+from .problem import Problem, check_like, describe, out_shape, validate
 from .reference import attention_backward_reference
 
 BACKWARD_KERNELS = ("auto", "flash", "reference")
@@ -63,26 +63,12 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
 
 def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
     qi = describe(q, "q")
-    want = out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout)
-    di = describe(dout, "dout")
-    if di.shape != want:
-        raise ShapeError(f"dout must have shape {want} (like the forward's out), got {di.shape}")
-    if di.dtype != p.dtype:
-        raise DTypeError(f"dout must have dtype {p.dtype} (like q), got {di.dtype}")
-    if di.device != qi.device:
-        raise DeviceMismatchError(f"dout is on device {di.device} but q is on {qi.device}")
-    if not (di.strides[-1] == 1 or di.shape[-1] <= 1 or 0 in di.shape):
-        raise LayoutError(f"dout must have unit stride in its last axis, got strides "
-                          f"{di.strides}; pass dout.contiguous()")
-    li = describe(lse, "lse")
-    if li.shape != (p.batch, p.heads_q, p.seqlen_q):
-        raise ShapeError(f"lse must have shape {(p.batch, p.heads_q, p.seqlen_q)} "
-                         f"[B, Hq, Sq], got {li.shape}")
-    if li.dtype != "float32":
-        raise DTypeError(f"lse must be float32 (as attention(..., return_lse=True) gives "
-                         f"it), got {li.dtype}")
-    if li.device != qi.device:
-        raise DeviceMismatchError(f"lse is on device {li.device} but q is on {qi.device}")
+    check_like(dout, "dout", qi, out_shape(p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.layout),
+               p.dtype, shape_note=" (like the forward's out)",
+               dtype_rule=f"have dtype {p.dtype} (like q)", layout_hint="; pass dout.contiguous()")
+    check_like(lse, "lse", qi, (p.batch, p.heads_q, p.seqlen_q), "float32",
+               shape_note=" [B, Hq, Sq]",
+               dtype_rule="be float32 (as attention(..., return_lse=True) gives it)")
 
 
 def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic):

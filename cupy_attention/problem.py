@@ -110,6 +110,22 @@ def _unit_last_stride(info: TensorInfo) -> bool:
     return info.strides[-1] == 1 or info.shape[-1] <= 1 or 0 in info.shape
 
 
+def check_like(x, name: str, qi: TensorInfo, shape: tuple, dtype: str, *, shape_note="",
+               dtype_rule=None, layout_hint="") -> None:
+    """An array the caller hands in beside q (a preallocated result, dout, lse):
+    exact shape and dtype, q's device, unit stride in the last axis."""
+    info = describe(x, name)
+    if info.shape != shape:
+        raise ShapeError(f"{name} must have shape {shape}{shape_note}, got {info.shape}")
+    if info.dtype != dtype:
+        raise DTypeError(f"{name} must {dtype_rule or 'be ' + dtype}, got {info.dtype}")
+    if info.device != qi.device:
+        raise DeviceMismatchError(f"{name} is on device {info.device} but q is on {qi.device}")
+    if not _unit_last_stride(info):
+        raise LayoutError(f"{name} must have unit stride in its last axis, got strides "
+                          f"{info.strides}{layout_hint}")
+
+
 def _bhsd(info: TensorInfo, layout: str):
     """(B, H, S, D) of a rank-4 tensor in the given layout."""
     b, x, y, d = info.shape
@@ -192,27 +208,11 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
             raise ShapeError(f"mask of shape {mi.shape} is not broadcastable to "
                              f"[B, Hq, Sq, Sk] = {list(target)}")
 
-    expected_out = out_shape(B, Hq, Sq, D, layout)
     if out is not None:
-        oi = describe(out, "out")
-        if oi.shape != expected_out:
-            raise ShapeError(f"out must have shape {expected_out} (like q), got {oi.shape}")
-        if oi.dtype != qi.dtype:
-            raise DTypeError(f"out must have dtype {qi.dtype} (like q), got {oi.dtype}")
-        if oi.device != qi.device:
-            raise DeviceMismatchError(f"out is on device {oi.device} but q is on {qi.device}")
-        if not _unit_last_stride(oi):
-            raise LayoutError(f"out must have unit stride in its last axis, got {oi.strides}")
+        check_like(out, "out", qi, out_shape(B, Hq, Sq, D, layout), qi.dtype,
+                   shape_note=" (like q)", dtype_rule=f"have dtype {qi.dtype} (like q)")
     if lse_out is not None:
-        li = describe(lse_out, "lse_out")
-        if li.shape != (B, Hq, Sq):
-            raise ShapeError(f"lse_out must have shape {(B, Hq, Sq)}, got {li.shape}")
-        if li.dtype != "float32":
-            raise DTypeError(f"lse_out must be float32, got {li.dtype}")
-        if li.device != qi.device:
-            raise DeviceMismatchError(f"lse_out is on device {li.device} but q is on {qi.device}")
-        if not _unit_last_stride(li):
-            raise LayoutError(f"lse_out must have unit stride in its last axis, got {li.strides}")
+        check_like(lse_out, "lse_out", qi, (B, Hq, Sq), "float32")
 
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
                    qi.device)
