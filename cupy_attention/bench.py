@@ -562,9 +562,8 @@ class Runner:
                                        "host launch overhead"),
             "flops": "4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk, true D; "
                      f"fwd+bwd x{1 + BWD_FACTOR}",
-            "extra_memory": "ours: peak bytes held from CuPy's pool during one call minus the "
-                            "output; torch: max_memory_allocated delta over one call minus the "
-                            "output",
+            "extra_memory": "peak bytes held from CuPy's pool plus torch's max_memory_allocated "
+                            "delta during one call, minus the output",
             "error": f"max |out - float64 reference| over the last {ERR_ROWS} query rows of "
                      "batch 0, head 0",
             "inputs": "random normal, layout bhsd; input sets rotate until they exceed 2x L2",
@@ -658,21 +657,25 @@ class Runner:
             figures["specs"] = list(dict.fromkeys(specs))
         return figures, out
 
-    def extra_memory(self, fn, args, impl: str) -> int:
+    def extra_memory(self, fn, args) -> int:
+        """Peak device bytes a call allocates beyond its output: from CuPy's pool
+        (our kernels' scratch) and, when torch is present, from torch's allocator
+        (outputs of torch inputs, and torch's own backends)."""
         self.sync()
-        if impl == "ours":
-            hook = _pool_peak_hook(self.cupy)
-            with hook:
-                out = fn(*args)
-                self.sync()
-            return hook.peak - nbytes(out)
         torch = self.torch
-        torch.cuda.synchronize(self.device_id)
-        torch.cuda.reset_peak_memory_stats(self.device_id)
-        base = torch.cuda.memory_allocated(self.device_id)
-        out = fn(*args)
-        torch.cuda.synchronize(self.device_id)
-        return torch.cuda.max_memory_allocated(self.device_id) - base - nbytes(out)
+        if torch is not None:
+            torch.cuda.synchronize(self.device_id)
+            torch.cuda.reset_peak_memory_stats(self.device_id)
+            base = torch.cuda.memory_allocated(self.device_id)
+        hook = _pool_peak_hook(self.cupy)
+        with hook:
+            out = fn(*args)
+            self.sync()
+        peak = hook.peak
+        if torch is not None:
+            torch.cuda.synchronize(self.device_id)
+            peak += torch.cuda.max_memory_allocated(self.device_id) - base
+        return peak - nbytes(out)
 
     # -- one case ----------------------------------------------------------
     def _policy_skip(self, name: str, quadratic: bool, case: Case) -> str | None:
@@ -692,7 +695,7 @@ class Runner:
                     got = host64(out[0:1, 0:1, -ref.shape[2]:, :])
                     figures["max_err"] = _finite(float(np.max(np.abs(got - ref))))
                     del out
-                    figures["extra_bytes"] = self.extra_memory(fn, sets[0], impl)
+                    figures["extra_bytes"] = self.extra_memory(fn, sets[0])
             return make_row(case, kernel, impl, **figures)
         except Unsupported as exc:
             return make_row(case, kernel, impl, skipped=str(exc))

@@ -62,14 +62,19 @@ struct FlashTraits {
   static constexpr int SKV_FLOATS = cmax(D * LDK, BLOCK_N * LDV);
   static constexpr int SP_FLOATS = BLOCK_M * LDP;
   static constexpr int SMEM_BYTES = 4 * (SQ_FLOATS + SKV_FLOATS + SP_FLOATS);
+  // fp32 inputs: split dot products and P V sums into short fp32 partials (see
+  // tile_qk and tile_pv); 16-bit inputs: plain fp32 sums.
+  static constexpr bool SPLIT_SUMS = sizeof(typename Accum<T>::type) == 8;
+  static constexpr int DOT_CHUNK = 8;                  // head-dim steps per fp64 add
+  static constexpr int PV_CHUNK = SPLIT_SUMS ? 8 : 4;  // keys per P V partial
   // __launch_bounds__ occupancy: blocks per SM that fit both H100's 228 KB of
   // shared memory (1 KB reserved per block) and its 64K registers, at most 3.
   // Registers per thread are estimated as the accumulators plus 66 for the S, P
-  // and V fragments, softmax state and addresses, plus the fp64 half of the dot
-  // products for fp32 inputs; ptxas' report in CI confirms that the cap this sets
-  // (65536 / (THREADS * MIN_BLOCKS)) causes no spills.
+  // and V fragments, softmax state and addresses, plus the fp64 dot products of
+  // fp32 inputs (their fp32 partials fit in the 66); ptxas' report in CI confirms
+  // that the cap this sets (65536 / (THREADS * MIN_BLOCKS)) causes no spills.
   static constexpr int ACC_FLOATS = TM * 2 * COL_PAIRS;
-  static constexpr int DOT_EXTRA = sizeof(typename Accum<T>::type) == 8 ? 2 * TM * TN : 0;
+  static constexpr int DOT_EXTRA = SPLIT_SUMS ? 2 * TM * TN : 0;
   static constexpr int MIN_BLOCKS =
       cmax(1, cmin(3, cmin((228 * 1024) / (SMEM_BYTES + 1024),
                            65536 / (THREADS * (ACC_FLOATS + 66 + DOT_EXTRA)))));
@@ -80,7 +85,8 @@ struct FlashTraits {
                 "rows per thread must be one vector load of sQ");
   static_assert(TN * THREADS_N == BLOCK_N && (TN == 1 || TN == 2 || TN == 4),
                 "keys per thread must be one vector load of sK");
-  static_assert(BLOCK_N % 4 == 0, "P V reads sP four keys at a time");
+  static_assert(BLOCK_N % PV_CHUNK == 0 && PV_CHUNK % 4 == 0,
+                "P V reads sP four keys at a time, whole chunks per tile");
   static_assert(BLOCK_M % (FILL_ROWS * WARPS) == 0 && BLOCK_N % (FILL_ROWS * WARPS) == 0,
                 "the transposed fill covers whole tiles");
   static_assert(LDQ % 32 == 4 && LDK % 32 == 4, "conflict-free transposed fills");
@@ -156,34 +162,107 @@ __device__ __forceinline__ bool fill_v(float* sV, const typename Tr::T* v, i64 s
   return probe != probe;
 }
 
-// acc[r][c] += sum_n P[row r][n] * V[n][col c] over one key tile.
+// acc[r][c] += sum_n P[row r][n] * V[n][col c] over one key tile. With SPLIT_SUMS
+// (fp32 inputs) each run of PV_CHUNK keys is summed into a fresh partial that is
+// then added to acc: the long sum over Sk keys takes Sk / PV_CHUNK roundings at
+// acc's magnitude instead of Sk, which halves an fp32 result's error for one extra
+// add per 8 FMAs. 16-bit inputs accumulate straight into acc.
 template <class Tr, bool GUARD>
 __device__ __forceinline__ void tile_pv(float (&acc)[Tr::TM][Tr::COL_PAIRS][2], const float* sP,
                                         const float* sV, int tx, int ty) {
+  constexpr int CH = Tr::PV_CHUNK;
   const float* p_rows = sP + ty * Tr::TM * Tr::LDP;
   const float* v_cols = sV + tx * 2;
 #pragma unroll 1
-  for (int n = 0; n < Tr::BLOCK_N; n += 4) {
-    float pr[Tr::TM][4];
+  for (int n = 0; n < Tr::BLOCK_N; n += CH) {
+    float pr[Tr::TM][CH];
 #pragma unroll
-    for (int r = 0; r < Tr::TM; ++r) lds<4>(pr[r], p_rows + r * Tr::LDP + n);
+    for (int r = 0; r < Tr::TM; ++r) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < CH; kk += 4) {
+        float four[4];
+        lds<4>(four, p_rows + r * Tr::LDP + n + kk);
 #pragma unroll
-      for (int c = 0; c < Tr::COL_PAIRS; ++c) {
-        float vv[2];
-        lds<2>(vv, v_cols + (n + kk) * Tr::LDV + c * 2 * Tr::THREADS_N);
+        for (int e = 0; e < 4; ++e) pr[r][kk + e] = four[e];
+      }
+    }
 #pragma unroll
-        for (int r = 0; r < Tr::TM; ++r) {
-          const float pk = pr[r][kk];
+    for (int c = 0; c < Tr::COL_PAIRS; ++c) {
+      float vv[CH][2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float term = fmaf(pk, vv[e], acc[r][c][e]);
-            acc[r][c][e] = (GUARD && pk == 0.f) ? acc[r][c][e] : term;
+      for (int kk = 0; kk < CH; ++kk) lds<2>(vv[kk], v_cols + (n + kk) * Tr::LDV + c * 2 * Tr::THREADS_N);
+#pragma unroll
+      for (int r = 0; r < Tr::TM; ++r) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float part = Tr::SPLIT_SUMS ? 0.f : acc[r][c][e];
+#pragma unroll
+          for (int kk = 0; kk < CH; ++kk) {
+            const float pk = pr[r][kk];
+            const float term = fmaf(pk, vv[kk][e], part);
+            part = (GUARD && pk == 0.f) ? part : term;
           }
+          acc[r][c][e] = Tr::SPLIT_SUMS ? acc[r][c][e] + part : part;
         }
       }
     }
+  }
+}
+
+// acc[r][c] += Q[row r][d] * K[key c][d] for head-dim steps d0 .. d0 + STEPS - 1
+// (those < D), one fp32 FMA each.
+template <class Tr, int STEPS>
+__device__ __forceinline__ void qk_steps(float (&acc)[Tr::TM][Tr::TN], const float* q_col,
+                                         const float* k_col, int d0) {
+#pragma unroll
+  for (int dd = 0; dd < STEPS; ++dd) {
+    const int d = d0 + dd;
+    if (Tr::D % STEPS == 0 || d < Tr::D) {
+      float qd[Tr::TM], kd[Tr::TN];
+      lds<Tr::TM>(qd, q_col + d * Tr::LDQ);
+      lds<Tr::TN>(kd, k_col + d * Tr::LDK);
+#pragma unroll
+      for (int r = 0; r < Tr::TM; ++r)
+#pragma unroll
+        for (int c = 0; c < Tr::TN; ++c) acc[r][c] = fmaf(qd[r], kd[c], acc[r][c]);
+    }
+  }
+}
+
+// s[r][c] = sum_d Q[row r][d] * K[key c][d] for this thread's TM x TN scores.
+// fp32 inputs (Accum = double): each run of DOT_CHUNK head-dim steps is summed in
+// fp32 and the partials in fp64, so the error is that of an 8-term fp32 sum
+// whatever D (a large score's rounding is the largest error term of an fp32
+// result), at one conversion and one fp64 add per 8 FMAs. 16-bit inputs: plain
+// fp32, whose rounding their own dwarfs.
+template <class Tr>
+__device__ __forceinline__ void tile_qk(float (&s)[Tr::TM][Tr::TN], const float* sQ,
+                                        const float* sK, int tx, int ty) {
+  constexpr int TM = Tr::TM, TN = Tr::TN;
+  const float* q_col = sQ + ty * TM;
+  const float* k_col = sK + tx * TN;
+  if constexpr (Tr::SPLIT_SUMS) {
+    double dot[TM][TN] = {};
+#pragma unroll 1
+    for (int d0 = 0; d0 < Tr::D; d0 += Tr::DOT_CHUNK) {
+      float part[TM][TN] = {};
+      qk_steps<Tr, Tr::DOT_CHUNK>(part, q_col, k_col, d0);
+#pragma unroll
+      for (int r = 0; r < TM; ++r)
+#pragma unroll
+        for (int c = 0; c < TN; ++c) dot[r][c] += part[r][c];
+    }
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int c = 0; c < TN; ++c) s[r][c] = float(dot[r][c]);
+  } else {
+#pragma unroll
+    for (int r = 0; r < TM; ++r)
+#pragma unroll
+      for (int c = 0; c < TN; ++c) s[r][c] = 0.f;
+#pragma unroll 1
+    for (int d0 = 0; d0 < Tr::D; d0 += 4) qk_steps<Tr, 4>(s, q_col, k_col, d0);
   }
 }
 
@@ -229,29 +308,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     __syncthreads();
 
     float s[TM][TN];
-    {
-      // fp64 dot products for fp32 inputs (see Accum): a large score's rounding
-      // is the largest error term of an fp32 result.
-      using acc_t = typename Accum<T>::type;
-      acc_t dot[TM][TN] = {};
-      const float* q_col = sQ + ty * TM;
-      const float* k_col = sKV + tx * TN;
-#pragma unroll 4
-      for (int d = 0; d < Tr::D; ++d) {
-        float qd[TM], kd[TN];
-        lds<TM>(qd, q_col + d * Tr::LDQ);
-        lds<TN>(kd, k_col + d * Tr::LDK);
-#pragma unroll
-        for (int r = 0; r < TM; ++r) {
-#pragma unroll
-          for (int c = 0; c < TN; ++c) dot[r][c] += acc_t(qd[r]) * kd[c];
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < TM; ++r)
-#pragma unroll
-        for (int c = 0; c < TN; ++c) s[r][c] = float(dot[r][c]);
-    }
+    tile_qk<Tr>(s, sQ, sKV, tx, ty);
 
     // Block-uniform: only tiles crossing Sk or the causal diagonal need an element test.
     const bool edge = k0 + Tr::BLOCK_N > seqlen_k ||
