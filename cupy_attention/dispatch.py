@@ -11,11 +11,13 @@ from .errors import UnsupportedError
 from .families.base import Family
 from .families.flash import Flash
 from .families.flash_mma import FlashMma
+from .families.flash_wgmma import FlashWgmma
 from .families.naive import Naive
 from .families.tiled import Tiled
 from .problem import Problem
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (FlashMma(), Flash(), Tiled(), Naive())}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (FlashWgmma(), FlashMma(), Flash(), Tiled(), Naive())}
 HOST_KERNELS = ("reference",)
 
 

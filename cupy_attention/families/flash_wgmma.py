@@ -1,0 +1,122 @@
+"""`flash_wgmma`: the fused Hopper forward (fp16/bf16, wgmma, sm_90a only).
+
+Takes the problems flash_mma takes except dense masks, on compute capability 9.0
+only, for head dims 64, 128 and multiples of 8 from 136 to 256. Shared tiles and
+P V are padded to a multiple of 64 columns: at D = 72..120 that made it slower than
+flash_mma (H200, bf16, S=4096: D=96 270 vs 279 TFLOPs), so those stay with
+flash_mma (and D < 64 too, which would pad more). The kernel needs 16-byte
+aligned base pointers and strides; those are properties of the arrays, not of the
+Problem, so a launch whose arrays are not aligned runs flash_mma's kernel instead.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .. import jit
+from ..problem import Problem
+from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors, fwd_params
+from .flash_mma import FlashMma, _strides_aligned, vectorizable
+from .flash_mma import _plan as _mma_plan
+
+# Tile heuristics: the first row whose bound covers the head dim padded to 64.
+# Each config is (warpgroups, BLOCK_N, blocks per SM); BLOCK_M = 64 * warpgroups.
+# K and V have two shared buffers each. Registers per thread: S BLOCK_N/2 +
+# P BLOCK_N/4 + acc D_PAD/2; a second block per SM caps them at 128.
+# Figures: bf16, TFLOPs at S=4096 non-causal / causal, H200, 2026-11-22.
+# (max D_PAD, config, reason)
+TILES = (
+    (64, (2, 64, 2), "two 8-warp blocks per SM (128 registers, 2 x 52 KB) overlap each "
+                     "other's barriers: 334 / 299 vs 281 / 240 for one 12-warp block (3, 128)"),
+    (128, (2, 128, 1), "S 64 + P 32 + acc 64 registers (235); 163 KB: one block per SM. "
+                       "371 / 346; (1, 64) x 2 blocks 362 / 332, (3, 64) 380 / 299"),
+    (256, (2, 64, 1), "acc alone is D_PAD/2 registers: narrower S; 255 registers, 195 KB at "
+                      "D=256; 448 TFLOPs"),
+)
+
+
+def tiles_for(head_dim: int):
+    d_pad = -(-head_dim // 64) * 64
+    for bound, cfg, _ in TILES:
+        if d_pad <= bound:
+            return cfg
+    raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
+
+
+def smem_bytes(head_dim: int, cfg) -> int:
+    warpgroups, block_n = cfg[:2]
+    d_pad = -(-head_dim // 64) * 64
+    return (64 * warpgroups + 4 * block_n) * d_pad * 2 + 128 * warpgroups * 8 + 1024
+
+
+def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
+    warpgroups, block_n, min_blocks = cfg or tiles_for(head_dim)
+    traits = f"WgmmaTraits<{head_dim}, {warpgroups}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}>"
+    expr = f"flash_wgmma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}>"
+    name = (f"flash_wgmma[D={head_dim},BM={64 * warpgroups},BN={block_n},"
+            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]")
+    return jit.KernelSpec("flash_wgmma.cu", expr, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(head_dim: int, dtype: str, causal: bool):
+    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
+    cfg = tiles_for(head_dim)
+    return spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * cfg[0], smem_bytes(head_dim, cfg)
+
+
+class FlashWgmma(Family):
+    name = "flash_wgmma"
+    summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, cp.async)"
+    source = "flash_wgmma.cu"
+    dtypes = ("float16", "bfloat16")
+    min_cc = 90
+    ci_archs = ("sm_90a",)
+
+    def head_dim_range(self) -> str:
+        return "64, 128, and multiples of 8 from 136 to 256"
+
+    def check(self, p: Problem, cc: int | None) -> str | None:
+        if cc is not None and cc != 90:
+            return f"{self.name} uses wgmma (sm_90a): compute capability 9.0 only, device has {cc / 10:.1f}"
+        if not (p.head_dim in (64, 128) or (128 < p.head_dim <= 256 and p.head_dim % 8 == 0)):
+            return (f"{self.name} takes head dims {self.head_dim_range()}, not {p.head_dim} "
+                    "(padded to a multiple of 64 it is slower than flash_mma)")
+        if p.mask_kind != "none":
+            return f"{self.name} takes no dense mask (flash_mma does)"
+        return super().check(p, cc)
+
+    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
+        if not vectorizable(p, t):
+            FlashMma().launch(p, t, stream, device_id, arch)
+            return
+        kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal)
+        kernel = jit.get_function(kspec, arch, device_id)
+        kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
+                      (fwd_params(p, t),), smem, stream)
+
+    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
+        grid_y_z = (p.heads_q, p.batch)
+
+        @functools.lru_cache(maxsize=2)
+        def variant(vec: bool):
+            if vec:
+                kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal)
+            else:  # flash_mma's unaligned kernel, as launch() does
+                kspec, block_m, threads, smem = _mma_plan(p.head_dim, p.dtype, p.causal,
+                                                          p.mask_kind, False, device_id)
+            return (jit.get_function(kspec, arch, device_id),
+                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
+
+        return HotLaunch(p, t, _strides_aligned(p, t), variant)
+
+    def ci_specs(self) -> list[jit.KernelSpec]:
+        out = []
+        for d in (64, 128, 256):
+            for dtype in ("float16", "bfloat16"):
+                for causal in (False, True):
+                    out.append(spec(d, dtype, causal))
+        for d in (160, 192, 232):
+            out.append(spec(d, "bfloat16", d % 16 == 0))
+        out.append(spec(232, "float16", True))
+        return out

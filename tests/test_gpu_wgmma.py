@@ -1,0 +1,33 @@
+"""flash_wgmma on TESTING.md's edge lengths (5) and causal alignment (1, 2) at the
+head dims it takes. test_gpu_edges.py runs those checks at D=72, which flash_wgmma
+declines (flash_mma is faster there), so without these cases its tile edges, its
+fully masked rows and its pipeline prologue/epilogue (one key tile, two, many)
+would go untested."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_attention.dispatch import FAMILIES
+
+from helpers import problem_for, run_and_check, seed_for
+
+pytestmark = pytest.mark.gpu
+
+NAME = "flash_wgmma"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("variant", ["square", "square-causal", "q17", "k113-causal", "q-long-causal"])
+@pytest.mark.parametrize("L", [1, 2, 5, 17, 113, 1023])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_lengths_off_every_tile(D, L, variant, dtype, device_cc):
+    Sq, Sk = {"square": (L, L), "square-causal": (L, L), "q17": (17, L),
+              "k113-causal": (L, 113), "q-long-causal": (L + 300, L)}[variant]
+    shape = dict(batch=2, heads_q=4, heads_kv=2, seqlen_q=Sq, seqlen_k=Sk, head_dim=D,
+                 dtype=dtype, layout="bhsd", causal=variant.endswith("causal"))
+    reason = FAMILIES[NAME].check(problem_for(**shape), device_cc)
+    if reason:
+        pytest.skip(reason)
+    run_and_check(NAME, seed=seed_for(NAME, D, L, variant, dtype), meta=dict(part="wgmma-lengths"),
+                  **shape)
