@@ -6,12 +6,12 @@ from . import device as _device
 from . import interop
 from .api import _device_mask, _host, _like
 from .errors import DTypeError, ShapeError, UnsupportedError
-from .families import flash_bwd
+from .families import flash_bwd, flash_mma_bwd
 from .families.base import Tensors
 from .problem import Problem, check_like, describe, out_shape, validate
 from .reference import attention_backward_reference
 
-BACKWARD_KERNELS = ("auto", "flash", "reference")
+BACKWARD_KERNELS = ("auto", "flash_mma", "flash", "reference")
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
@@ -30,9 +30,13 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         the last bits, vary from run to run). ``True`` computes dQ in a second pass
         without atomics: bitwise identical results run to run. dK and dV are
         deterministic either way.
-    kernel : ``"auto"`` or ``"flash"`` (the fused CUDA-core backward: all dtypes,
-        head dims 1..256), or ``"reference"`` (float64 NumPy on the host; ignores
-        ``out`` and ``lse`` and recomputes the forward).
+    kernel : ``"auto"``, ``"flash_mma"``, ``"flash"`` or ``"reference"``.
+        ``"flash_mma"`` is the tensor-core backward (float16/bfloat16, compute
+        capability 8.0+, head dims 1..256, causal or not, no dense ``mask``);
+        ``"flash"`` the fused CUDA-core backward (all dtypes, head dims 1..256,
+        dense masks too); ``"auto"`` takes ``"flash_mma"`` where it runs the
+        problem, else ``"flash"``. ``"reference"`` runs float64 NumPy on the host
+        (it ignores ``out`` and ``lse`` and recomputes the forward).
 
     Returns
     -------
@@ -55,10 +59,23 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         return _reference(p, dout, q, k, v, mask)
     _device.require_device()
     ctx = interop.context_for(q)
-    reason = flash_bwd.check(p, _device.compute_capability(ctx.device_id))
+    family = _choose(p, kernel, ctx.device_id)
+    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family)
+
+
+def _choose(p: Problem, kernel: str, device_id: int):
+    """The backward family module (flash_mma_bwd or flash_bwd) that runs ``p``."""
+    cc = _device.compute_capability(device_id)
+    mma_reason = flash_mma_bwd.check(p, cc, _device.max_shared_per_block(device_id))
+    if kernel == "flash_mma" or (kernel == "auto" and mma_reason is None):
+        if mma_reason is not None:
+            alt = "kernel='flash'" if flash_bwd.check(p, cc) is None else "kernel='reference'"
+            raise UnsupportedError(f"{mma_reason}; {alt} runs it")
+        return flash_mma_bwd
+    reason = flash_bwd.check(p, cc)
     if reason is not None:
         raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")
-    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic)
+    return flash_bwd
 
 
 def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
@@ -71,7 +88,7 @@ def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
                dtype_rule="be float32 (as attention(..., return_lse=True) gives it)")
 
 
-def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic):
+def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
         qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
@@ -92,8 +109,8 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic):
                 delta=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
                 dq_accum=None if deterministic else cupy.empty(
                     (p.batch, p.heads_q, p.seqlen_q, p.head_dim), dtype=cupy.float32))
-            flash_bwd.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
-                             deterministic)
+            family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
+                          deterministic)
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 

@@ -17,7 +17,9 @@ kernel family that accepts it, and every torch SDPA backend that accepts it:
    all calls and the spread, |median1 - median2| / min in percent: a difference
    between two rows smaller than their spread is noise.
 4. FLOPs: ``4*B*Hq*Sq*Sk*D``, halved for causal with Sq == Sk, true D; forward
-   plus backward counts 3.5x. Decode rows add K/V bytes read per second.
+   a backward row (``--backward``: attention_backward alone, out and LSE made
+   beforehand; torch: autograd.grad through a retained graph) counts 2.5x.
+   Decode rows add K/V bytes read per second.
 5. Extra memory: peak device memory a call allocates beyond its output. Ours:
    bytes held from CuPy's memory pool during one call (a pool hook) minus the
    output; torch: ``torch.cuda.max_memory_allocated`` over one call minus the
@@ -59,7 +61,7 @@ import cupy_attention as ca
 
 from . import device, dispatch, jit
 from .api import _host as host64
-from .errors import NoDeviceError
+from .errors import NoDeviceError, UnsupportedError
 from .interop import _is_torch
 from .problem import Problem
 from .reference import attention_reference
@@ -116,7 +118,7 @@ ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    kind: str          # "fwd" | "decode" | "fwd+bwd"
+    kind: str          # "fwd" | "decode" | "bwd"
     batch: int
     heads_q: int
     heads_kv: int
@@ -133,7 +135,7 @@ class Case:
 
     def flops(self) -> float:
         f = self.problem().flops()
-        return f * (1 + BWD_FACTOR) if self.kind == "fwd+bwd" else f
+        return f * BWD_FACTOR if self.kind == "bwd" else f
 
     def kv_bytes(self) -> int:
         return 2 * self.batch * self.heads_kv * self.seqlen_k * self.head_dim * ITEMSIZE[self.dtype]
@@ -152,7 +154,7 @@ def case_label(r: dict) -> str:
     if r["kind"] == "decode":
         return (f"decode {dt} B={r['batch']} Sk={r['seqlen_k']} Hq={r['heads_q']}/"
                 f"Hkv={r['heads_kv']} D={r['head_dim']}")
-    prefix = "fwd+bwd " if r["kind"] == "fwd+bwd" else ""
+    prefix = "bwd " if r["kind"] == "bwd" else ""
     return (f"{prefix}{dt} D={r['head_dim']} S={r['seqlen_q']} B={r['batch']} H={r['heads_q']}"
             f"{' causal' if r['causal'] else ''}")
 
@@ -216,7 +218,7 @@ def build_cases(args) -> tuple[list[Case], list[str]]:
     cases = list(fwd)
     if args.backward:
         if backward_available():
-            cases.extend(dataclasses.replace(c, kind="fwd+bwd") for c in fwd)
+            cases.extend(dataclasses.replace(c, kind="bwd") for c in fwd)
         else:
             notes.append("backward benchmarks: not implemented yet "
                          "(cupy_attention has no attention_backward)")
@@ -287,7 +289,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="add decode shapes: one query token, Hq=32, Hkv=8, D=128, bf16, "
                            "B=1 Sk=32k, B=8 Sk=8k, B=64 Sk=4k (K/V TB/s)")
     grid.add_argument("--backward", action="store_true",
-                      help="add forward+backward timing (needs cupy_attention.attention_backward)")
+                      help="add backward timing: our backward kernels beside torch SDPA's "
+                           "(needs cupy_attention.attention_backward)")
     grid.add_argument("--overhead", action="store_true",
                       help="add host overhead per call on a tiny problem and the cold compile time")
 
@@ -561,7 +564,7 @@ class Runner:
                      if self.spin else f"unavailable ({self.spin_error}): times may include "
                                        "host launch overhead"),
             "flops": "4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk, true D; "
-                     f"fwd+bwd x{1 + BWD_FACTOR}",
+                     f"backward x{BWD_FACTOR}",
             "extra_memory": "peak bytes held from CuPy's pool plus torch's max_memory_allocated "
                             "delta during one call, minus the output",
             "error": f"max |out - float64 reference| over the last {ERR_ROWS} query rows of "
@@ -711,7 +714,8 @@ class Runner:
                                      host64(v[0:1, 0:1]), causal=case.causal)
         return out
 
-    def _torch_forward(self, backend: str, case: Case):
+    def _torch_sdpa(self, backend: str, case: Case):
+        """torch SDPA forced onto one backend; Unsupported where it declines the case."""
         torch = self.torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -720,20 +724,28 @@ class Runner:
         gqa = {"enable_gqa": True} if case.heads_q != case.heads_kv else {}
         sdpa = torch.nn.functional.scaled_dot_product_attention
 
-        def fn(q, k, v, *dout):
+        def fn(q, k, v):
             try:
-                with sdpa_kernel(which), torch.set_grad_enabled(bool(dout)):
-                    out = sdpa(q, k, v, is_causal=case.causal, **gqa)
+                with sdpa_kernel(which):
+                    return sdpa(q, k, v, is_causal=case.causal, **gqa)
             except RuntimeError as exc:
                 if "No available kernel" in str(exc):
                     raise Unsupported(f"torch {backend} does not take this case") from None
                 raise
-            return torch.autograd.grad(out, (q, k, v), dout[0]) if dout else out
+
+        return fn
+
+    def _torch_forward(self, backend: str, case: Case):
+        sdpa = self._torch_sdpa(backend, case)
+
+        def fn(q, k, v):
+            with self.torch.no_grad():
+                return sdpa(q, k, v)
 
         return fn
 
     def run_case(self, case: Case) -> list[dict]:
-        if case.kind == "fwd+bwd":
+        if case.kind == "bwd":
             return self._run_backward(case)
         sets = self.input_sets(case)
         ref = self._reference(case, *sets[0])
@@ -765,20 +777,58 @@ class Runner:
         return rows
 
     def _run_backward(self, case: Case) -> list[dict]:
+        """The backward alone. Ours: out and LSE come from one forward per input set,
+        made before the timed calls, and each backward kernel that takes the case is
+        timed. torch: one forward per input set with its autograd graph retained, and
+        the timed call is ``autograd.grad`` through it."""
+        from .backward import BACKWARD_KERNELS, _choose
+
         sets = self.input_sets(case, with_dout=True)
-        backward = ca.attention_backward
+        problem = case.problem(self.device_id)
+        rows, with_fwd = [], None
+        for name in BACKWARD_KERNELS:
+            if name in ("auto", "reference") or (self.kernels is not None and
+                                                 name not in self.kernels):
+                continue
+            try:
+                _choose(problem, name, self.device_id)
+            except UnsupportedError as exc:
+                rows.append(make_row(case, name, "ours", skipped=str(exc)))
+                continue
+            if with_fwd is None:
+                with_fwd = [(q, k, v, dout) + tuple(ca.attention(q, k, v, causal=case.causal,
+                                                                 return_lse=True))
+                            for q, k, v, dout in sets]
 
-        def ours(q, k, v, dout):
-            out, lse = ca.attention(q, k, v, causal=case.causal, return_lse=True)
-            return backward(dout, q, k, v, out, lse, causal=case.causal)
+            def ours(q, k, v, dout, out, lse, name=name):
+                return ca.attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                             kernel=name)
 
-        rows = [self._measure(case, "auto", "ours", ours, sets, None)]
-        if self.backends:
-            leaves = [tuple(x.detach().requires_grad_() for x in s[:3]) + (s[3],) for s in sets]
-            for backend in self.backends:
-                rows.append(self._measure(case, f"torch:{backend}", "torch",
-                                          self._torch_forward(backend, case), leaves, None))
-            del leaves
+            rows.append(self._measure(case, name, "ours", ours, with_fwd, None))
+        del with_fwd
+        torch = self.torch
+        for backend in self.backends:
+            label = f"torch:{backend}"
+            reason = self._policy_skip(label, backend == "math", case)
+            if reason:
+                rows.append(make_row(case, label, "torch", skipped=reason))
+                continue
+            sdpa = self._torch_sdpa(backend, case)
+            try:
+                graphs = []
+                for s in sets:
+                    leaves = tuple(x.detach().requires_grad_() for x in s[:3])
+                    with torch.enable_grad():
+                        graphs.append((sdpa(*leaves),) + leaves + (s[3],))
+            except Unsupported as exc:
+                rows.append(make_row(case, label, "torch", skipped=str(exc)))
+                continue
+
+            def theirs(out, q, k, v, dout):
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+            rows.append(self._measure(case, label, "torch", theirs, graphs, None))
+            del graphs
         del sets
         self.free_memory()
         return rows
@@ -940,8 +990,8 @@ COLUMNS = {
                *_COMMON_TAIL, ("KV TB/s", lambda r: _num(r.get("tbps"), ".2f"), "right"),
                *_RATIOS, *_EXTRAS],
 }
-COLUMNS["fwd+bwd"] = [c for c in COLUMNS["fwd"] if c[0] not in ("extra MiB", "max err")]
-TITLES = {"fwd": "forward", "decode": "decode", "fwd+bwd": "forward + backward"}
+COLUMNS["bwd"] = [c for c in COLUMNS["fwd"] if c[0] not in ("extra MiB", "max err")]
+TITLES = {"fwd": "forward", "decode": "decode", "bwd": "backward"}
 
 
 def _group_key(r: dict) -> tuple:

@@ -1,16 +1,20 @@
 """The backward pass: ``attention_backward``, the float64 reference backward, the
-``flash_bwd`` kernels and the torch integration.
+``flash_bwd`` (CUDA cores) and ``flash_mma_bwd`` (tensor cores) kernels and the
+torch integration.
 
 CPU: the reference backward against central finite differences and against
 torch.autograd in float64; this file's plain backward against the reference;
-validation errors; every CI instantiation of kernels/flash_bwd.cu compiles for
-sm_80 and sm_90a without spills; torch plumbing through ``kernel="reference"``.
+validation errors; every CI instantiation of kernels/flash_bwd.cu and
+kernels/flash_mma_bwd.cu compiles for sm_80 and sm_90a without spills; torch
+plumbing through ``kernel="reference"``.
 
-GPU (marker ``gpu``): each backward mode (atomic dQ, deterministic) against the
-float64 plain backward with TESTING.md's rule for gradients (factor 3) over a
-sampled grid; fully masked rows and non-finite masked-out values; 50 bitwise-equal
-deterministic reruns; no S^2 allocation; torch autograd against SDPA; a toy
-transformer block trained 200 steps beside the same block on torch SDPA.
+GPU (marker ``gpu``), for each kernel (``flash``, ``flash_mma``): each backward
+mode (atomic dQ, deterministic) against the float64 plain backward with
+TESTING.md's rule for gradients (factor 3) over a sampled grid; fully masked rows
+and non-finite masked-out values; 50 bitwise-equal deterministic reruns; no S^2
+allocation; torch autograd against SDPA; ``kernel="auto"``'s choice; a toy
+transformer block trained 200 steps beside the same block on torch SDPA (fp32:
+``flash``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import cupy_attention as ca
 from cupy_attention import jit
 from cupy_attention.errors import (DTypeError, LayoutError, NoDeviceError, ShapeError,
                                    UnsupportedError)
-from cupy_attention.families import flash_bwd
+from cupy_attention.families import flash_bwd, flash_mma_bwd
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
 from helpers import (as_float, cast, make_qkv, normal, plain_attention, record, round_to,
@@ -340,8 +344,9 @@ def _compile_one(job):
         return spec, arch, None, exc.log
 
 
-def test_ci_specs_compile_without_spills():
-    specs = flash_bwd.ci_specs()
+@pytest.mark.parametrize("family", [flash_bwd, flash_mma_bwd], ids=["flash", "flash_mma"])
+def test_ci_specs_compile_without_spills(family):
+    specs = family.ci_specs()
     assert len({s.name for s in specs}) == len(specs), "readable names must be unique"
     jobs = [(s, a) for s in specs for a in ARCHS]
     workers = max(2, min(os.cpu_count() or 2, 8))
@@ -360,6 +365,10 @@ def test_heuristics_fit_their_devices():
         assert flash_bwd.config(d) is not None                      # sm_80: 163 KB
         assert flash_bwd.config(d, 99 * 1024) is not None           # sm_86 / sm_89 / sm_120
         assert flash_bwd.config(d).smem <= 163 * 1024
+        mma = flash_mma_bwd.config(d)                               # sm_90: 227 KB
+        assert mma is not None and max(mma.smem, mma.dq_smem) <= 227 * 1024
+        mma = flash_mma_bwd.config(d, 163 * 1024)                   # sm_80
+        assert mma is not None and max(mma.smem, mma.dq_smem) <= 163 * 1024
 
 
 # ---------------------------------------------------------------------------
@@ -393,8 +402,44 @@ GRID = [
 ]
 
 
+# The tensor-core kernel's grid (fp16/bf16, no dense mask): every head dim of the
+# list, causal with both orders of Sq != Sk, MHA / GQA / MQA, both layouts, packed
+# and padded views (the unaligned copy path), both dQ modes at D = 64, 128, 256,
+# one large-magnitude case.
+MMA_GRID = [
+    dict(dtype="bfloat16", D=1, Sq=17, Sk=33, Hq=2, Hkv=2),
+    dict(dtype="float16", D=8, Sq=1, Sk=147, Hq=6, Hkv=2, deterministic=True),
+    dict(dtype="float16", D=32, Sq=113, Sk=203, causal=True, Hq=6, Hkv=2, layout="bshd",
+         view="packed"),
+    dict(dtype="bfloat16", D=40, Sq=239, Sk=1, causal=True, Hq=2, Hkv=1),
+    dict(dtype="bfloat16", D=59, Sq=128, Sk=217, Hq=6, Hkv=1, view="padded"),
+    dict(dtype="float16", D=64, Sq=3, Sk=799, causal=True, B=2, deterministic=True),
+    dict(dtype="bfloat16", D=64, Sq=1023, Sk=1024, causal=True, Hq=4, Hkv=2),
+    dict(dtype="float16", D=72, Sq=127, Sk=513, causal=True, layout="bshd"),
+    dict(dtype="bfloat16", D=80, Sq=799, Sk=3, causal=True, deterministic=True),
+    dict(dtype="float16", D=96, Sq=108, Sk=256, layout="bshd", view="packed",
+         deterministic=True),
+    dict(dtype="bfloat16", D=111, Sq=127, Sk=512, causal=True, view="padded"),
+    dict(dtype="float16", D=128, Sq=256, Sk=512, Hq=6, Hkv=2, B=2, magnitude=3.0),
+    dict(dtype="bfloat16", D=128, Sq=512, Sk=256, causal=True, deterministic=True),
+    dict(dtype="float16", D=128, Sq=1024, Sk=1023, causal=True, Hq=4, Hkv=2,
+         deterministic=True),
+    dict(dtype="bfloat16", D=160, Sq=108, Sk=256, layout="bshd", view="packed",
+         deterministic=True),
+    dict(dtype="float16", D=192, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=1),
+    dict(dtype="bfloat16", D=224, Sq=1, Sk=1, deterministic=True),
+    dict(dtype="float16", D=256, Sq=200, Sk=300, causal=True, Hq=4, Hkv=1, deterministic=True),
+    dict(dtype="bfloat16", D=256, Sq=1023, Sk=1024, Hq=2, Hkv=2, layout="bshd"),
+]
+
+KERNELS = ("flash", "flash_mma")
+
+
 def _case_id(c):
     return "-".join(f"{k}={v}" for k, v in c.items())
+
+
+GRID_CASES = [(c, "flash") for c in GRID] + [(c, "flash_mma") for c in MMA_GRID]
 
 
 def _shape(c):
@@ -415,19 +460,29 @@ def warm_kernels():
         return
     dev = cupy.cuda.runtime.getDevice()
     arch, limit = device.device_arch(dev), device.max_shared_per_block(dev)
-    # (case, dQ modes) for the grid and for the other GPU tests of this file.
-    extra = [(dict(dtype="float16", D=64, causal=True), (False, True)),
-             (dict(dtype="float16", D=64, causal=True, mask="bool"), (False, True)),
-             (dict(dtype="float32", D=64), (False,)),
-             (dict(dtype="float32", D=64, causal=True), (False,)),
-             (dict(dtype="bfloat16", D=64, causal=True), (False,)),
-             (dict(dtype="float32", D=16, causal=True), (False,))]
+    # (case, dQ modes, kernel) for the grid and for the other GPU tests of this file.
+    extra = [(dict(dtype="float16", D=64, causal=True), (False, True), "flash"),
+             (dict(dtype="float16", D=64, causal=True, mask="bool"), (False, True), "flash"),
+             (dict(dtype="float32", D=64), (False,), "flash"),
+             (dict(dtype="float32", D=64, causal=True), (False,), "flash"),
+             (dict(dtype="float32", D=16, causal=True), (False,), "flash"),
+             (dict(dtype="bfloat16", D=64, causal=True, mask="bool"), (False,), "flash"),
+             (dict(dtype="float16", D=64, causal=True), (False, True), "flash_mma"),
+             (dict(dtype="bfloat16", D=64, causal=True), (False,), "flash_mma"),
+             (dict(dtype="bfloat16", D=64), (False,), "flash_mma")]
     wanted = {}
-    for c, modes in [(c, (c.get("deterministic", False),)) for c in GRID] + extra:
-        cfg = flash_bwd.config(c["D"], limit)
-        mask_kind = c.get("mask") or "none"
+    for c, modes, kernel in [(c, (c.get("deterministic", False),), k)
+                             for c, k in GRID_CASES] + extra:
+        causal, mask_kind = c.get("causal", False), c.get("mask") or "none"
         for det in modes:
-            for s in flash_bwd.specs(cfg, c["dtype"], c.get("causal", False), mask_kind, det):
+            if kernel == "flash":
+                specs = flash_bwd.specs(flash_bwd.config(c["D"], limit), c["dtype"], causal,
+                                        mask_kind, det)
+            else:
+                vec = c["D"] % 8 == 0 and c.get("view") != "padded"
+                specs = flash_mma_bwd.specs(flash_mma_bwd.config(c["D"], limit), c["dtype"],
+                                            causal, vec, det)
+            for s in specs:
                 wanted[(s, arch)] = None
     workers = max(1, min(len(wanted), os.cpu_count() or 1))
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -484,32 +539,39 @@ def _check_grads(c, grads, inputs, meta):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c", GRID, ids=[_case_id(c) for c in GRID])
-def test_backward_grid(c, warm_kernels):
+@pytest.mark.parametrize("c,kernel", GRID_CASES,
+                         ids=[f"{k}-{_case_id(c)}" for c, k in GRID_CASES])
+def test_backward_grid(c, kernel, warm_kernels):
     import cupy
 
     inputs = _inputs(c, seed_for("bwd", _case_id(c)), cupy)
     q, k, v, mask, out, lse, dout = inputs
     grads = ca.attention_backward(dout, q, k, v, out, lse, causal=c.get("causal", False),
                                   mask=mask, layout=c.get("layout", "bhsd"),
-                                  deterministic=c.get("deterministic", False))
+                                  deterministic=c.get("deterministic", False), kernel=kernel)
     for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.dtype == x.dtype
-    _check_grads(c, grads, inputs, dict(kernel="flash_bwd", **c))
+    _check_grads(c, grads, inputs, dict(kernel=f"{kernel}_bwd", **c))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, warm_kernels):
-    """Causal with Sq > Sk (queries 0..39 attend nothing) and a bool mask whose key
-    column 7 is all False: NaN in those queries' q and dout rows and in key 7's k
-    and v must not leak; their gradients are exactly zero."""
+def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, kernel, warm_kernels):
+    """Causal with Sq > Sk: queries 0..39 attend nothing; NaN in their q and dout
+    rows must not leak, and their gradients are exactly zero. Masked-out keys:
+    ``flash`` gets a bool mask whose key column 7 is all False and NaN in key 7's
+    k and v (dk, dv of key 7 exactly zero); ``flash_mma`` takes no dense mask, so
+    NaN goes into v of the last key, which only the last query attends: every other
+    query's dq, and dk of every other key, stay exact."""
     import cupy
 
-    c = dict(dtype="float16", D=64, Sq=70, Sk=30, causal=True, Hq=2, Hkv=1, mask="bool")
+    c = dict(dtype="float16", D=64, Sq=70, Sk=30, causal=True, Hq=2, Hkv=1)
     q, k, v, _ = make_qkv(cupy, 21, **_shape(c))
-    mask = cupy.ones((1, 1, 70, 30), dtype=bool)
-    mask[..., 7] = False
+    mask = None
+    if kernel == "flash":
+        mask = cupy.ones((1, 1, 70, 30), dtype=bool)
+        mask[..., 7] = False
     out, lse = plain_attention(q, k, v, causal=True, mask=mask, precision="float16")
     assert bool(cupy.isneginf(lse[:, :, :40]).all())
     lse = lse.astype(cupy.float32)
@@ -519,15 +581,24 @@ def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, warm_kerne
     same = plain_backward(dout, q, k, v, causal=True, mask=mask, precision="float16")
     for x in (q, dout):
         set_values(x, (slice(None), slice(None), slice(0, 6)), np.nan)
-    for x in (k, v):
-        set_values(x, (slice(None), slice(None), 7), np.nan)
+    if kernel == "flash":
+        for x in (k, v):
+            set_values(x, (slice(None), slice(None), 7), np.nan)
+        q_rows, k_rows = slice(None), slice(None)
+    else:
+        set_values(v, (slice(None), slice(None), 29), np.nan)
+        q_rows, k_rows = slice(0, 69), slice(0, 29)
     grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, kernel=kernel)
     dq, dk, dv = (as_float(g) for g in grads)
     assert bool((dq[:, :, :40] == 0).all()), "queries that attend nothing get dq = 0"
-    assert bool((dk[:, :, 7] == 0).all()) and bool((dv[:, :, 7] == 0).all())
-    for name, g, r, s in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, same):
-        tolerance(g, r, s, "float16", what=name, factor=3.0)
+    if kernel == "flash":
+        assert bool((dk[:, :, 7] == 0).all()) and bool((dv[:, :, 7] == 0).all())
+    rows = (slice(None), slice(None))
+    for name, g, r, s, sel in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, same,
+                                  (q_rows, k_rows, slice(None))):
+        tolerance(g[rows + (sel,)], r[rows + (sel,)], s[rows + (sel,)], "float16", what=name,
+                  factor=3.0)
 
 
 @pytest.mark.gpu
@@ -545,35 +616,38 @@ def test_empty_problems_launch_nothing():
 
 
 @pytest.mark.gpu
-def test_deterministic_reruns_are_bitwise_equal(warm_kernels):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_deterministic_reruns_are_bitwise_equal(kernel, warm_kernels):
     import cupy
 
     c = dict(dtype="float16", D=64, Sq=300, Sk=300, causal=True, Hq=4, Hkv=2)
     q, k, v, mask, out, lse, dout = _inputs(c, 31, cupy)
+    kw = dict(causal=True, kernel=kernel)
     first = [g.view(cupy.uint16).copy() for g in
-             ca.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)]
+             ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)]
     for _ in range(49):
-        again = ca.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        again = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
         for a, b in zip(first, again):
             assert bool((a == b.view(cupy.uint16)).all())
-    atomic = ca.attention_backward(dout, q, k, v, out, lse, causal=True)
-    _check_grads(c, atomic, (q, k, v, mask, out, lse, dout), dict(kernel="flash_bwd-atomic"))
+    atomic = ca.attention_backward(dout, q, k, v, out, lse, **kw)
+    _check_grads(c, atomic, (q, k, v, mask, out, lse, dout), dict(kernel=f"{kernel}_bwd-atomic"))
 
 
 @pytest.mark.gpu
-def test_backward_allocates_no_s_squared_memory(warm_kernels):
+@pytest.mark.parametrize("kernel,dtype", [("flash", "float32"), ("flash_mma", "bfloat16")])
+def test_backward_allocates_no_s_squared_memory(kernel, dtype, warm_kernels):
     import cupy
 
     S, D = 4096, 64
-    c = dict(dtype="float32", D=D, Sq=S, Sk=S, Hq=1, Hkv=1)
+    c = dict(dtype=dtype, D=D, Sq=S, Sk=S, Hq=1, Hkv=1)
     q, k, v, _ = make_qkv(cupy, 41, **_shape(c))
-    dout = normal(cupy, 42, q.shape)
+    dout = cast(normal(cupy, 42, q.shape), dtype, cupy)
     out, lse = ca.attention(q, k, v, return_lse=True)
     pool = cupy.get_default_memory_pool()
     cupy.cuda.Device().synchronize()
     pool.free_all_blocks()
     before = pool.total_bytes()
-    grads = ca.attention_backward(dout, q, k, v, out, lse)
+    grads = ca.attention_backward(dout, q, k, v, out, lse, kernel=kernel)
     cupy.cuda.Device().synchronize()
     grown = pool.total_bytes() - before
     # dq, dk, dv (3 S D floats), the dQ accumulator (S D) and delta (S): ~4.1 MB.
@@ -584,7 +658,8 @@ def test_backward_allocates_no_s_squared_memory(warm_kernels):
 
 
 @pytest.mark.gpu
-def test_through_the_real_forward(warm_kernels):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_through_the_real_forward(kernel, warm_kernels):
     """out and lse from cupy_attention.attention itself (kernel auto) feed the backward."""
     import cupy
 
@@ -592,8 +667,32 @@ def test_through_the_real_forward(warm_kernels):
     q, k, v, _ = make_qkv(cupy, 51, **_shape(c))
     out, lse = ca.attention(q, k, v, causal=True, layout="bshd", return_lse=True)
     dout = cast(normal(cupy, 52, out.shape), "float16", cupy)
-    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, layout="bshd")
-    _check_grads(c, grads, (q, k, v, None, out, lse, dout), dict(kernel="flash_bwd+fwd-auto"))
+    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, layout="bshd",
+                                  kernel=kernel)
+    _check_grads(c, grads, (q, k, v, None, out, lse, dout),
+                 dict(kernel=f"{kernel}_bwd+fwd-auto"))
+
+
+@pytest.mark.gpu
+def test_auto_picks_the_tensor_core_backward(warm_kernels):
+    """kernel="auto": flash_mma for fp16/bf16 without a dense mask, flash for fp32 and
+    dense masks; kernel="flash_mma" with a dense mask is a clear error."""
+    import cupy
+
+    from cupy_attention.bench import recording_specs
+
+    for dtype, mask_kind, want in (("bfloat16", None, "flash_mma_bwd_dkdv"),
+                                   ("bfloat16", "bool", "flash_bwd_dkdv"),
+                                   ("float32", None, "flash_bwd_dkdv")):
+        c = dict(dtype=dtype, D=64, Sq=100, Sk=100, causal=True, mask=mask_kind)
+        q, k, v, mask, out, lse, dout = _inputs(c, 61, cupy)
+        with recording_specs() as names:
+            ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask)
+        assert any(n.startswith(want + "[") for n in names), (dtype, mask_kind, names)
+        if mask is not None:
+            with pytest.raises(UnsupportedError, match="dense mask"):
+                ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
+                                      kernel="flash_mma")
 
 
 def _sdpa(q, k, v, causal):
@@ -626,6 +725,32 @@ def test_torch_autograd_matches_sdpa(warm_kernels):
     attention(qh, kh, vh, causal=True).float().sum().backward()
     for t in (qh, kh, vh):
         assert t.grad.dtype == torch.bfloat16 and bool(torch.isfinite(t.grad).all())
+
+
+@pytest.mark.gpu
+def test_torch_autograd_bf16_matches_sdpa(warm_kernels):
+    """bf16 through the torch wrapper (backward kernel auto: flash_mma): gradients
+    against fp32 SDPA within 3x the error of torch's own bf16 SDPA backward, plus
+    the bf16 rounding floor."""
+    torch = pytest.importorskip("torch")
+    from cupy_attention.torch import attention
+
+    torch.manual_seed(1)
+    shapes = ((2, 4, 300, 64), (2, 2, 300, 64), (2, 2, 300, 64))
+    leaves32 = [torch.randn(s, device="cuda", requires_grad=True) for s in shapes]
+    dout = torch.randn(shapes[0], device="cuda")
+    _sdpa(*leaves32, True).backward(dout)
+    ref = [t.grad for t in leaves32]
+    grads = []
+    for fn in (lambda q, k, v: attention(q, k, v, causal=True), lambda q, k, v: _sdpa(q, k, v, True)):
+        leaves = [t.detach().to(torch.bfloat16).requires_grad_() for t in leaves32]
+        fn(*leaves).backward(dout.to(torch.bfloat16))
+        grads.append([t.grad.float() for t in leaves])
+    ours, theirs = grads
+    for name, a, b, r in zip(("dq", "dk", "dv"), ours, theirs, ref):
+        err, err_sdpa = (a - r).abs().max().item(), (b - r).abs().max().item()
+        floor = 2.0 ** -7 * r.abs().max().item()
+        assert err <= 3 * err_sdpa + floor, f"{name}: {err:.3e} vs SDPA bf16 {err_sdpa:.3e}"
 
 
 @pytest.mark.gpu

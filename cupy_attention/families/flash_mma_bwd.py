@@ -1,0 +1,206 @@
+"""The tensor-core backward (``kernels/flash_mma_bwd.cu``): fp16/bf16, mma.sync, sm_80+.
+
+Behind :func:`cupy_attention.attention_backward` with ``kernel="flash_mma"``, and
+``kernel="auto"`` whenever :func:`check` accepts the problem. Launch sequence on
+the caller's stream (the row kernels come from ``flash_bwd.cu``):
+
+1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``);
+2. ``flash_mma_bwd_dkdv``: dK, dV per block of keys on tensor cores (and, unless
+   deterministic, dQ / scale added into ``dq_accum`` with fp32 reductions);
+3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
+   ``deterministic=True`` ``flash_mma_bwd_dq``, which recomputes P and dS per
+   query block on tensor cores and writes dQ without atomics.
+
+Dense masks are declined (:func:`check` says so); ``kernel="auto"`` then runs the
+CUDA-core backward, which takes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from .. import jit
+from ..problem import Problem
+from . import flash_bwd
+from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
+
+_KB = 1024
+HOPPER_SMEM = 227 * _KB
+
+# dK/dV kernel tiles, first row whose bound covers the head dim padded to 16 and
+# whose shared memory fits the device. Each warp owns 16 keys (the mma M
+# dimension); dK and dV of those keys stay in registers for the whole block.
+#   (max D_PAD, BLOCK_M queries, BLOCK_N keys, warps, reason)
+DKDV_TILES = (
+    (128, 64, 128, 8,
+     "8 warps; in phase 2 two warps share 32 keys, one head-dim half each: dK, dV take "
+     "D registers, S^T and dP^T 64 more (255 at D=128, no spills); 173 KB at D=128. "
+     "H200, S=4096, bf16: 217 TFLOPs (FA2 289)"),
+    (128, 32, 128, 8,
+     "devices with less than 173 KB per block (A100: 163 KB): half the query tile"),
+    (192, 64, 64, 8,
+     "D > 128: 64 keys per block, four warps share 32 keys along the head dim, so dK, "
+     "dV stay at 128 registers; 173 KB of shared memory at D=192"),
+    (256, 32, 64, 8,
+     "D > 192 (and A100 at D > 128): 64-row query tiles spill at D=224 (255 "
+     "registers); 32 rows take ~230 registers and 145 KB at D=256"),
+)
+
+# Deterministic dQ kernel tiles: (max D_PAD, BLOCK_N keys, warps); BLOCK_M = 16 * warps.
+DQ_TILES = (
+    (128, 64, 4),   # dQ 64 + S, dP 64 registers
+    (256, 32, 4),   # dQ alone is D / 2 registers: narrower key tiles
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    head_dim: int
+    block_m: int        # dK/dV kernel: query rows per tile
+    block_n: int        # dK/dV kernel: keys per block
+    warps: int
+    dq_block_n: int     # deterministic dQ kernel: keys per tile
+    dq_warps: int
+
+    @property
+    def d_pad(self) -> int:
+        return -(-self.head_dim // 16) * 16
+
+    @property
+    def smem(self) -> int:
+        """``MmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sP, sdS
+        (16-bit), two buffers of lse and delta (fp32)."""
+        srow, prow = self.d_pad + 8, self.block_m + 8
+        return (2 * self.block_n * srow + 4 * self.block_m * srow
+                + 2 * self.block_n * prow) * 2 + 4 * self.block_m * 4
+
+    @property
+    def dq_block_m(self) -> int:
+        return 16 * self.dq_warps
+
+    @property
+    def dq_smem(self) -> int:
+        """``MmaBwdDqTraits::SMEM_BYTES``: sQ, sdO, two buffers of sK and sV."""
+        return (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.d_pad + 8) * 2
+
+
+def config(head_dim: int, smem_limit: int = HOPPER_SMEM) -> Config | None:
+    d_pad = -(-head_dim // 16) * 16
+    dq = next((bn, w) for bound, bn, w in DQ_TILES if d_pad <= bound)
+    for bound, bm, bn, warps, _reason in DKDV_TILES:
+        c = Config(head_dim, bm, bn, warps, *dq)
+        if d_pad <= bound and c.smem <= smem_limit and c.dq_smem <= smem_limit:
+            return c
+    return None
+
+
+def _flag(x: bool) -> str:
+    return "true" if x else "false"
+
+
+def dkdv_spec(c: Config, dtype: str, causal: bool, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
+    traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
+              f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
+    expr = (f"flash_mma_bwd_dkdv<{traits}, {'Causal' if causal else 'NoCausal'}, "
+            f"{_flag(atomic_dq)}>")
+    name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
+            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}"
+            f"{',atomic-dq' if atomic_dq else ''}]")
+    return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
+
+
+def dq_spec(c: Config, dtype: str, causal: bool, vec: bool) -> jit.KernelSpec:
+    traits = (f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, {CPP_DTYPE[dtype]}, "
+              f"{_flag(vec)}>")
+    expr = f"flash_mma_bwd_dq<{traits}, {'Causal' if causal else 'NoCausal'}>"
+    name = (f"flash_mma_bwd_dq[D={c.head_dim},BN={c.dq_block_n},W={c.dq_warps},"
+            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}]")
+    return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
+
+
+def specs(c: Config, dtype: str, causal: bool, vec: bool,
+          deterministic: bool) -> list[jit.KernelSpec]:
+    """Every instantiation one backward launch uses, in launch order."""
+    if deterministic:
+        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, vec, False),
+                dq_spec(c, dtype, causal, vec)]
+    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, vec, True),
+            flash_bwd.convert_spec(dtype)]
+
+
+def check(p: Problem, cc: int | None, smem_limit: int = HOPPER_SMEM) -> str | None:
+    """None if the tensor-core backward runs ``p``, else why not."""
+    if p.dtype not in ("float16", "bfloat16"):
+        return f"the flash_mma backward takes float16, bfloat16, not {p.dtype}"
+    if p.head_dim > 256:
+        return f"the flash_mma backward takes head dims 1..256, not {p.head_dim}"
+    if cc is not None and cc < 80:
+        return f"the flash_mma backward needs compute capability 8.0+, device has {cc / 10:.1f}"
+    if p.mask_kind != "none":
+        return "the flash_mma backward takes no dense mask (causal is fine)"
+    if config(p.head_dim, smem_limit) is None:
+        return (f"the flash_mma backward at D={p.head_dim} needs more than the "
+                f"{smem_limit // _KB} KB of shared memory per block this device has")
+    return grid_check(p)
+
+
+def vectorizable(p: Problem, t: flash_bwd.BwdTensors) -> bool:
+    """16-byte cp.async needs D % 8 == 0 and 16-byte aligned bases and strides of
+    the tensors the kernels copy into shared memory (q, k, v, dout)."""
+    if p.head_dim % 8:
+        return False
+    arrays = (t.fwd.q, t.fwd.k, t.fwd.v, t.dout)
+    return not any(arr.data.ptr % 16 or any((s // arr.itemsize) % 8 for s, n in
+                                            zip(arr.strides[:3], arr.shape[:3]) if n > 1)
+                   for arr in arrays)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(head_dim: int, dtype: str, causal: bool, vec: bool, deterministic: bool,
+          device_id: int):
+    from ..device import max_shared_per_block
+
+    c = config(head_dim, max_shared_per_block(device_id))
+    return c, specs(c, dtype, causal, vec, deterministic)
+
+
+def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
+           deterministic: bool) -> None:
+    c, kspecs = _plan(p.head_dim, p.dtype, p.causal, vectorizable(p, t), deterministic,
+                      device_id)
+    k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id) for s in kspecs)
+    args = (flash_bwd.bwd_params(p, t),)
+    rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, p.batch)
+    k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+    k_dkdv.launch((-(-p.seqlen_k // c.block_n), p.heads_kv, p.batch), (32 * c.warps,), args,
+                  c.smem, stream)
+    if deterministic:
+        k_dq.launch((-(-p.seqlen_q // c.dq_block_m), p.heads_q, p.batch), (32 * c.dq_warps,),
+                    args, c.dq_smem, stream)
+    else:
+        k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+
+
+# CI spread: every head dim of the test grid (aligned where D % 8 == 0) with dtype,
+# causal and dQ mode rotating, both modes of the training shapes (D = 64, 128), and
+# the A100 fallback tiles.
+_CI_HEAD_DIMS = (1, 8, 32, 40, 59, 64, 72, 80, 96, 111, 128, 160, 192, 224, 256)
+
+
+def ci_specs() -> list[jit.KernelSpec]:
+    """A representative set of instantiations that CI compiles for sm_80 and sm_90a."""
+    out = []
+    for idx, d in enumerate(_CI_HEAD_DIMS):
+        c = config(d)
+        dtype, causal, vec = ("float16", "bfloat16")[idx % 2], idx % 3 != 0, d % 8 == 0
+        out.append(dkdv_spec(c, dtype, causal, vec, idx % 4 != 3))
+        out.append(dq_spec(c, dtype, causal, vec))
+    for d in (64, 128):
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                out += specs(config(d), dtype, causal, True, False)
+                out += specs(config(d), dtype, causal, True, True)
+    for d in (128, 256):
+        out += specs(config(d, 163 * _KB), "bfloat16", True, True, False)
+    return list(dict.fromkeys(out))

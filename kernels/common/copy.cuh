@@ -1,0 +1,54 @@
+// Global -> shared tile copies for the tensor-core kernels (sm_80+).
+//
+// A tile is ROWS rows of D elements, row stride `stride` (elements) in global
+// memory, stored in shared memory rows of SROW elements. Columns D..D_PAD-1 and
+// rows outside [row_lo, row_hi) are zero-filled, so padding contributes exact
+// zeros to every mma (and NaN in rows a kernel must ignore never enters one).
+// With VEC (16-byte aligned base pointer and strides, D % 8 == 0) every 16-byte
+// chunk is one cp.async: the caller commits and waits. Otherwise elements are
+// copied with plain loads and stores, visible after the caller's barrier.
+// `head` is any valid address of the tensor: a zero-filling cp.async reads 0
+// bytes from it, so no pointer past the tensor's end is formed.
+#pragma once
+#include "mma.cuh"
+
+template <int ROWS, int D, int D_PAD, int SROW, int THREADS, bool VEC, class T>
+__device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_lo, int row_hi,
+                                          const T* head) {
+  if constexpr (VEC) {
+    constexpr int CHUNKS = D_PAD / 8;
+#pragma unroll
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+      const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+      const bool ok = r >= row_lo && r < row_hi && col < D;
+      cp_async_16(smem_addr(s + r * SROW + col), ok ? g + r * stride + col : head, ok);
+    }
+  } else {
+    for (int e = threadIdx.x; e < ROWS * D_PAD; e += THREADS) {
+      const int r = e / D_PAD, col = e % D_PAD;
+      T x;
+      x.bits = 0;
+      if (r >= row_lo && r < row_hi && col < D) x = g[r * stride + col];
+      s[r * SROW + col] = x;
+    }
+  }
+}
+
+// 4-byte global -> shared copy (.ca: the only cp.async form that takes 4 bytes);
+// src_bytes = 0 writes zero.
+__device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+               :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+// dst[0] += a, dst[1] += b in global memory, no return value. sm_90 has a
+// two-float reduction (one instruction, half the memory transactions); dst must
+// be 8-byte aligned there.
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}

@@ -1,0 +1,576 @@
+// flash_mma_bwd: the attention backward pass on tensor cores (fp16/bf16 in, fp32
+// accumulate), FlashAttention-2 style, for sm_80 and newer.
+//
+// Math and notation as in flash_bwd.cu (s2 = q.k * scale*log2(e): the exp2 domain):
+//   P  = exp2(s2 - lse*log2(e))   recomputed from the forward's LSE
+//   dV = P^T dout    dP = dout V^T    dS = P (dP - delta)    delta_i = dout_i . o_i
+//   dQ = scale * dS K                 dK = scale * dS^T Q
+// Every product is an mma.m16n8k16 with fp32 accumulators; P and dS are rounded
+// to 16 bits as the A operand of the products that consume them.
+//
+// Layouts: common/params.cuh (BwdParams). Kernels, in launch order
+// (cupy_attention/families/flash_mma_bwd.py):
+//   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum in atomic mode.
+//   2. flash_mma_bwd_dkdv: one block per (BLOCK_N keys, KV head, batch). sK and sV
+//      stay resident while the block walks the query tiles (BLOCK_M rows) of every
+//      query head of the KV head's group, from the first tile that sees key n0
+//      (causal). The next tile's Q, dout, lse and delta are copied (cp.async,
+//      two buffers) while this one is computed. Per tile:
+//        phase 1  S^T = K Q^T and dP^T = V dout^T with the keys as the mma M
+//                 dimension: warp (kg, sw) owns the KM1 m16 key tiles of key group
+//                 kg and the QW queries sw QW..; P^T and dS^T are formed in
+//                 registers and stored as 16-bit values into sP, sdS [key][query].
+//        phase 2  dV += P^T dout, dK += dS^T Q: warp (kg, sw) owns the 32 keys of
+//                 key group kg and the head-dim blocks (16 columns) sw, sw + SPLIT2,
+//                 ...; the fp32 accumulators stay in registers for the whole block.
+//        phase 3  (ATOMIC_DQ) dQ tile = dS K, dS read from sdS transposed
+//                 (ldmatrix.trans), added to dq_accum with fp32 reductions: their
+//                 order varies from run to run.
+//      Warps own two m16 tiles (32 rows) where the tiles allow: every B fragment
+//      read from shared memory then feeds twice the MMAs.
+//      Then dK * scale and dV are written: one block owns each key of a KV head,
+//      so dK and dV need no atomics and are bitwise reproducible.
+//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
+//      deterministic mode,
+//   3'. flash_mma_bwd_dq: one block per (BLOCK_M queries, query head, batch), the
+//      forward's loop shape: per key tile S = Q K^T, dP = dout V^T, dS in
+//      registers (an mma C fragment pair is the next A fragment), dQ += dS K;
+//      no atomics.
+// Shared memory (16-bit unless noted; rows padded by 16 bytes so the 8 row
+// addresses of every ldmatrix land in distinct banks):
+//   dkdv: sK, sV [BLOCK_N][SROW]   sQ, sdO [2][BLOCK_M][SROW]   sP, sdS [BLOCK_N][PROW]
+//         sStats [2][2][BLOCK_M] fp32 (lse, then delta, per buffer)
+//   dq:   sQ, sdO [BLOCK_M][SROW]  sK, sV [2][BLOCK_N][SROW]
+// Masking: tiles that cross Sk or the causal diagonal are masked element by
+// element (P selected to 0); query rows past Sq read lse = +inf (P = 0). Query
+// rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and sdO,
+// so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
+// read as +inf, so P = exp2(-inf) = 0 and their dQ is exactly 0. dS is selected,
+// not multiplied, where P = 0, so NaN in a masked-out V stays out.
+// Constraints: D <= 256, padded to a multiple of 16 in shared memory and
+// registers only. VEC needs 16-byte aligned q, k, v, dout (bases and strides) and
+// D % 8 == 0. No dense masks (the Python side sends those to flash_bwd.cu).
+#include "common/copy.cuh"
+#include "common/mask.cuh"
+
+template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
+struct MmaBwdTraits {
+  using T = T_;
+  static constexpr int D = D_;
+  static constexpr int D_PAD = RoundUp<D_, 16>::value;
+  static constexpr int DB = D_PAD / 16;          // 16-column blocks of the head dim
+  static constexpr int BLOCK_M = BLOCK_M_;       // query rows per tile
+  static constexpr int BLOCK_N = BLOCK_N_;       // keys per block
+  static constexpr int WARPS = WARPS_;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr bool VEC = VEC_;
+  static constexpr int SROW = D_PAD + 8;         // sK, sV, sQ, sdO row stride (elements)
+  static constexpr int PROW = BLOCK_M + 8;       // sP, sdS row stride
+  // Phase 1: KM1 m16 key tiles per warp (2 when the query split still leaves each
+  // warp whole n16 blocks of queries), KG1 key groups, SPLIT1 warps share a group.
+  static constexpr int KM1 = (BLOCK_N % 32 == 0 && (BLOCK_M * BLOCK_N / (32 * WARPS)) % 16 == 0) ? 2 : 1;
+  static constexpr int KG1 = BLOCK_N / (16 * KM1);
+  static constexpr int SPLIT1 = WARPS / KG1;
+  static constexpr int QW = BLOCK_M / SPLIT1;    // queries per warp
+  static constexpr int Q_TILES = QW / 8;         // n8 tiles of S^T per m16 key tile
+  // Phase 2: 32 keys (two m16 tiles) per warp, SPLIT2 warps share them along D.
+  static constexpr int KG2 = BLOCK_N / 32;
+  static constexpr int SPLIT2 = WARPS / KG2;
+  static constexpr int KV_DB = CeilDiv<DB, SPLIT2>::value;  // head-dim blocks per warp
+  // Phase 3: jobs of DQ_KM m16 query tiles by DQ_CB head-dim blocks, dealt to the
+  // warps (32 accumulator registers at most, beside dK and dV).
+  static constexpr int DQ_KM = BLOCK_M >= 32 ? 2 : 1;
+  static constexpr int DQ_MT = BLOCK_M / (16 * DQ_KM);
+  static constexpr int DQ_CB = cmin(4 / DQ_KM, ceil_div(DB, cmax(1, WARPS / DQ_MT)));
+  static constexpr int DQ_JOBS = DQ_MT * ceil_div(DB, DQ_CB);
+  static constexpr int SMEM_KV = BLOCK_N * SROW;
+  static constexpr int SMEM_Q = BLOCK_M * SROW;  // one buffer of sQ or of sdO
+  static constexpr int SMEM_P = BLOCK_N * PROW;
+  static constexpr int SMEM_BYTES = (2 * SMEM_KV + 4 * SMEM_Q + 2 * SMEM_P) * 2 + 4 * BLOCK_M * 4;
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
+  static_assert(D >= 1 && D <= 256, "head dim 1..256");
+  static_assert(BLOCK_N % 32 == 0 && WARPS % KG2 == 0 && WARPS % KG1 == 0,
+                "whole key groups per warp");
+  static_assert(QW % 16 == 0 && QW * SPLIT1 == BLOCK_M, "phase 1: whole n16 query blocks per warp");
+  static_assert(BLOCK_M % 16 == 0 && 2 * BLOCK_M <= THREADS, "one thread per lse/delta value");
+  static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
+};
+
+template <class K, class CausalT, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams p) {
+  using T = typename K::T;
+  const FwdParams& f = p.fwd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sK = reinterpret_cast<T*>(smem);
+  T* sV = sK + K::SMEM_KV;
+  T* sQ = sV + K::SMEM_KV;
+  T* sdO = sQ + 2 * K::SMEM_Q;
+  T* sP = sdO + 2 * K::SMEM_Q;
+  T* sdS = sP + K::SMEM_P;
+  float* sStats = reinterpret_cast<float*>(sdS + K::SMEM_P);
+
+  const int n0 = blockIdx.x * K::BLOCK_N, h_kv = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  // This warp's first key within the block and its split index, per phase.
+  const int key1 = 16 * K::KM1 * (warp % K::KG1), sw1 = K::SPLIT1 == 1 ? 0 : warp / K::KG1;
+  const int key2 = 32 * (warp % K::KG2), sw2 = warp / K::KG2;
+
+  const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
+  const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
+
+  // Iteration `it` is query tile m_first + it % m_tiles of query head
+  // h_kv * group + it / m_tiles. Causal: query i sees key n0 first at i = n0 - offset.
+  const int m_first = CausalT::enabled ? cmax(0, n0 - f.causal_offset) / K::BLOCK_M : 0;
+  const int m_tiles = cmax(0, ceil_div(f.seqlen_q, K::BLOCK_M) - m_first);
+  const int n_iters = f.group * m_tiles;
+
+  // Tile `it` into buffer it % 2, as one cp.async group.
+  auto load_q = [&](int it) {
+    const int h = h_kv * f.group + it / m_tiles;
+    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int buf = it & 1;
+    const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+    const T* o_head =
+        static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
+    const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
+    const int hi = f.seqlen_q - m0;
+    copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+        sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride, f.q_row_stride, lo, hi, q_head);
+    copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+        sdO + buf * K::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
+    const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+    const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
+    const int c = threadIdx.x;
+    if (c < 2 * K::BLOCK_M) {
+      const int r = c < K::BLOCK_M ? c : c - K::BLOCK_M;
+      const bool ok = r < hi;
+      cp_async_4(smem_addr(sStats + buf * 2 * K::BLOCK_M + c),
+                 ok ? (c < K::BLOCK_M ? lse + r : delta + r) : f.lse, ok);
+    }
+    cp_async_commit();
+  };
+
+  const int k_rows = f.seqlen_k - n0;
+  copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+      sK, k_head + n0 * f.k_row_stride, f.k_row_stride, 0, k_rows, k_head);
+  copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+      sV, v_head + n0 * f.v_row_stride, f.v_row_stride, 0, k_rows, v_head);
+  if (n_iters > 0) {
+    load_q(0);  // K and V ride in tile 0's group
+  } else {
+    cp_async_commit();
+  }
+
+  float dk[2][K::KV_DB][2][4], dv[2][K::KV_DB][2][4];
+#pragma unroll
+  for (int km = 0; km < 2; ++km)
+#pragma unroll
+    for (int i = 0; i < K::KV_DB; ++i)
+#pragma unroll
+      for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[km][i][nn][e] = dv[km][i][nn][e] = 0.f;
+
+  // ldmatrix lane addressing (see common/mma.cuh), matrix lm = lane / 8, row lr = lane % 8:
+  //   X: row lr + 8 (lm & 1), col 8 (lm >> 1): an A operand stored [m][k], or a
+  //      B operand stored [k][n] read with .trans
+  //   Y: row lr + 8 (lm >> 1), col 8 (lm & 1): a B operand stored [n][k], or an
+  //      A operand stored [k][m] read with .trans
+  const int lm = lane / 8, lr = lane % 8;
+  const int x_row = lr + 8 * (lm & 1), x_col = 8 * (lm >> 1);
+  const int y_row = lr + 8 * (lm >> 1), y_col = 8 * (lm & 1);
+  // V, dout and dS addresses are their K, Q and P twins plus a constant (immediate
+  // offsets: fewer live registers).
+  constexpr u32 V_OFF = K::SMEM_KV * 2, O_OFF = 2 * K::SMEM_Q * 2, DS_OFF = K::SMEM_P * 2;
+  const u32 k_x = smem_addr(sK + (key1 + x_row) * K::SROW + x_col);      // phase 1 A
+  const u32 q_y = smem_addr(sQ + (sw1 * K::QW + y_row) * K::SROW + y_col);  // phase 1 B
+  const u32 p_x = smem_addr(sP + (key2 + x_row) * K::PROW + x_col);      // phase 2 A
+  const u32 q_x = smem_addr(sQ + x_row * K::SROW + x_col);               // phase 2 B (.trans)
+  const u32 ds_y = smem_addr(sdS + y_row * K::PROW + y_col);             // phase 3 A (.trans)
+  const u32 kt_x = smem_addr(sK + x_row * K::SROW + x_col);              // phase 3 B (.trans)
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int h = h_kv * f.group + it / m_tiles;
+    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int buf = it & 1;
+    const u32 q_buf = buf * K::SMEM_Q * 2;  // bytes
+    const float* s_lse = sStats + buf * 2 * K::BLOCK_M;
+    const float* s_delta = s_lse + K::BLOCK_M;
+    cp_async_wait<0>();
+    __syncthreads();  // tile it visible; every warp is done with tile it - 1 (its buffer, sP, sdS)
+    if (it + 1 < n_iters) load_q(it + 1);
+
+    // Phase 1: S^T and dP^T of 16 KM1 keys x QW queries.
+    constexpr int KM1 = K::KM1;
+    float s[KM1][K::Q_TILES][4], dp[KM1][K::Q_TILES][4];
+#pragma unroll
+    for (int km = 0; km < KM1; ++km)
+#pragma unroll
+      for (int nt = 0; nt < K::Q_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
+    // S^T over all query tiles, then dP^T: one operand's A fragments live at a time.
+#pragma unroll
+    for (int ks = 0; ks < K::DB; ++ks) {
+#pragma unroll
+      for (int op = 0; op < 2; ++op) {
+        u32 a[KM1][4];
+#pragma unroll
+        for (int km = 0; km < KM1; ++km)
+          ldmatrix_x4(a[km], k_x + op * V_OFF + (km * 16 * K::SROW + ks * 16) * 2);
+#pragma unroll
+        for (int nt = 0; nt < K::Q_TILES; nt += 2) {
+          u32 bq[4];
+          ldmatrix_x4(bq, q_y + op * O_OFF + q_buf + (nt * 8 * K::SROW + ks * 16) * 2);
+#pragma unroll
+          for (int km = 0; km < KM1; ++km) {
+            float(&acc)[K::Q_TILES][4] = op == 0 ? s[km] : dp[km];
+            mma_16816(acc[nt], a[km], bq[0], bq[1], T{});
+            mma_16816(acc[nt + 1], a[km], bq[2], bq[3], T{});
+          }
+        }
+      }
+    }
+
+    // P^T and dS^T; element masks only where the warp's keys x QW tile crosses Sk or
+    // the causal diagonal. Row g + 8 r of a C fragment is key j, column 2t + c query i.
+    const int j0 = n0 + key1, i0 = m0 + sw1 * K::QW;
+    const bool edge = j0 + 16 * KM1 > f.seqlen_k ||
+                      CausalT::needs_mask(i0, j0 + 16 * KM1 - 1, f.causal_offset);
+#pragma unroll
+    for (int nt = 0; nt < K::Q_TILES; ++nt) {
+      const int col = sw1 * K::QW + nt * 8 + 2 * t;
+      const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+      const float2 delta = *reinterpret_cast<const float2*>(s_delta + col);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = m0 + col + c;
+        const float l = c ? lse.y : lse.x, dl = c ? delta.y : delta.x;
+        // Rows past Sq and rows that attend nothing: +inf, so P = exp2(-inf) = 0.
+        const float lse2 = (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+#pragma unroll
+        for (int km = 0; km < KM1; ++km)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int j = j0 + 16 * km + g + 8 * r;
+            const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+            float& x = s[km][nt][2 * r + c];
+            float& y = dp[km][nt][2 * r + c];
+            const float pij = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+            y = pij == 0.f ? 0.f : pij * (y - dl);
+            x = pij;
+          }
+      }
+    }
+#pragma unroll
+    for (int km = 0; km < KM1; ++km)
+#pragma unroll
+      for (int nt = 0; nt < K::Q_TILES; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int at = (key1 + 16 * km + g + 8 * r) * K::PROW + sw1 * K::QW + nt * 8 + 2 * t;
+          *reinterpret_cast<u32*>(sP + at) = MmaType<T>::pack(s[km][nt][2 * r], s[km][nt][2 * r + 1]);
+          *reinterpret_cast<u32*>(sdS + at) = MmaType<T>::pack(dp[km][nt][2 * r], dp[km][nt][2 * r + 1]);
+        }
+    __syncthreads();  // sP, sdS complete
+
+    // Phase 2: dV += P^T dout, dK += dS^T Q over the tile's BLOCK_M queries.
+#pragma unroll
+    for (int ks = 0; ks < K::BLOCK_M / 16; ++ks) {
+      u32 ap[2][4], ads[2][4];
+#pragma unroll
+      for (int km = 0; km < 2; ++km) {
+        ldmatrix_x4(ap[km], p_x + (km * 16 * K::PROW + ks * 16) * 2);
+        ldmatrix_x4(ads[km], p_x + DS_OFF + (km * 16 * K::PROW + ks * 16) * 2);
+      }
+#pragma unroll
+      for (int i = 0; i < K::KV_DB; ++i) {
+        const int cb = sw2 + K::SPLIT2 * i;
+        if (cb < K::DB) {
+          const u32 off = q_buf + (ks * 16 * K::SROW + cb * 16) * 2;
+          u32 bo[4], bq[4];
+          ldmatrix_x4_trans(bo, q_x + O_OFF + off);
+#pragma unroll
+          for (int km = 0; km < 2; ++km) {
+            mma_16816(dv[km][i][0], ap[km], bo[0], bo[1], T{});
+            mma_16816(dv[km][i][1], ap[km], bo[2], bo[3], T{});
+          }
+          ldmatrix_x4_trans(bq, q_x + off);
+#pragma unroll
+          for (int km = 0; km < 2; ++km) {
+            mma_16816(dk[km][i][0], ads[km], bq[0], bq[1], T{});
+            mma_16816(dk[km][i][1], ads[km], bq[2], bq[3], T{});
+          }
+        }
+      }
+    }
+
+    // Phase 3: dQ tile = dS K (dq_accum holds dQ / scale).
+    if constexpr (ATOMIC_DQ) {
+      constexpr int KM = K::DQ_KM;
+      float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
+      for (int job = warp; job < K::DQ_JOBS; job += K::WARPS) {
+        const int mt0 = (job % K::DQ_MT) * KM, cb0 = (job / K::DQ_MT) * K::DQ_CB;
+        float acc[KM][K::DQ_CB][2][4];
+#pragma unroll
+        for (int km = 0; km < KM; ++km)
+#pragma unroll
+          for (int i = 0; i < K::DQ_CB; ++i)
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[km][i][nn][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < K::BLOCK_N / 16; ++ks) {
+          u32 a[KM][4];
+#pragma unroll
+          for (int km = 0; km < KM; ++km)
+            ldmatrix_x4_trans(a[km], ds_y + (ks * 16 * K::PROW + (mt0 + km) * 16) * 2);
+#pragma unroll
+          for (int i = 0; i < K::DQ_CB; ++i) {
+            if (cb0 + i < K::DB) {
+              u32 bk[4];
+              ldmatrix_x4_trans(bk, kt_x + (ks * 16 * K::SROW + (cb0 + i) * 16) * 2);
+#pragma unroll
+              for (int km = 0; km < KM; ++km) {
+                mma_16816(acc[km][i][0], a[km], bk[0], bk[1], T{});
+                mma_16816(acc[km][i][1], a[km], bk[2], bk[3], T{});
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int km = 0; km < KM; ++km)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = (mt0 + km) * 16 + g + 8 * r;
+            if (m0 + row >= f.seqlen_q) continue;
+#pragma unroll
+            for (int i = 0; i < K::DQ_CB; ++i)
+#pragma unroll
+              for (int nn = 0; nn < 2; ++nn) {
+                const int d = (cb0 + i) * 16 + nn * 8 + 2 * t;
+                float* dst = dq_tile + row * K::D + d;
+                const float a0 = acc[km][i][nn][2 * r], a1 = acc[km][i][nn][2 * r + 1];
+                if constexpr (K::D % 2 == 0) {
+                  if (d < K::D) red_add_f32x2(dst, a0, a1);
+                } else {
+                  if (d < K::D) atomicAdd(dst, a0);
+                  if (d + 1 < K::D) atomicAdd(dst + 1, a1);
+                }
+              }
+          }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  T* dk_head = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  T* dv_head = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+#pragma unroll
+  for (int km = 0; km < 2; ++km)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = n0 + key2 + 16 * km + g + 8 * r;
+      if (j >= f.seqlen_k) continue;
+#pragma unroll
+      for (int i = 0; i < K::KV_DB; ++i) {
+        const int cb = sw2 + K::SPLIT2 * i;
+        if (cb >= K::DB) continue;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int d = cb * 16 + nn * 8 + 2 * t + c;
+            if (d < K::D) {
+              dk_head[j * p.dk_row_stride + d] = from_float<T>(dk[km][i][nn][2 * r + c] * f.scale);
+              dv_head[j * p.dv_row_stride + d] = from_float<T>(dv[km][i][nn][2 * r + c]);
+            }
+          }
+      }
+    }
+}
+
+template <int D_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
+struct MmaBwdDqTraits {
+  using T = T_;
+  static constexpr int D = D_;
+  static constexpr int D_PAD = RoundUp<D_, 16>::value;
+  static constexpr int WARPS = WARPS_;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BLOCK_M = 16 * WARPS;     // one m16 query tile per warp
+  static constexpr int BLOCK_N = BLOCK_N_;       // keys per tile
+  static constexpr bool VEC = VEC_;
+  static constexpr int SROW = D_PAD + 8;
+  static constexpr int N_TILES = BLOCK_N / 8;    // n8 tiles of S per warp
+  static constexpr int D_TILES = D_PAD / 8;      // n8 tiles of dQ per warp
+  static constexpr int SMEM_Q = BLOCK_M * SROW;
+  static constexpr int SMEM_KV = BLOCK_N * SROW;
+  static constexpr int SMEM_BYTES = (2 * SMEM_Q + 4 * SMEM_KV) * 2;
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
+  static_assert(D >= 1 && D <= 256, "head dim 1..256");
+  static_assert(BLOCK_N % 16 == 0, "key tiles are whole k16 steps of dS K");
+  static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
+};
+
+// Deterministic dQ. Grid: x = query block (heaviest first when causal), y = query
+// head, z = batch.
+template <class K, class CausalT>
+__global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p) {
+  using T = typename K::T;
+  const FwdParams& f = p.fwd;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sdO = sQ + K::SMEM_Q;
+  T* sK = sdO + K::SMEM_Q;  // two buffers
+  T* sV = sK + 2 * K::SMEM_KV;
+
+  const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, h_kv = h / f.group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q0 = m_block * K::BLOCK_M, row0 = 16 * warp;
+  const int q_rows = cmin(K::BLOCK_M, f.seqlen_q - q0);
+
+  const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+  const T* o_head = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
+  const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
+  const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
+
+  const int k_end = CausalT::k_end(q0 + q_rows - 1, f.seqlen_k, f.causal_offset);
+  const int n_blocks = ceil_div(k_end, K::BLOCK_N);
+  auto load_kv = [&](int nb) {
+    const int k0 = nb * K::BLOCK_N, rows = f.seqlen_k - k0;
+    const int buf = (nb & 1) * K::SMEM_KV;
+    copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+        sK + buf, k_head + k0 * f.k_row_stride, f.k_row_stride, 0, rows, k_head);
+    copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+        sV + buf, v_head + k0 * f.v_row_stride, f.v_row_stride, 0, rows, v_head);
+    cp_async_commit();
+  };
+  // Rows that attend nothing are zero-filled (see the header).
+  const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - q0) : 0;
+  copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+      sQ, q_head + q0 * f.q_row_stride, f.q_row_stride, lo, q_rows, q_head);
+  copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+      sdO, o_head + q0 * p.dout_row_stride, p.dout_row_stride, lo, q_rows, o_head);
+  if (n_blocks > 0) {
+    load_kv(0);  // Q and dout ride in tile 0's group
+  } else {
+    cp_async_commit();
+  }
+
+  // Rows g and g + 8 of the warp's m16 tile: lse in the exp2 domain (+inf where
+  // the row attends nothing or lies past Sq) and delta.
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = q0 + row0 + g + 8 * r;
+    lse2[r] = CA_INF;
+    delta[r] = 0.f;
+    if (i < f.seqlen_q) {
+      const float l = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
+      lse2[r] = l == -CA_INF ? CA_INF : l * CA_LOG2E;
+      delta[r] = p.delta[(i64(b) * f.heads_q + h) * f.seqlen_q + i];
+    }
+  }
+
+  float acc[K::D_TILES][4];
+#pragma unroll
+  for (int dt = 0; dt < K::D_TILES; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
+
+  // ldmatrix lane addressing as in flash_mma_bwd_dkdv (X: A operands and .trans B
+  // operands; Y: B operands).
+  const int lm = lane / 8, lr = lane % 8;
+  const int x_row = lr + 8 * (lm & 1), x_col = 8 * (lm >> 1);
+  const int y_row = lr + 8 * (lm >> 1), y_col = 8 * (lm & 1);
+  const u32 q_x = smem_addr(sQ + (row0 + x_row) * K::SROW + x_col);
+  const u32 o_x = smem_addr(sdO + (row0 + x_row) * K::SROW + x_col);
+  const u32 k_y = smem_addr(sK + y_row * K::SROW + y_col);
+  const u32 v_y = smem_addr(sV + y_row * K::SROW + y_col);
+  const u32 k_x = smem_addr(sK + x_row * K::SROW + x_col);
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int k0 = nb * K::BLOCK_N;
+    const u32 kv_buf = (nb & 1) * K::SMEM_KV * 2;  // bytes
+    cp_async_wait<0>();
+    __syncthreads();  // tile nb (and Q, dout) visible; every warp is done with tile nb - 1
+    if (nb + 1 < n_blocks) load_kv(nb + 1);
+
+    float s[K::N_TILES][4], dp[K::N_TILES][4];
+#pragma unroll
+    for (int nt = 0; nt < K::N_TILES; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < K::D_PAD / 16; ++ks) {
+      u32 aq[4], ao[4];
+      ldmatrix_x4(aq, q_x + ks * 32);
+      ldmatrix_x4(ao, o_x + ks * 32);
+#pragma unroll
+      for (int nt = 0; nt < K::N_TILES; nt += 2) {
+        const u32 off = kv_buf + (nt * 8 * K::SROW + ks * 16) * 2;
+        u32 bk[4], bv[4];
+        ldmatrix_x4(bk, k_y + off);
+        mma_16816(s[nt], aq, bk[0], bk[1], T{});
+        mma_16816(s[nt + 1], aq, bk[2], bk[3], T{});
+        ldmatrix_x4(bv, v_y + off);
+        mma_16816(dp[nt], ao, bv[0], bv[1], T{});
+        mma_16816(dp[nt + 1], ao, bv[2], bv[3], T{});
+      }
+    }
+
+    const bool edge = k0 + K::BLOCK_N > f.seqlen_k ||
+                      CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, f.causal_offset);
+#pragma unroll
+    for (int nt = 0; nt < K::N_TILES; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = q0 + row0 + g + 8 * r;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = k0 + nt * 8 + 2 * t + c;
+          const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+          const float pij = kept ? fast_exp2(fmaf(s[nt][2 * r + c], f.scale_log2, -lse2[r])) : 0.f;
+          dp[nt][2 * r + c] = pij == 0.f ? 0.f : pij * (dp[nt][2 * r + c] - delta[r]);
+        }
+      }
+
+    // dQ += dS K: dS stays in registers as A fragments; K is read with .trans.
+#pragma unroll
+    for (int ks = 0; ks < K::BLOCK_N / 16; ++ks) {
+      u32 a[4];
+      a[0] = MmaType<T>::pack(dp[2 * ks][0], dp[2 * ks][1]);
+      a[1] = MmaType<T>::pack(dp[2 * ks][2], dp[2 * ks][3]);
+      a[2] = MmaType<T>::pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
+      a[3] = MmaType<T>::pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < K::D_TILES; dt += 2) {
+        u32 bk[4];
+        ldmatrix_x4_trans(bk, k_x + kv_buf + (ks * 16 * K::SROW + dt * 8) * 2);
+        mma_16816(acc[dt], a, bk[0], bk[1], T{});
+        mma_16816(acc[dt + 1], a, bk[2], bk[3], T{});
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  T* dq_head = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = q0 + row0 + g + 8 * r;
+    if (i >= f.seqlen_q) continue;
+#pragma unroll
+    for (int dt = 0; dt < K::D_TILES; ++dt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int d = dt * 8 + 2 * t + c;
+        if (d < K::D) dq_head[i * p.dq_row_stride + d] = from_float<T>(acc[dt][2 * r + c] * f.scale);
+      }
+  }
+}
