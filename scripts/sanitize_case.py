@@ -3,12 +3,14 @@
     compute-sanitizer --tool memcheck  python3 scripts/sanitize_case.py --no-pool
     compute-sanitizer --tool racecheck python3 scripts/sanitize_case.py
 
-Per family: a few small problems that reach the edge paths (a head dim that is not
+Per forward family: a few small problems that reach the edge paths (a head dim that is not
 a multiple of 8, lengths off every tile, causal with Sq > Sk and Sq < Sk, GQA, a
 dense mask where the family takes one, a 16-byte-aligned case for the vector
 path). Inputs come from the host (NumPy), so nothing but our kernels and CuPy's
 copies runs on the device. Each result is checked against the float64 reference;
-the exit status is 1 if any result is wrong.
+the exit status is 1 if any result is wrong. Then each backward kernel
+(flash_mma, flash), both dQ modes, on the unmasked cases, against the float64
+reference backward.
 
 --no-pool turns CuPy's memory pool off (cupy.cuda.set_allocator(None)), so
 memcheck sees every allocation's real bounds.
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-pool", action="store_true", help="disable CuPy's memory pool")
     ap.add_argument("--families", nargs="*", help="default: every family in dispatch.FAMILIES")
+    ap.add_argument("--no-backward", action="store_true", help="skip the backward kernels")
     args = ap.parse_args(argv)
 
     import cupy
@@ -94,8 +97,40 @@ def main(argv=None) -> int:
             bad += not ok
             print(f"{'ok   ' if ok else 'WRONG'} {label}: max err {err:.2e} "
                   f"({time.perf_counter() - t0:.1f}s)", flush=True)
+    if not args.no_backward:
+        bad += backward_cases(cupy, ca, rng)
     print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
     return 1 if bad else 0
+
+
+def backward_cases(cupy, ca, rng) -> int:
+    """Each backward kernel and dQ mode on the unmasked CASES; returns the wrong count."""
+    from cupy_attention.reference import attention_backward_reference
+
+    bad = 0
+    for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in CASES:
+        if mask_kind:
+            continue
+        q, k, v = host_inputs(rng, "float16", B, Hq, Hkv, Sq, Sk, D)
+        dout = rng.standard_normal(q.shape).astype(q.dtype)
+        ref = attention_backward_reference(dout, q, k, v, causal=causal)
+        dq, dk, dv, dd = (cupy.asarray(x) for x in (q, k, v, dout))
+        out, lse = ca.attention(dq, dk, dv, causal=causal, return_lse=True)
+        for kernel in ("flash_mma", "flash"):
+            for deterministic in (False, True):
+                label = (f"backward {kernel}{' deterministic' if deterministic else ''} B={B} "
+                         f"Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D}{' causal' if causal else ''}")
+                grads = ca.attention_backward(dd, dq, dk, dv, out, lse, causal=causal,
+                                              deterministic=deterministic, kernel=kernel)
+                cupy.cuda.Device().synchronize()
+                errs = [float(np.abs(cupy.asnumpy(g).astype(np.float64) - r).max()) / max(1.0, float(np.abs(r).max()))
+                        for g, r in zip(grads, ref)]
+                ok = all(np.isfinite(cupy.asnumpy(g).astype(np.float64)).all() for g in grads) and \
+                    max(errs) < 3e-2
+                bad += not ok
+                print(f"{'ok   ' if ok else 'WRONG'} {label}: max relative err {max(errs):.2e}",
+                      flush=True)
+    return bad
 
 
 if __name__ == "__main__":
