@@ -1055,6 +1055,48 @@ def render_results(rows: list[dict], console: Console) -> None:
                       "O(S^2) baseline above the limit); reasons are in the JSON")
 
 
+def training_steps(rows: list[dict]) -> list[dict]:
+    """Forward + backward time per case and implementation, from the fwd and bwd rows
+    of ``--backward`` runs: ours is our fastest forward plus our fastest backward
+    (what ``auto`` picks on that device), torch:X is backend X's forward plus its
+    backward."""
+    timed: dict[tuple, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        if r["kind"] in ("fwd", "bwd") and "ms" in r:
+            key = case_key({**r, "kind": "fwd"})
+            impl = "ours" if r["impl"] == "ours" else r["kernel"]
+            best = timed.setdefault(key, {}).setdefault(impl, {})
+            best[r["kind"]] = min(best.get(r["kind"], math.inf), r["ms"])
+    steps = []
+    for key, impls in timed.items():
+        full = {impl: t for impl, t in impls.items() if "fwd" in t and "bwd" in t}
+        for impl, t in full.items():
+            step = {**dict(zip(CASE_FIELDS, key)), "impl": impl, "fwd_ms": t["fwd"],
+                    "bwd_ms": t["bwd"], "step_ms": t["fwd"] + t["bwd"]}
+            for anchor in ("flash", "cudnn"):
+                other = full.get(f"torch:{anchor}")
+                if other and impl == "ours":
+                    step[f"speedup_{anchor}"] = (other["fwd"] + other["bwd"]) / step["step_ms"]
+            steps.append(step)
+    return steps
+
+
+def render_steps(steps: list[dict], console: Console) -> None:
+    if not steps:
+        return
+    table = Table(title="training step (forward + backward) · ms", title_justify="left",
+                  header_style="bold")
+    for header in ("dtype", "D", "S", "causal", "impl", "fwd", "bwd", "step", "×flash", "×cudnn"):
+        table.add_column(header, justify="left" if header in ("dtype", "impl") else "right")
+    for s in steps:
+        table.add_row(SHORT[s["dtype"]], str(s["head_dim"]), str(s["seqlen_q"]),
+                      "yes" if s["causal"] else "no", escape(s["impl"]), f"{s['fwd_ms']:.3f}",
+                      f"{s['bwd_ms']:.3f}", f"{s['step_ms']:.3f}",
+                      _num(s.get("speedup_flash"), ".2f"), _num(s.get("speedup_cudnn"), ".2f"),
+                      style="dim" if s["impl"] != "ours" else None)
+    console.print(table)
+
+
 def render_overhead(ov: dict, console: Console) -> None:
     table = Table(title=f"host overhead per hot call · {ov['problem']} · auto → {ov['kernel']} "
                         f"· {ov['calls']} calls, no sync between",
@@ -1080,6 +1122,7 @@ def render_report(report: dict, console: Console) -> None:
     for note in report.get("notes", ()):
         console.print(f"[yellow]{escape(note)}[/]")
     render_results(report["results"], console)
+    render_steps(training_steps(report["results"]), console)
     if report.get("overhead"):
         render_overhead(report["overhead"], console)
 
@@ -1144,6 +1187,10 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
                 (f"{r['kernel']} vs {a}", r[f"speedup_{a}"]) for a in ("flash", "cudnn")
                 if r["impl"] == "ours" and f"speedup_{a}" in r]))
         for stem, ylabel, points in charts:
+            # One color per series across all panels, one legend for the figure.
+            labels = list(dict.fromkeys(label for r in group for label, _ in points(r)))
+            cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+            color = {label: cycle[i % len(cycle)] for i, label in enumerate(labels)}
             fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 3.8), squeeze=False,
                                      sharey=True)
             for ax, d in zip(axes[0], dims):
@@ -1156,7 +1203,7 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
                     pts.sort()
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                             linestyle="--" if label.startswith("torch") or " vs cudnn" in label
-                            else "-", label=label)
+                            else "-", label=label, color=color[label])
                 if stem == "speedup":
                     ax.axhline(1.0, color="gray", linewidth=0.8)
                 ax.set_xscale("log", base=2)
@@ -1168,9 +1215,12 @@ def write_plots(report: dict, directory: Path) -> list[Path]:
                 ax.set_xlabel("S")
                 ax.grid(True, alpha=0.3)
             axes[0][0].set_ylabel(ylabel)
-            axes[0][0].legend(fontsize=7)
+            handles = [plt.Line2D([], [], color=color[label], marker="o",
+                                  linestyle="--" if label.startswith("torch") or " vs cudnn" in label
+                                  else "-") for label in labels]
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8)
             fig.suptitle(f"forward {name} · {stamp}", fontsize=10)
-            fig.tight_layout()
+            fig.tight_layout(rect=(0, 0.1, 1, 1))
             path = directory / f"{stem}-{tag}.png"
             fig.savefig(path, dpi=120)
             plt.close(fig)

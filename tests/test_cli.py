@@ -147,6 +147,27 @@ def test_flops():
         2 * 1 * 8 * 32768 * 128 * 2 / 1e-3 / 1e12)
 
 
+def test_training_steps_add_forward_and_backward_per_implementation():
+    fwd = bench.grid_case(4096, 128, "bfloat16", True)
+    bwd = bench.Case(**{**fwd.__dict__, "kind": "bwd"})
+    rows = [bench.make_row(fwd, "flash_wgmma", "ours", ms=1.0),
+            bench.make_row(fwd, "flash_mma", "ours", ms=1.5),
+            bench.make_row(bwd, "flash_mma", "ours", ms=3.0),
+            bench.make_row(bwd, "flash", "ours", ms=9.0),
+            bench.make_row(fwd, "torch:flash", "torch", ms=1.2),
+            bench.make_row(bwd, "torch:flash", "torch", ms=4.0),
+            bench.make_row(fwd, "torch:cudnn", "torch", ms=0.5),
+            bench.make_row(bwd, "torch:cudnn", "torch", skipped="declined")]
+    steps = {s["impl"]: s for s in bench.training_steps(rows)}
+    assert set(steps) == {"ours", "torch:flash"}   # cuDNN has no backward row with a time
+    assert steps["ours"]["step_ms"] == pytest.approx(4.0)   # fastest forward + fastest backward
+    assert steps["ours"]["speedup_flash"] == pytest.approx(5.2 / 4.0)
+    assert "speedup_cudnn" not in steps["ours"]
+    out = io.StringIO()
+    bench.render_steps(list(steps.values()), Console(file=out, width=200))
+    assert "training step" in out.getvalue() and "5.200" in out.getvalue()
+
+
 # ---------------------------------------------------------------------------
 # rendering from a synthetic report
 
