@@ -26,6 +26,7 @@
 // run heaviest first. Masked scores are selected to -inf, so NaN in masked K
 // stays out; a NaN in a masked V still reaches the product (0 * NaN), as in
 // FlashAttention.
+#include "common/copy.cuh"
 #include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/softmax.cuh"
@@ -63,30 +64,12 @@ struct MmaTraits {
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
-// Copy a ROWS x D tile (row stride `stride`) into shared memory, zero-filling rows
-// >= rows_valid and columns >= D. `head` is any valid address of the tensor, read
-// by nothing (cp.async with 0 source bytes), so no pointer past the end is formed.
+// A ROWS-row tile of this kernel's shape (see common/copy.cuh), rows >= rows_valid
+// zero-filled.
 template <class K, int ROWS>
 __device__ __forceinline__ void load_tile(typename K::T* s, const typename K::T* g, i64 stride,
                                           int rows_valid, const typename K::T* head) {
-  using T = typename K::T;
-  if constexpr (K::VEC) {
-    constexpr int CHUNKS = K::D_PAD / 8;
-#pragma unroll
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += K::THREADS) {
-      const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-      const bool ok = r < rows_valid && col < K::D;
-      cp_async_16(smem_addr(s + r * K::SROW + col), ok ? g + r * stride + col : head, ok);
-    }
-  } else {
-    for (int e = threadIdx.x; e < ROWS * K::D_PAD; e += K::THREADS) {
-      const int r = e / K::D_PAD, col = e % K::D_PAD;
-      T x;
-      x.bits = 0;
-      if (r < rows_valid && col < K::D) x = g[r * stride + col];
-      s[r * K::SROW + col] = x;
-    }
-  }
+  copy_tile<ROWS, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(s, g, stride, 0, rows_valid, head);
 }
 
 template <class K, class CausalT, class DenseT>
