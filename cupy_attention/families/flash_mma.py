@@ -73,19 +73,23 @@ def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, de
             _smem(-(-head_dim // 16) * 16, cfg))
 
 
-def _strides_aligned(p: Problem, t: Tensors) -> bool:
-    """D % 8 == 0 and every row/head/batch stride a multiple of 16 bytes."""
-    if p.head_dim % 8:
+def strides_aligned(head_dim: int, arrays) -> bool:
+    """D % 8 == 0 and every batch/head/row stride of the 16-bit ``arrays`` a multiple
+    of 16 bytes (strides of length-1 axes do not matter)."""
+    if head_dim % 8:
         return False
     return not any((s // arr.itemsize) % 8
-                   for arr in (t.q, t.k, t.v, t.out)
+                   for arr in arrays
                    for s, n in zip(arr.strides[:3], arr.shape[:3]) if n > 1)
 
 
-def vectorizable(p: Problem, t: Tensors) -> bool:
+def vectorizable_arrays(head_dim: int, arrays) -> bool:
     """16-byte cp.async/stores need aligned strides and 16-byte aligned base pointers."""
-    return _strides_aligned(p, t) and not any(
-        arr.data.ptr % 16 for arr in (t.q, t.k, t.v, t.out))
+    return strides_aligned(head_dim, arrays) and not any(arr.data.ptr % 16 for arr in arrays)
+
+
+def vectorizable(p: Problem, t: Tensors) -> bool:
+    return vectorizable_arrays(p.head_dim, (t.q, t.k, t.v, t.out))
 
 
 class FlashMma(Family):
@@ -95,24 +99,28 @@ class FlashMma(Family):
     dtypes = ("float16", "bfloat16")
     min_cc = 80
 
+    def planner(self, p: Problem, device_id: int):
+        """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
+        (``vec``) or unaligned kernel for ``p``."""
+        return lambda vec: _plan(p.head_dim, p.dtype, p.causal, p.mask_kind, vec, device_id)
+
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
-                                              vectorizable(p, t), device_id)
+        kspec, block_m, threads, smem = self.planner(p, device_id)(vectorizable(p, t))
         kernel = jit.get_function(kspec, arch, device_id)
         kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
                       (fwd_params(p, t),), smem, stream)
 
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
+        plan = self.planner(p, device_id)
         grid_y_z = (p.heads_q, p.batch)
 
         @functools.lru_cache(maxsize=2)
         def variant(vec: bool):
-            kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal, p.mask_kind,
-                                                  vec, device_id)
+            kspec, block_m, threads, smem = plan(vec)
             return (jit.get_function(kspec, arch, device_id),
                     (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
 
-        return HotLaunch(p, t, _strides_aligned(p, t), variant)
+        return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

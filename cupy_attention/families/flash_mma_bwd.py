@@ -24,6 +24,7 @@ from .. import jit
 from ..problem import Problem
 from . import flash_bwd
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
+from .flash_mma import vectorizable_arrays
 
 _KB = 1024
 HOPPER_SMEM = 227 * _KB
@@ -146,14 +147,8 @@ def check(p: Problem, cc: int | None, smem_limit: int = HOPPER_SMEM) -> str | No
 
 
 def vectorizable(p: Problem, t: flash_bwd.BwdTensors) -> bool:
-    """16-byte cp.async needs D % 8 == 0 and 16-byte aligned bases and strides of
-    the tensors the kernels copy into shared memory (q, k, v, dout)."""
-    if p.head_dim % 8:
-        return False
-    arrays = (t.fwd.q, t.fwd.k, t.fwd.v, t.dout)
-    return not any(arr.data.ptr % 16 or any((s // arr.itemsize) % 8 for s, n in
-                                            zip(arr.strides[:3], arr.shape[:3]) if n > 1)
-                   for arr in arrays)
+    """16-byte cp.async for every tensor the kernels copy into shared memory."""
+    return vectorizable_arrays(p.head_dim, (t.fwd.q, t.fwd.k, t.fwd.v, t.dout))
 
 
 @functools.lru_cache(maxsize=None)

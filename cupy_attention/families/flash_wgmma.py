@@ -15,9 +15,8 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors, fwd_params
-from .flash_mma import FlashMma, _strides_aligned, vectorizable
-from .flash_mma import _plan as _mma_plan
+from .base import CPP_DTYPE, SHORT_DTYPE
+from .flash_mma import FlashMma
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 64.
 # Each config is (warpgroups, BLOCK_N, blocks per SM); BLOCK_M = 64 * warpgroups.
@@ -65,11 +64,10 @@ def _plan(head_dim: int, dtype: str, causal: bool):
     return spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * cfg[0], smem_bytes(head_dim, cfg)
 
 
-class FlashWgmma(Family):
+class FlashWgmma(FlashMma):
     name = "flash_wgmma"
     summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, cp.async)"
     source = "flash_wgmma.cu"
-    dtypes = ("float16", "bfloat16")
     min_cc = 90
     ci_archs = ("sm_90a",)
 
@@ -86,29 +84,11 @@ class FlashWgmma(Family):
             return f"{self.name} takes no dense mask (flash_mma does)"
         return super().check(p, cc)
 
-    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        if not vectorizable(p, t):
-            FlashMma().launch(p, t, stream, device_id, arch)
-            return
-        kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal)
-        kernel = jit.get_function(kspec, arch, device_id)
-        kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
-                      (fwd_params(p, t),), smem, stream)
-
-    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
-        grid_y_z = (p.heads_q, p.batch)
-
-        @functools.lru_cache(maxsize=2)
-        def variant(vec: bool):
-            if vec:
-                kspec, block_m, threads, smem = _plan(p.head_dim, p.dtype, p.causal)
-            else:  # flash_mma's unaligned kernel, as launch() does
-                kspec, block_m, threads, smem = _mma_plan(p.head_dim, p.dtype, p.causal,
-                                                          p.mask_kind, False, device_id)
-            return (jit.get_function(kspec, arch, device_id),
-                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
-
-        return HotLaunch(p, t, _strides_aligned(p, t), variant)
+    def planner(self, p: Problem, device_id: int):
+        """The wgmma kernel for aligned arrays; flash_mma's unaligned kernel otherwise
+        (alignment is a property of the arrays, not of the Problem)."""
+        unaligned = super().planner(p, device_id)
+        return lambda vec: _plan(p.head_dim, p.dtype, p.causal) if vec else unaligned(False)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
