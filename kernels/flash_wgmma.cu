@@ -12,7 +12,7 @@
 //        wait for K_j and V_{j-1}; proxy fence; one barrier, after which the buffers
 //        of K_{j-1} and V_{j-2} are free
 //        issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
-//        issue acc += P_{j-1} V_{j-1} wgmma m64n{D_PAD}k16, A = P in registers, B = V (MN-major)
+//        issue acc += P_{j-1} V_{j-1} wgmma m64n{D_K}k16, A = P in registers, B = V (MN-major)
 //        cp.async K_{j+1} and V_j into the free buffers
 //        wait for S_j only; scale into the exp2 domain; mask only edge/diagonal tiles;
 //        online softmax in registers (m_i, l_i) while P V still runs
@@ -22,10 +22,10 @@
 // Barriers keep the warpgroups of a block in step; each one waits only for its own MMAs.
 //
 // Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides
-// (the host runs flash_mma otherwise). Shared rows hold D_PAD = D rounded up to 64
-// columns (whole 128-byte swizzle rows): Q K^T steps over D rounded up to 16
-// (columns past D zero-filled), P V computes D_PAD columns and D of them are stored;
-// V's columns past D_K are never written and only feed discarded output columns.
+// (the host runs flash_mma otherwise). Q K^T steps over D_K = D rounded up to 16
+// (columns D..D_K zero-filled) and P V computes D_K columns, D of them stored: the
+// MMAs pay for at most 8 padded columns. Shared rows are 64-column blocks
+// (SwizzledTile), so the tiles themselves take D rounded up to 64 columns.
 // Causal blocks run heaviest first. Masked scores are selected to -inf; a NaN in a
 // masked V still reaches the product (0 * NaN), as in flash_mma and FlashAttention.
 #include "common/mask.cuh"
@@ -37,8 +37,7 @@ template <int D_, int WARPGROUPS_, int BLOCK_N_, class T_, int MIN_BLOCKS_>
 struct WgmmaTraits {
   using T = T_;
   static constexpr int D = D_;
-  static constexpr int D_K = RoundUp<D_, 16>::value;    // columns Q K^T steps over
-  static constexpr int D_PAD = RoundUp<D_, 64>::value;  // shared columns; N of P V
+  static constexpr int D_K = RoundUp<D_, 16>::value;    // tile columns; K of Q K^T, N of P V
   static constexpr int WARPGROUPS = WARPGROUPS_;
   static constexpr int BLOCK_M = 64 * WARPGROUPS;
   static constexpr int BLOCK_N = BLOCK_N_;
@@ -46,11 +45,13 @@ struct WgmmaTraits {
   // Blocks per SM for __launch_bounds__: 2 caps registers at 65536 / (2 * THREADS).
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
   static constexpr int N_TILES = BLOCK_N / 8;          // n8 column groups of S per thread
-  static constexpr int D_TILES = D_PAD / 8;            // n8 column groups of O per thread
+  static constexpr int D_TILES = D_K / 8;              // n8 column groups of O per thread
   static constexpr int QK_STEPS = D_K / 16;            // k16 steps of Q K^T
   static constexpr int PV_STEPS = BLOCK_N / 16;        // k16 steps of P V
-  static constexpr int SMEM_Q = BLOCK_M * D_PAD * 2;   // bytes
-  static constexpr int SMEM_KV = BLOCK_N * D_PAD * 2;
+  using QTile = SwizzledTile<BLOCK_M, D_K>;  // 64-column blocks: D_K rounded up to 64
+  using KVTile = SwizzledTile<BLOCK_N, D_K>;
+  static constexpr int SMEM_Q = QTile::BYTES;
+  static constexpr int SMEM_KV = KVTile::BYTES;
   // + 1024: the base is rounded up to the 1024-byte boundary the swizzle is defined on.
   static constexpr int SMEM_BYTES = SMEM_Q + 4 * SMEM_KV + THREADS * 8 + 1024;  // Q, 2 K, 2 V, sL
 
@@ -62,7 +63,7 @@ struct WgmmaTraits {
 // Copy a ROWS x D tile (row stride `stride`) into the swizzled tile at shared address
 // `s`, zero-filling rows >= rows_valid (<= ROWS) and columns D..D_K. `head` is any
 // valid address of the tensor, read by nothing (cp.async with 0 source bytes).
-template <class K, int ROWS>
+template <class K, class Tile, int ROWS>
 __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 stride, int rows_valid,
                                           const typename K::T* head) {
   constexpr int CHUNKS = K::D_K / 8;
@@ -72,7 +73,8 @@ __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 str
     // agree mod 8, so the swizzled destination advances by a constant.
     const int r0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
     const bool col_ok = chunk * 8 < K::D;
-    const u32 dst = s + swizzled_offset<ROWS>(r0, chunk);
+    const u32 dst = s + Tile::offset(r0, chunk);
+
     const typename K::T* src = g + r0 * stride + chunk * 8;
 #pragma unroll
     for (int i = 0; i < CeilDiv<ROWS, PASS_ROWS>::value; ++i) {
@@ -87,7 +89,7 @@ __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 str
     for (int c = threadIdx.x; c < ROWS * CHUNKS; c += K::THREADS) {
       const int r = c / CHUNKS, chunk = c % CHUNKS;
       const bool ok = r < rows_valid && chunk * 8 < K::D;
-      cp_async_16(s + swizzled_offset<ROWS>(r, chunk), ok ? g + r * stride + chunk * 8 : head, ok);
+      cp_async_16(s + Tile::offset(r, chunk), ok ? g + r * stride + chunk * 8 : head, ok);
     }
   }
 }
@@ -123,12 +125,12 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   auto load_group = [&](int j) {
     if (j < n_blocks) {
       const int k0 = j * K::BLOCK_N;
-      load_tile<K, K::BLOCK_N>(sK + (j % 2) * K::SMEM_KV, k_head + k0 * p.k_row_stride,
+      load_tile<K, typename K::KVTile, K::BLOCK_N>(sK + (j % 2) * K::SMEM_KV, k_head + k0 * p.k_row_stride,
                                p.k_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0), k_head);
     }
     if (j >= 1 && j - 1 < n_blocks) {
       const int k0 = (j - 1) * K::BLOCK_N;
-      load_tile<K, K::BLOCK_N>(sV + ((j - 1) % 2) * K::SMEM_KV, v_head + k0 * p.v_row_stride,
+      load_tile<K, typename K::KVTile, K::BLOCK_N>(sV + ((j - 1) % 2) * K::SMEM_KV, v_head + k0 * p.v_row_stride,
                                p.v_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0), v_head);
     }
     cp_async_commit();
@@ -140,15 +142,10 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     fence_proxy_async();
     __syncthreads();
   };
-  load_tile<K, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
+  load_tile<K, typename K::QTile, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
   load_group(0);
   load_group(1);
 
-  // Descriptors of this warpgroup's 64 rows of Q, and of buffer 0 of K and V; a
-  // k16 step or another buffer adds its byte offset >> 4 to the start field.
-  const u64 q_desc = smem_desc(sQ + wg * 64 * 128, 16, 1024);
-  const u64 k_desc = smem_desc(sK, 16, 1024);
-  const u64 v_desc = smem_desc(sV, K::BLOCK_N * 128, 1024);
 
   float acc[K::D_TILES * 4];
 #pragma unroll
@@ -161,19 +158,20 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   u32 pa[K::PV_STEPS][4];    // P of the previous tile in 16 bits: the A operand of P V
   float alpha[2];            // acc rescale factors of rows g, g + 8 for the current tile
 
+  // This warpgroup's 64 rows of Q against all BLOCK_N rows of K_j (buffer j % 2).
   auto issue_qk = [&](int j) {  // s = Q K_j^T
+    const u32 k_tile = sK + (j % 2) * K::SMEM_KV;
 #pragma unroll
-    for (int ks = 0; ks < K::QK_STEPS; ++ks) {
-      const u32 q_off = (ks / 4) * (K::BLOCK_M * 128) + (ks % 4) * 32;
-      const u32 k_off = (j % 2) * K::SMEM_KV + (ks / 4) * (K::BLOCK_N * 128) + (ks % 4) * 32;
-      Wgmma<K::BLOCK_N>::ss(s, q_desc + (q_off >> 4), k_desc + (k_off >> 4), ks > 0, T{});
-    }
+    for (int ks = 0; ks < K::QK_STEPS; ++ks)
+      Wgmma<K::BLOCK_N>::ss(s, K::QTile::kmajor(sQ, wg * 64, ks), K::KVTile::kmajor(k_tile, 0, ks),
+                            ks > 0, T{});
     wgmma_commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j V_j
+    const u32 v_tile = sV + (j % 2) * K::SMEM_KV;
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks)
-      Wgmma<K::D_PAD>::rs(acc, pa[ks], v_desc + (((j % 2) * K::SMEM_KV + ks * 16 * 128) >> 4), T{});
+      Wgmma<K::D_K>::rs(acc, pa[ks], K::KVTile::mnmajor(v_tile, ks), T{});
     wgmma_commit();
   };
   // Scale into the exp2 domain; mask only tiles that need it (the last key tile,
@@ -284,7 +282,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 #pragma unroll
     for (int dt = 0; dt < K::D / 8; ++dt) {
       const u32 packed = MmaType<T>::pack(acc[dt * 4 + 2 * r] * inv_l, acc[dt * 4 + 2 * r + 1] * inv_l);
-      *reinterpret_cast<u32*>(q_bytes + swizzled_offset<K::BLOCK_M>(row0 + g + 8 * r, dt) + 4 * t) = packed;
+      *reinterpret_cast<u32*>(q_bytes + K::QTile::offset(row0 + g + 8 * r, dt) + 4 * t) = packed;
     }
   }
   __syncwarp();
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     const int r = c / CHUNKS, chunk = c % CHUNKS;
     if (r < rows_here) {
       *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(q_bytes + swizzled_offset<K::BLOCK_M>(row0 + r, chunk));
+          *reinterpret_cast<const uint4*>(q_bytes + K::QTile::offset(row0 + r, chunk));
     }
   }
   if (p.lse && t == 0) {

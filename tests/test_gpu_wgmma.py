@@ -1,6 +1,7 @@
 """flash_wgmma on TESTING.md's edge lengths (5) and causal alignment (1, 2) at the
-head dims it takes. test_gpu_edges.py runs those checks at D=72, which flash_wgmma
-declines (flash_mma is faster there), so without these cases its tile edges, its
+head dims it takes, powers of two and not (96, 160: P V's N stops inside a 64-column
+block). test_gpu_edges.py runs those checks at D=72, which flash_wgmma declines
+(flash_mma is as fast there), so without these cases its tile edges, its
 fully masked rows and its pipeline prologue/epilogue (one key tile, two, many)
 would go untested."""
 
@@ -20,7 +21,7 @@ NAME = "flash_wgmma"
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("variant", ["square", "square-causal", "q17", "k113-causal", "q-long-causal"])
 @pytest.mark.parametrize("L", [1, 2, 5, 17, 113, 1023])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 160, 256])
 def test_lengths_off_every_tile(D, L, variant, dtype, device_cc):
     Sq, Sk = {"square": (L, L), "square-causal": (L, L), "q17": (17, L),
               "k113-causal": (L, 113), "q-long-causal": (L + 300, L)}[variant]

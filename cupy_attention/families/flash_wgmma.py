@@ -1,12 +1,13 @@
 """`flash_wgmma`: the fused Hopper forward (fp16/bf16, wgmma, sm_90a only).
 
 Takes the problems flash_mma takes except dense masks, on compute capability 9.0
-only, for head dims 64, 128 and multiples of 8 from 136 to 256. Shared tiles and
-P V are padded to a multiple of 64 columns: at D = 72..120 that made it slower than
-flash_mma (H200, bf16, S=4096: D=96 270 vs 279 TFLOPs), so those stay with
-flash_mma (and D < 64 too, which would pad more). The kernel needs 16-byte
-aligned base pointers and strides; those are properties of the arrays, not of the
-Problem, so a launch whose arrays are not aligned runs flash_mma's kernel instead.
+only, for head dims 64 and multiples of 8 from 88 to 256. The MMAs run over the
+head dim rounded up to 16 (Q K^T's k16 steps, P V's N), the shared tiles over
+whole 64-column swizzle blocks. At D = 72 and 80 it ran level with flash_mma
+(H200, bf16, S=4096, non-causal: 221 vs 233 and 261 vs 263 TFLOPs), so those stay
+with flash_mma (and D < 64 too). The kernel needs 16-byte aligned base pointers and
+strides; those are properties of the arrays, not of the Problem, so a launch whose
+arrays are not aligned runs flash_mma's kernel instead.
 """
 
 from __future__ import annotations
@@ -18,34 +19,42 @@ from ..problem import Problem
 from .base import CPP_DTYPE, SHORT_DTYPE
 from .flash_mma import FlashMma
 
-# Tile heuristics: the first row whose bound covers the head dim padded to 64.
+# Tile heuristics: the first row whose bound covers the head dim rounded up to 16.
 # Each config is (warpgroups, BLOCK_N, blocks per SM); BLOCK_M = 64 * warpgroups.
 # K and V have two shared buffers each. Registers per thread: S BLOCK_N/2 +
-# P BLOCK_N/4 + acc D_PAD/2; a second block per SM caps them at 128.
+# P BLOCK_N/4 + acc D_K/2; a second block per SM caps them at 128.
 # Figures: bf16, TFLOPs at S=4096 non-causal / causal, H200, 2026-11-22.
-# (max D_PAD, config, reason)
+# (max D_K, config, reason)
 TILES = (
     (64, (2, 64, 2), "two 8-warp blocks per SM (128 registers, 2 x 52 KB) overlap each "
                      "other's barriers: 334 / 299 vs 281 / 240 for one 12-warp block (3, 128)"),
     (128, (2, 128, 1), "S 64 + P 32 + acc 64 registers (235); 163 KB: one block per SM. "
                        "371 / 346; (1, 64) x 2 blocks 362 / 332, (3, 64) 380 / 299"),
-    (256, (2, 64, 1), "acc alone is D_PAD/2 registers: narrower S; 255 registers, 195 KB at "
-                      "D=256; 448 TFLOPs"),
+    (256, (2, 64, 1), "acc alone is D_K/2 registers: narrower S; 255 registers, 195 KB at "
+                      "D=256; 448 TFLOPs. D=160: 297 / 271 vs 234 / 206 for (2, 128)"),
 )
 
 
+def d_k(head_dim: int) -> int:
+    """Columns the MMAs compute: the head dim rounded up to 16."""
+    return -(-head_dim // 16) * 16
+
+
+def d_pad(head_dim: int) -> int:
+    """Columns of the shared tiles: whole 64-column swizzle blocks."""
+    return -(-head_dim // 64) * 64
+
+
 def tiles_for(head_dim: int):
-    d_pad = -(-head_dim // 64) * 64
     for bound, cfg, _ in TILES:
-        if d_pad <= bound:
+        if d_k(head_dim) <= bound:
             return cfg
     raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
 
 
 def smem_bytes(head_dim: int, cfg) -> int:
     warpgroups, block_n = cfg[:2]
-    d_pad = -(-head_dim // 64) * 64
-    return (64 * warpgroups + 4 * block_n) * d_pad * 2 + 128 * warpgroups * 8 + 1024
+    return (64 * warpgroups + 4 * block_n) * d_pad(head_dim) * 2 + 128 * warpgroups * 8 + 1024
 
 
 def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
@@ -72,14 +81,14 @@ class FlashWgmma(FlashMma):
     ci_archs = ("sm_90a",)
 
     def head_dim_range(self) -> str:
-        return "64, 128, and multiples of 8 from 136 to 256"
+        return "64 and multiples of 8 from 88 to 256"
 
     def check(self, p: Problem, cc: int | None) -> str | None:
         if cc is not None and cc != 90:
             return f"{self.name} uses wgmma (sm_90a): compute capability 9.0 only, device has {cc / 10:.1f}"
-        if not (p.head_dim in (64, 128) or (128 < p.head_dim <= 256 and p.head_dim % 8 == 0)):
+        if not (p.head_dim == 64 or (88 <= p.head_dim <= 256 and p.head_dim % 8 == 0)):
             return (f"{self.name} takes head dims {self.head_dim_range()}, not {p.head_dim} "
-                    "(padded to a multiple of 64 it is slower than flash_mma)")
+                    "(flash_mma is as fast at 72 and 80)")
         if p.mask_kind != "none":
             return f"{self.name} takes no dense mask (flash_mma does)"
         return super().check(p, cc)
@@ -96,7 +105,8 @@ class FlashWgmma(FlashMma):
             for dtype in ("float16", "bfloat16"):
                 for causal in (False, True):
                     out.append(spec(d, dtype, causal))
-        for d in (160, 192, 232):
+        for d in (88, 96, 112, 120, 160, 192, 232):
             out.append(spec(d, "bfloat16", d % 16 == 0))
+        out.append(spec(96, "float16", False))
         out.append(spec(232, "float16", True))
         return out
