@@ -2,24 +2,30 @@
 // fp16/bf16 in, fp32 accumulate.
 //
 // Layouts: see common/params.cuh; shared-memory tiles and wgmma facts: common/wgmma.cuh.
-// One block computes BLOCK_M = 64 * WARPGROUPS query rows of one (batch, query head).
-// Warpgroup w owns rows 64w..64w+63 (one wgmma M tile) and, inside it, warp k of the
-// block owns rows 16k..16k+15 end to end, so softmax statistics never leave the warp.
+// Warp-specialized (FlashAttention-3's structure, with cp.async instead of TMA):
+//   warpgroup 0, the producer, copies Q once and then K_j, V_j tile after tile into
+//     STAGES shared buffers each; it keeps 24-40 registers (setmaxnreg.dec).
+//   warpgroups 1..CONSUMERS, the consumers (setmaxnreg.inc), each own 64 query rows
+//     of the block (one wgmma M tile); inside one, a warp owns 16 rows end to end,
+//     so softmax statistics never leave the warp.
+// Buffers change hands through mbarriers: full_k[s] completes when the producer's
+// copies of a K tile have landed (cp.async.mbarrier.arrive), empty_k[s] when every
+// consumer warp is done reading it (after its wgmma wait); the same for V. Nothing
+// waits for the whole block, so the two consumers drift half a step apart, and two
+// named "turn" barriers keep them there (FA3's ping-pong): consumer c issues its
+// MMAs only after the other issued its own, so one softmax runs while the other
+// warpgroup's MMAs occupy the tensor cores.
 //
-// Steps (per block):
-//   1. cp.async Q, K_0 and V_0 into swizzled shared tiles (two buffers each for K, V).
-//   2. S_0 = Q K_0^T; softmax; then for each further key tile j (up to the causal bound):
-//        wait for K_j and V_{j-1}; proxy fence; one barrier, after which the buffers
-//        of K_{j-1} and V_{j-2} are free
-//        issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
-//        issue acc += P_{j-1} V_{j-1} wgmma m64n{D_K}k16, A = P in registers, B = V (MN-major)
-//        cp.async K_{j+1} and V_j into the free buffers
-//        wait for S_j only; scale into the exp2 domain; mask only edge/diagonal tiles;
-//        online softmax in registers (m_i, l_i) while P V still runs
-//        wait for P V; rescale acc; round P_j to 16-bit A fragments in registers
-//      and last acc += P_{n-1} V_{n-1}. (FlashAttention-3's intra-warpgroup overlap.)
-//   3. acc /= l_i; each warp stages its 16 rows in its own rows of sQ; 16-byte stores; lse.
-// Barriers keep the warpgroups of a block in step; each one waits only for its own MMAs.
+// Consumer steps, for each key tile j (up to the causal bound):
+//   wait for K_j and V_{j-1} (full barriers); proxy fence; wait for the turn
+//   issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
+//   issue acc += P_{j-1} V_{j-1} wgmma m64n{D_K}k16, A = P in registers, B = V (MN-major)
+//   pass the turn; wait for S_j only, release K_j's buffer; scale into the exp2
+//   domain; mask only edge/diagonal tiles; online softmax in registers (m_i, l_i)
+//   while P V still runs (FlashAttention-3's intra-warpgroup overlap)
+//   wait for P V, release V_{j-1}'s buffer; rescale acc; round P_j to 16-bit A fragments
+// and last acc += P_{n-1} V_{n-1}; then acc /= l_i; each warp stages its 16 rows in
+// its own rows of sQ; 16-byte stores; lse.
 //
 // Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides
 // (the host runs flash_mma otherwise). Q K^T steps over D_K = D rounded up to 16
@@ -33,17 +39,24 @@
 #include "common/softmax.cuh"
 #include "common/wgmma.cuh"
 
-template <int D_, int WARPGROUPS_, int BLOCK_N_, class T_, int MIN_BLOCKS_>
+template <int D_, int CONSUMERS_, int BLOCK_N_, class T_, int MIN_BLOCKS_, int STAGES_>
 struct WgmmaTraits {
   using T = T_;
   static constexpr int D = D_;
-  static constexpr int D_K = RoundUp<D_, 16>::value;    // tile columns; K of Q K^T, N of P V
-  static constexpr int WARPGROUPS = WARPGROUPS_;
-  static constexpr int BLOCK_M = 64 * WARPGROUPS;
+  static constexpr int D_K = RoundUp<D_, 16>::value;    // K of Q K^T, N of P V
+  static constexpr int CONSUMERS = CONSUMERS_;
+  static constexpr int BLOCK_M = 64 * CONSUMERS;
   static constexpr int BLOCK_N = BLOCK_N_;
-  static constexpr int THREADS = 128 * WARPGROUPS;
-  // Blocks per SM for __launch_bounds__: 2 caps registers at 65536 / (2 * THREADS).
-  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int MIN_BLOCKS = MIN_BLOCKS_;       // blocks per SM
+  // Registers per thread at launch (ptxas allocates the __launch_bounds__ cap when
+  // the kernel hands registers around); the producer gives registers up and the
+  // consumers take exactly what it freed (setmaxnreg.inc would wait forever for more).
+  static constexpr int LAUNCH_REGS = 65536 / (THREADS * MIN_BLOCKS) / 8 * 8;
+  static constexpr int PRODUCER_REGS = 40;
+  static constexpr int CONSUMER_REGS =
+      cmin((LAUNCH_REGS * THREADS - 128 * PRODUCER_REGS) / (128 * CONSUMERS) / 8 * 8, 240);
   static constexpr int N_TILES = BLOCK_N / 8;          // n8 column groups of S per thread
   static constexpr int D_TILES = D_K / 8;              // n8 column groups of O per thread
   static constexpr int QK_STEPS = D_K / 16;            // k16 steps of Q K^T
@@ -52,44 +65,46 @@ struct WgmmaTraits {
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   static constexpr int SMEM_Q = QTile::BYTES;
   static constexpr int SMEM_KV = KVTile::BYTES;
+  static constexpr int SMEM_L = 128 * CONSUMERS * 8;   // one float2 per consumer thread
+  static constexpr int SMEM_BARS = (1 + 4 * STAGES) * 8;
   // + 1024: the base is rounded up to the 1024-byte boundary the swizzle is defined on.
-  static constexpr int SMEM_BYTES = SMEM_Q + 4 * SMEM_KV + THREADS * 8 + 1024;  // Q, 2 K, 2 V, sL
+  static constexpr int SMEM_BYTES = SMEM_Q + 2 * STAGES * SMEM_KV + SMEM_L + SMEM_BARS + 1024;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D <= 256, "16-byte copies need D % 8 == 0; D <= 256");
   static_assert(BLOCK_N % 64 == 0 && BLOCK_N <= 256, "S = Q K^T is one wgmma m64n{BLOCK_N}");
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(CONSUMER_REGS >= LAUNCH_REGS && LAUNCH_REGS >= PRODUCER_REGS,
+                "too many blocks per SM for the register file");
 };
 
-// Copy a ROWS x D tile (row stride `stride`) into the swizzled tile at shared address
-// `s`, zero-filling rows >= rows_valid (<= ROWS) and columns D..D_K. `head` is any
-// valid address of the tensor, read by nothing (cp.async with 0 source bytes).
+// The producer's copy of a ROWS x D tile (row stride `stride`) into the swizzled
+// tile at shared address `s`, zero-filling rows >= rows_valid (<= ROWS) and
+// columns D..D_K (columns D_K.. of the last 64-column block are never read and
+// never written); `tid` is the thread's index among the producer's 128. Per
+// 64-column block the 128 threads cover 16 rows x 8 chunks, and a thread's rows
+// r0, r0 + 16, ... agree mod 8, so its swizzled destination advances by a constant:
+// four instructions per 16-byte copy whatever the head dim. `head` is any valid
+// address of the tensor, read by nothing (cp.async with 0 source bytes).
 template <class K, class Tile, int ROWS>
 __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 stride, int rows_valid,
-                                          const typename K::T* head) {
-  constexpr int CHUNKS = K::D_K / 8;
-  constexpr int PASS_ROWS = K::THREADS / CHUNKS;  // rows one pass of the block covers
-  if constexpr (K::THREADS % CHUNKS == 0 && PASS_ROWS % 8 == 0) {
-    // Each thread copies one chunk column at rows r0, r0 + PASS_ROWS, ...; those rows
-    // agree mod 8, so the swizzled destination advances by a constant.
-    const int r0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
-    const bool col_ok = chunk * 8 < K::D;
-    const u32 dst = s + Tile::offset(r0, chunk);
-
-    const typename K::T* src = g + r0 * stride + chunk * 8;
-#pragma unroll
-    for (int i = 0; i < CeilDiv<ROWS, PASS_ROWS>::value; ++i) {
-      const int r = r0 + i * PASS_ROWS;
-      if (ROWS % PASS_ROWS == 0 || r < ROWS) {  // a zero-fill past ROWS would hit the next tile
-        const bool ok = col_ok && r < rows_valid;
-        cp_async_16(dst + i * PASS_ROWS * 128, ok ? src + i * PASS_ROWS * stride : head, ok);
+                                          const typename K::T* head, int tid) {
+  static_assert(ROWS % 16 == 0, "16 rows per pass");
+  const int r0 = tid / 8;
+  // Partly unrolled: the producer has 40 registers.
+#pragma unroll 1
+  for (int blk = 0; blk < CeilDiv<K::D_K, 64>::value; ++blk) {
+    const int chunk = blk * 8 + tid % 8;
+    if (chunk * 8 < K::D_K) {
+      const bool col_ok = chunk * 8 < K::D;
+      const u32 dst = s + Tile::offset(r0, chunk);
+      const typename K::T* src = g + r0 * stride + chunk * 8;
+#pragma unroll 4
+      for (int i = 0; i < ROWS / 16; ++i) {
+        const bool ok = col_ok && r0 + 16 * i < rows_valid;
+        cp_async_16(dst + i * 16 * 128, ok ? src : head, ok);
+        src += 16 * stride;
       }
-    }
-  } else {
-#pragma unroll
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += K::THREADS) {
-      const int r = c / CHUNKS, chunk = c % CHUNKS;
-      const bool ok = r < rows_valid && chunk * 8 < K::D;
-      cp_async_16(s + Tile::offset(r, chunk), ok ? g + r * stride + chunk * 8 : head, ok);
     }
   }
 }
@@ -97,55 +112,86 @@ __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 str
 template <class K, class CausalT>
 __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(const FwdParams p) {
   using T = typename K::T;
+  constexpr int S = K::STAGES;
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 sQ = (smem_addr(smem) + 1023) & ~1023u;
-  const u32 sK = sQ + K::SMEM_Q;  // two buffers of SMEM_KV bytes each
-  const u32 sV = sK + 2 * K::SMEM_KV;
-  const u32 sL = sV + 2 * K::SMEM_KV;  // one float2 per thread, see the main loop
+  const u32 sK = sQ + K::SMEM_Q;          // S buffers of SMEM_KV bytes each
+  const u32 sV = sK + S * K::SMEM_KV;     // S buffers
+  const u32 sL = sV + S * K::SMEM_KV;     // see the main loop
+  const u32 q_full = sL + K::SMEM_L;      // mbarriers, 8 bytes each
+  const u32 full_k = q_full + 8, full_v = full_k + 8 * S;
+  const u32 empty_k = full_v + 8 * S, empty_v = empty_k + 8 * S;
 
   const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
+  const int wg = threadIdx.x / 128;
   const int q0 = m_block * K::BLOCK_M;
   const int q_rows = cmin(K::BLOCK_M, p.seqlen_q - q0);
-  const int row0 = warp * 16;  // this warp's first row within the block
-
-  const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
-  const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-  const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
-
   const int k_end = CausalT::k_end(q0 + q_rows - 1, p.seqlen_k, p.causal_offset);
   const int n_blocks = ceil_div(k_end, K::BLOCK_N);
 
-  // K_j goes to K buffer j % 2 and V_j to V buffer j % 2. Commit group j holds K_j
-  // and V_{j-1} (group 0 also Q): a tile's V is used one step after its K (below),
-  // so with two buffers each both arrive a whole step ahead of use, and each step
-  // waits for every copy issued so far (wait_group 0).
-  auto load_group = [&](int j) {
-    if (j < n_blocks) {
-      const int k0 = j * K::BLOCK_N;
-      load_tile<K, typename K::KVTile, K::BLOCK_N>(sK + (j % 2) * K::SMEM_KV, k_head + k0 * p.k_row_stride,
-                               p.k_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0), k_head);
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 128);
+    for (int s = 0; s < S; ++s) {
+      mbarrier_init(full_k + 8 * s, 128);
+      mbarrier_init(full_v + 8 * s, 128);
+      mbarrier_init(empty_k + 8 * s, 4 * K::CONSUMERS);
+      mbarrier_init(empty_v + 8 * s, 4 * K::CONSUMERS);
     }
-    if (j >= 1 && j - 1 < n_blocks) {
-      const int k0 = (j - 1) * K::BLOCK_N;
-      load_tile<K, typename K::KVTile, K::BLOCK_N>(sV + ((j - 1) % 2) * K::SMEM_KV, v_head + k0 * p.v_row_stride,
-                               p.v_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0), v_head);
-    }
-    cp_async_commit();
-  };
-  // Wait for this thread's copies, hand them to the async proxy, publish them to the
-  // block; after the barrier every warpgroup is also done with the previous step.
-  auto tile_landed = [&]() {
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-  };
-  load_tile<K, typename K::QTile, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
-  load_group(0);
-  load_group(1);
+  }
+  __syncthreads();  // the only block-wide barrier
 
+  if (wg == 0) {
+    // Producer: Q, then K_j and V_{j-1} for j = 0..n_blocks (each tile's V is used
+    // one step after its K). Use u of buffer s waits for the release of use u - 1.
+    setmaxnreg_dec<K::PRODUCER_REGS>();
+    const int tid = threadIdx.x;
+    const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
+    const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
+    const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
+    load_tile<K, typename K::QTile, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride,
+                                                q_rows, q_head, tid);
+    cp_async_mbarrier_arrive(q_full);
+    for (int j = 0; j <= n_blocks; ++j) {
+      if (j < n_blocks) {
+        const int s = j % S, k0 = j * K::BLOCK_N;
+        if (j >= S) mbarrier_wait(empty_k + 8 * s, (j / S - 1) & 1);
+        load_tile<K, typename K::KVTile, K::BLOCK_N>(sK + s * K::SMEM_KV, k_head + k0 * p.k_row_stride,
+                                                     p.k_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0),
+                                                     k_head, tid);
+        cp_async_mbarrier_arrive(full_k + 8 * s);
+      }
+      if (j >= 1) {
+        const int jv = j - 1, s = jv % S, k0 = jv * K::BLOCK_N;
+        if (jv >= S) mbarrier_wait(empty_v + 8 * s, (jv / S - 1) & 1);
+        load_tile<K, typename K::KVTile, K::BLOCK_N>(sV + s * K::SMEM_KV, v_head + k0 * p.v_row_stride,
+                                                     p.v_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0),
+                                                     v_head, tid);
+        cp_async_mbarrier_arrive(full_v + 8 * s);
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  setmaxnreg_inc<K::CONSUMER_REGS>();
+  const int c = wg - 1;                              // consumer index
+  const int ctid = threadIdx.x - 128;                // thread index among the consumers
+  const int warp = ctid / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = warp * 16;  // this warp's first row within the block
+
+  // Ping-pong: consumer c issues its MMAs after barrier TURN + c, then lets the other
+  // one go (bar.arrive); consumer 1 lets consumer 0 start.
+  constexpr int TURN = 2 + K::CONSUMERS;  // named barriers 1.. are warpgroup_barrier's
+  auto my_turn = [&]() { if constexpr (K::CONSUMERS == 2) named_barrier_sync(TURN + c, 256); };
+  auto pass_turn = [&]() { if constexpr (K::CONSUMERS == 2) named_barrier_arrive(TURN + 1 - c, 256); };
+  if (c == 1) pass_turn();
+
+  auto k_ready = [&](int j) { mbarrier_wait(full_k + 8 * (j % S), (j / S) & 1); };
+  auto v_ready = [&](int j) { mbarrier_wait(full_v + 8 * (j % S), (j / S) & 1); };
+  auto release_k = [&](int j) { if (lane == 0) mbarrier_arrive(empty_k + 8 * (j % S)); };
+  auto release_v = [&](int j) { if (lane == 0) mbarrier_arrive(empty_v + 8 * (j % S)); };
 
   float acc[K::D_TILES * 4];
 #pragma unroll
@@ -158,17 +204,17 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   u32 pa[K::PV_STEPS][4];    // P of the previous tile in 16 bits: the A operand of P V
   float alpha[2];            // acc rescale factors of rows g, g + 8 for the current tile
 
-  // This warpgroup's 64 rows of Q against all BLOCK_N rows of K_j (buffer j % 2).
+  // This warpgroup's 64 rows of Q against all BLOCK_N rows of K_j.
   auto issue_qk = [&](int j) {  // s = Q K_j^T
-    const u32 k_tile = sK + (j % 2) * K::SMEM_KV;
+    const u32 k_tile = sK + (j % S) * K::SMEM_KV;
 #pragma unroll
     for (int ks = 0; ks < K::QK_STEPS; ++ks)
-      Wgmma<K::BLOCK_N>::ss(s, K::QTile::kmajor(sQ, wg * 64, ks), K::KVTile::kmajor(k_tile, 0, ks),
+      Wgmma<K::BLOCK_N>::ss(s, K::QTile::kmajor(sQ, c * 64, ks), K::KVTile::kmajor(k_tile, 0, ks),
                             ks > 0, T{});
     wgmma_commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j V_j
-    const u32 v_tile = sV + (j % 2) * K::SMEM_KV;
+    const u32 v_tile = sV + (j % S) * K::SMEM_KV;
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks)
       Wgmma<K::D_K>::rs(acc, pa[ks], K::KVTile::mnmajor(v_tile, ks), T{});
@@ -191,8 +237,8 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 #pragma unroll
         for (int nt = 0; nt < K::N_TILES; ++nt)
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (nt * 8 + 2 * t + c >= col_end) s[nt * 4 + 2 * r + c] = -CA_INF;
+          for (int e = 0; e < 2; ++e)
+            if (nt * 8 + 2 * t + e >= col_end) s[nt * 4 + 2 * r + e] = -CA_INF;
       }
     }
 #pragma unroll
@@ -230,50 +276,59 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     }
   };
 
-  // Software pipeline within each warpgroup: step j issues S_j = Q K_j^T and then
-  // acc += P_{j-1} V_{j-1}; the softmax of S_j runs while P V is on the tensor cores.
+  mbarrier_wait(q_full, 0);
   if (n_blocks > 0) {
-    tile_landed();  // groups 0 and 1: Q, K_0, V_0
+    k_ready(0);
+    fence_proxy_async();  // copies landed through the generic proxy, wgmma reads async
+    my_turn();
     wgmma_fence();
     issue_qk(0);
+    pass_turn();
     wgmma_wait<0>();
     fence_regs(s);
+    release_k(0);
     softmax(0);
     rescale_and_pack();
     for (int j = 1; j < n_blocks; ++j) {
-      tile_landed();  // group j: K_j, V_{j-1}; buffers of K_{j-1} and V_{j-2} are free
+      k_ready(j);
+      v_ready(j - 1);
+      fence_proxy_async();
+      my_turn();
       wgmma_fence();  // s, pa and acc were written by ordinary code
       issue_qk(j);
       issue_pv(j - 1);
-      load_group(j + 1);  // address math and copies while the MMAs run
+      pass_turn();
       wgmma_wait<1>();
       fence_regs(s);
+      release_k(j);
       softmax(j);
       // ptxas hoists the wait above independent arithmetic, which would run the
       // softmax after P V instead of beside it. Arithmetic moves across barriers,
       // shared-memory stores do not: storing l_i (it depends on every exp of the
       // tile) before a warpgroup barrier pins the softmax ahead of the wait.
-      *reinterpret_cast<float2*>(smem + (sL - smem_addr(smem)) + threadIdx.x * 8) =
+      *reinterpret_cast<float2*>(smem + (sL - smem_addr(smem)) + ctid * 8) =
           make_float2(row[0].l_i, row[1].l_i);
       warpgroup_barrier(wg);
       wgmma_wait<0>();
       fence_regs(acc);
       fence_regs(pa);
+      release_v(j - 1);
       rescale_and_pack();
     }
-    tile_landed();  // group n_blocks: V_{n_blocks - 1}
+    v_ready(n_blocks - 1);
+    fence_proxy_async();
+    my_turn();
     wgmma_fence();
     issue_pv(n_blocks - 1);
+    pass_turn();
     wgmma_wait<0>();
     fence_regs(acc);
   }
+  if (c == 0) my_turn();  // consumes consumer 1's last pass_turn: the counts balance
 
   // Epilogue: finish the row sums across the quad, normalize, stage through this
   // warp's own 16 rows of sQ (read only by its own, completed, MMAs), then store
-  // whole rows. The barrier covers a block with no key tile, whose Q copies (made
-  // by every thread) were never waited for.
-  cp_async_wait<0>();
-  __syncthreads();
+  // whole rows.
   unsigned char* q_bytes = smem + (sQ - smem_addr(smem));
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -291,8 +346,8 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   const int rows_here = cmin(16, q_rows - row0);
   constexpr int CHUNKS = K::D / 8;
 #pragma unroll
-  for (int c = lane; c < 16 * CHUNKS; c += 32) {
-    const int r = c / CHUNKS, chunk = c % CHUNKS;
+  for (int e = lane; e < 16 * CHUNKS; e += 32) {
+    const int r = e / CHUNKS, chunk = e % CHUNKS;
     if (r < rows_here) {
       *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + chunk * 8) =
           *reinterpret_cast<const uint4*>(q_bytes + K::QTile::offset(row0 + r, chunk));

@@ -1,13 +1,12 @@
 """`flash_wgmma`: the fused Hopper forward (fp16/bf16, wgmma, sm_90a only).
 
 Takes the problems flash_mma takes except dense masks, on compute capability 9.0
-only, for head dims 64 and multiples of 8 from 88 to 256. The MMAs run over the
-head dim rounded up to 16 (Q K^T's k16 steps, P V's N), the shared tiles over
-whole 64-column swizzle blocks. At D = 72 and 80 it ran level with flash_mma
-(H200, bf16, S=4096, non-causal: 221 vs 233 and 261 vs 263 TFLOPs), so those stay
-with flash_mma (and D < 64 too). The kernel needs 16-byte aligned base pointers and
-strides; those are properties of the arrays, not of the Problem, so a launch whose
-arrays are not aligned runs flash_mma's kernel instead.
+only, for head dims that are multiples of 8 from 64 to 256 (smaller ones stay with
+flash_mma). The MMAs run over the head dim rounded up to 16 (Q K^T's k16 steps,
+P V's N), the shared tiles over whole 64-column swizzle blocks. The kernel needs
+16-byte aligned base pointers and strides; those are properties of the arrays, not
+of the Problem, so a launch whose arrays are not aligned runs flash_mma's kernel
+instead.
 """
 
 from __future__ import annotations
@@ -20,18 +19,21 @@ from .base import CPP_DTYPE, SHORT_DTYPE
 from .flash_mma import FlashMma
 
 # Tile heuristics: the first row whose bound covers the head dim rounded up to 16.
-# Each config is (warpgroups, BLOCK_N, blocks per SM); BLOCK_M = 64 * warpgroups.
-# K and V have two shared buffers each. Registers per thread: S BLOCK_N/2 +
-# P BLOCK_N/4 + acc D_K/2; a second block per SM caps them at 128.
-# Figures: bf16, TFLOPs at S=4096 non-causal / causal, H200, 2026-11-22.
+# Each config is (consumer warpgroups, BLOCK_N, blocks per SM, STAGES); BLOCK_M =
+# 64 * consumers, plus one producer warpgroup; K and V have STAGES shared buffers
+# each. Registers: the producer keeps 40, the two consumers take 232 each; a
+# consumer holds S BLOCK_N/2 + P BLOCK_N/4 + acc D_K/2 of them.
+# Figures: bf16, TFLOPs at S=4096 non-causal / causal, H200, 2026-11-22; the
+# lockstep kernel before warp specialization (all 8 warps copying, a block-wide
+# barrier per key tile) reached 333 / 305 (D=64), 361 / 349 (D=128), 444 / 382 (D=256).
 # (max D_K, config, reason)
 TILES = (
-    (64, (2, 64, 2), "two 8-warp blocks per SM (128 registers, 2 x 52 KB) overlap each "
-                     "other's barriers: 334 / 299 vs 281 / 240 for one 12-warp block (3, 128)"),
-    (128, (2, 128, 1), "S 64 + P 32 + acc 64 registers (235); 163 KB: one block per SM. "
-                       "371 / 346; (1, 64) x 2 blocks 362 / 332, (3, 64) 380 / 299"),
-    (256, (2, 64, 1), "acc alone is D_K/2 registers: narrower S; 255 registers, 195 KB at "
-                      "D=256; 448 TFLOPs. D=160: 297 / 271 vs 234 / 206 for (2, 128)"),
+    (64, (2, 192, 1, 2), "S 96 + P 48 + acc 32 registers; 395 / 343 vs 381 / 328 with "
+                         "BLOCK_N = 128: the softmax per key weighs most at D = 64"),
+    (128, (2, 128, 1, 2), "S 64 + P 32 + acc 64 registers, 167 KB; 529 / 449 (552 / 473 in "
+                          "another run). D=72: 334 / 309, D=80: 386 / 351, D=96: 420 / 376"),
+    (256, (2, 64, 1, 2), "acc alone is D_K/2 registers: narrower S; 195 KB at D=256; "
+                         "570 / 451; D=160: 480 / 412"),
 )
 
 
@@ -53,15 +55,19 @@ def tiles_for(head_dim: int):
 
 
 def smem_bytes(head_dim: int, cfg) -> int:
-    warpgroups, block_n = cfg[:2]
-    return (64 * warpgroups + 4 * block_n) * d_pad(head_dim) * 2 + 128 * warpgroups * 8 + 1024
+    """``WgmmaTraits::SMEM_BYTES``: Q, STAGES buffers of K and V, the consumers' l_i
+    slots, the mbarriers, and 1024 bytes to align the base."""
+    consumers, block_n, _, stages = cfg
+    return ((64 * consumers + 2 * stages * block_n) * d_pad(head_dim) * 2 + 128 * consumers * 8
+            + (1 + 4 * stages) * 8 + 1024)
 
 
 def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
-    warpgroups, block_n, min_blocks = cfg or tiles_for(head_dim)
-    traits = f"WgmmaTraits<{head_dim}, {warpgroups}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}>"
+    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim)
+    traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
+              f"{stages}>")
     expr = f"flash_wgmma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}>"
-    name = (f"flash_wgmma[D={head_dim},BM={64 * warpgroups},BN={block_n},"
+    name = (f"flash_wgmma[D={head_dim},BM={64 * consumers},BN={block_n},S={stages},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]")
     return jit.KernelSpec("flash_wgmma.cu", expr, name)
 
@@ -70,7 +76,8 @@ def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
 def _plan(head_dim: int, dtype: str, causal: bool):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
     cfg = tiles_for(head_dim)
-    return spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * cfg[0], smem_bytes(head_dim, cfg)
+    return (spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
+            smem_bytes(head_dim, cfg))
 
 
 class FlashWgmma(FlashMma):
@@ -81,14 +88,13 @@ class FlashWgmma(FlashMma):
     ci_archs = ("sm_90a",)
 
     def head_dim_range(self) -> str:
-        return "64 and multiples of 8 from 88 to 256"
+        return "multiples of 8 from 64 to 256"
 
     def check(self, p: Problem, cc: int | None) -> str | None:
         if cc is not None and cc != 90:
             return f"{self.name} uses wgmma (sm_90a): compute capability 9.0 only, device has {cc / 10:.1f}"
-        if not (p.head_dim == 64 or (88 <= p.head_dim <= 256 and p.head_dim % 8 == 0)):
-            return (f"{self.name} takes head dims {self.head_dim_range()}, not {p.head_dim} "
-                    "(flash_mma is as fast at 72 and 80)")
+        if not (64 <= p.head_dim <= 256 and p.head_dim % 8 == 0):
+            return f"{self.name} takes head dims {self.head_dim_range()}, not {p.head_dim}"
         if p.mask_kind != "none":
             return f"{self.name} takes no dense mask (flash_mma does)"
         return super().check(p, cc)
@@ -105,7 +111,7 @@ class FlashWgmma(FlashMma):
             for dtype in ("float16", "bfloat16"):
                 for causal in (False, True):
                     out.append(spec(d, dtype, causal))
-        for d in (88, 96, 112, 120, 160, 192, 232):
+        for d in (72, 80, 88, 96, 112, 120, 160, 192, 232):
             out.append(spec(d, "bfloat16", d % 16 == 0))
         out.append(spec(96, "float16", False))
         out.append(spec(232, "float16", True))

@@ -79,6 +79,41 @@ __device__ __forceinline__ void fence_proxy_async() {
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;" :: "r"(1 + wg) : "memory");
 }
+// Named barrier `id` completing after `count` threads: sync waits for it, arrive
+// counts without waiting (writes before an arrive are visible after the sync).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+
+// mbarriers (8 bytes of shared memory each): a phase completes after `count`
+// arrivals; a waiter names the parity of the phase it waits for (0, 1, 0, ...).
+__device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread issued so far has landed (the
+// thread itself goes on at once).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
+  asm volatile(
+      "{.reg .pred done;\n"
+      "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;}" :: "r"(bar), "r"(parity) : "memory");
+}
+// Hand registers between warpgroups (every thread of the warpgroup runs it).
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+}
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
