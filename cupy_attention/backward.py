@@ -6,12 +6,12 @@ from . import device as _device
 from . import interop
 from .api import _device_mask, _host, _like
 from .errors import DTypeError, ShapeError, UnsupportedError
-from .families import flash_bwd, flash_mma_bwd
+from .families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from .families.base import Tensors
 from .problem import Problem, check_like, describe, out_shape, validate
 from .reference import attention_backward_reference
 
-BACKWARD_KERNELS = ("auto", "flash_mma", "flash", "reference")
+BACKWARD_KERNELS = ("auto", "flash_wgmma", "flash_mma", "flash", "reference")
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
@@ -30,13 +30,17 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         the last bits, vary from run to run). ``True`` computes dQ in a second pass
         without atomics: bitwise identical results run to run. dK and dV are
         deterministic either way.
-    kernel : ``"auto"``, ``"flash_mma"``, ``"flash"`` or ``"reference"``.
-        ``"flash_mma"`` is the tensor-core backward (float16/bfloat16, compute
-        capability 8.0+, head dims 1..256, causal or not, no dense ``mask``);
-        ``"flash"`` the fused CUDA-core backward (all dtypes, head dims 1..256,
-        dense masks too); ``"auto"`` takes ``"flash_mma"`` where it runs the
-        problem, else ``"flash"``. ``"reference"`` runs float64 NumPy on the host
-        (it ignores ``out`` and ``lse`` and recomputes the forward).
+    kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"``, ``"flash"`` or ``"reference"``.
+        ``"flash_wgmma"`` is the Hopper backward on wgmma (float16/bfloat16,
+        compute capability 9.0, head dims 64 and 128, causal or not, no dense
+        ``mask``; arrays that are not 16-byte aligned run ``"flash_mma"``'s kernels);
+        ``"flash_mma"`` the tensor-core backward on mma.sync (float16/bfloat16,
+        compute capability 8.0+, head dims 1..256, causal or not, no dense
+        ``mask``); ``"flash"`` the fused CUDA-core backward (all dtypes, head dims
+        1..256, dense masks too); ``"auto"`` takes the first of ``"flash_wgmma"``,
+        ``"flash_mma"``, ``"flash"`` that runs the problem. ``"reference"`` runs
+        float64 NumPy on the host (it ignores ``out`` and ``lse`` and recomputes
+        the forward).
 
     Returns
     -------
@@ -64,14 +68,21 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
 
 
 def _choose(p: Problem, kernel: str, device_id: int):
-    """The backward family module (flash_mma_bwd or flash_bwd) that runs ``p``."""
+    """The backward family module (flash_wgmma_bwd, flash_mma_bwd or flash_bwd) that
+    runs ``p``."""
     cc = _device.compute_capability(device_id)
-    mma_reason = flash_mma_bwd.check(p, cc, _device.max_shared_per_block(device_id))
-    if kernel == "flash_mma" or (kernel == "auto" and mma_reason is None):
-        if mma_reason is not None:
-            alt = "kernel='flash'" if flash_bwd.check(p, cc) is None else "kernel='reference'"
-            raise UnsupportedError(f"{mma_reason}; {alt} runs it")
-        return flash_mma_bwd
+    smem = _device.max_shared_per_block(device_id)
+    tensor_core = (("flash_wgmma", flash_wgmma_bwd), ("flash_mma", flash_mma_bwd))
+    for name, family in tensor_core:
+        reason = family.check(p, cc, smem)
+        if kernel == name or (kernel == "auto" and reason is None):
+            if reason is not None:
+                alts = [n for n, f in tensor_core if n != name and f.check(p, cc, smem) is None]
+                if flash_bwd.check(p, cc) is None:
+                    alts.append("flash")
+                alt = " or ".join(f"kernel='{a}'" for a in alts + ["reference"])
+                raise UnsupportedError(f"{reason}; {alt} runs it")
+            return family
     reason = flash_bwd.check(p, cc)
     if reason is not None:
         raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")

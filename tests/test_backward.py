@@ -1,20 +1,22 @@
 """The backward pass: ``attention_backward``, the float64 reference backward, the
-``flash_bwd`` (CUDA cores) and ``flash_mma_bwd`` (tensor cores) kernels and the
-torch integration.
+``flash_bwd`` (CUDA cores), ``flash_mma_bwd`` (tensor cores, mma.sync) and
+``flash_wgmma_bwd`` (Hopper tensor cores, wgmma) kernels and the torch integration.
 
 CPU: the reference backward against central finite differences and against
 torch.autograd in float64; this file's plain backward against the reference;
 validation errors; every CI instantiation of kernels/flash_bwd.cu and
-kernels/flash_mma_bwd.cu compiles for sm_80 and sm_90a without spills; torch
-plumbing through ``kernel="reference"``.
+kernels/flash_mma_bwd.cu compiles for sm_80 and sm_90a, of
+kernels/flash_wgmma_bwd.cu for sm_90a, without spills; torch plumbing through
+``kernel="reference"``.
 
-GPU (marker ``gpu``), for each kernel (``flash``, ``flash_mma``): each backward
-mode (atomic dQ, deterministic) against the float64 plain backward with
-TESTING.md's rule for gradients (factor 3) over a sampled grid; fully masked rows
-and non-finite masked-out values; 50 bitwise-equal deterministic reruns; no S^2
-allocation; torch autograd against SDPA; ``kernel="auto"``'s choice; a toy
-transformer block trained 200 steps beside the same block on torch SDPA (fp32:
-``flash``).
+GPU (marker ``gpu``), for each kernel (``flash``, ``flash_mma``, ``flash_wgmma``
+on compute capability 9.0): each backward mode (atomic dQ, deterministic) against
+the float64 plain backward with TESTING.md's rule for gradients (factor 3) over a
+sampled grid; fully masked rows and non-finite masked-out values; 50
+bitwise-equal deterministic reruns; no S^2 allocation; through the real forward;
+``flash_wgmma``'s fallback for unaligned arrays; torch autograd against SDPA;
+``kernel="auto"``'s choice; a toy transformer block trained 200 steps beside the
+same block on torch SDPA (fp32: ``flash``).
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ import cupy_attention as ca
 from cupy_attention import jit
 from cupy_attention.errors import (DTypeError, LayoutError, NoDeviceError, ShapeError,
                                    UnsupportedError)
-from cupy_attention.families import flash_bwd, flash_mma_bwd
+from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
-from helpers import (as_float, cast, make_qkv, normal, plain_attention, record, round_to,
-                     seed_for, set_values, to_bhsd, tolerance, xp_of)
+from helpers import (as_float, cast, make_qkv, normal, plain_attention, problem_for, record,
+                     round_to, seed_for, set_values, to_bhsd, tolerance, xp_of)
 
 ARCHS = ("sm_80", "sm_90a")
 
@@ -344,11 +346,15 @@ def _compile_one(job):
         return spec, arch, None, exc.log
 
 
-@pytest.mark.parametrize("family", [flash_bwd, flash_mma_bwd], ids=["flash", "flash_mma"])
-def test_ci_specs_compile_without_spills(family):
+# wgmma exists on sm_90a alone.
+CI_FAMILIES = [(flash_bwd, ARCHS), (flash_mma_bwd, ARCHS), (flash_wgmma_bwd, ("sm_90a",))]
+
+
+@pytest.mark.parametrize("family,archs", CI_FAMILIES, ids=["flash", "flash_mma", "flash_wgmma"])
+def test_ci_specs_compile_without_spills(family, archs):
     specs = family.ci_specs()
     assert len({s.name for s in specs}) == len(specs), "readable names must be unique"
-    jobs = [(s, a) for s in specs for a in ARCHS]
+    jobs = [(s, a) for s in specs for a in archs]
     workers = max(2, min(os.cpu_count() or 2, 8))
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         rows = list(pool.map(_compile_one, jobs))
@@ -369,6 +375,29 @@ def test_heuristics_fit_their_devices():
         assert mma is not None and max(mma.smem, mma.dq_smem) <= 227 * 1024
         mma = flash_mma_bwd.config(d, 163 * 1024)                   # sm_80
         assert mma is not None and max(mma.smem, mma.dq_smem) <= 163 * 1024
+        wg = flash_wgmma_bwd.config(d)                              # sm_90a
+        assert (wg is not None) == (d in (64, 128))
+        assert wg is None or wg.smem <= 227 * 1024
+
+
+@pytest.mark.parametrize("change,cc,word", [
+    (dict(), 90, None),
+    (dict(causal=True, heads_q=4, heads_kv=1), 90, None),
+    (dict(), 80, "compute capability 9.0"),
+    (dict(head_dim=96), 90, "64, 128"),
+    (dict(dtype="float32"), 90, "float32"),
+    (dict(mask=np.ones((1, 1, 100, 100), dtype=bool)), 90, "dense mask"),
+], ids=["plain", "causal-gqa", "sm80", "head-dim", "dtype", "mask"])
+def test_wgmma_backward_check(change, cc, word):
+    """What flash_wgmma's backward accepts, and the reasons it gives otherwise."""
+    shape = dict(batch=2, heads_q=2, heads_kv=2, seqlen_q=100, seqlen_k=100, head_dim=64,
+                 dtype="bfloat16")
+    shape.update(change)
+    reason = flash_wgmma_bwd.check(problem_for(**shape), cc)
+    if word is None:
+        assert reason is None
+    else:
+        assert reason is not None and word in reason and "flash_wgmma" in reason, reason
 
 
 # ---------------------------------------------------------------------------
@@ -432,14 +461,48 @@ MMA_GRID = [
     dict(dtype="bfloat16", D=256, Sq=1023, Sk=1024, Hq=2, Hkv=2, layout="bshd"),
 ]
 
-KERNELS = ("flash", "flash_mma")
+# The wgmma kernel's grid (fp16/bf16, D = 64, 128, 16-byte aligned arrays): causal
+# with both orders of Sq != Sk, lengths off every tile, MHA / GQA / MQA, both
+# layouts, packed views, both dQ modes, one large-magnitude case.
+WGMMA_GRID = [
+    dict(dtype="bfloat16", D=64, Sq=17, Sk=33, Hq=2, Hkv=2),
+    dict(dtype="float16", D=64, Sq=1, Sk=147, Hq=6, Hkv=2, deterministic=True),
+    dict(dtype="float16", D=64, Sq=113, Sk=203, causal=True, Hq=6, Hkv=2, layout="bshd",
+         view="packed"),
+    dict(dtype="bfloat16", D=64, Sq=239, Sk=1, causal=True, Hq=2, Hkv=1),
+    dict(dtype="float16", D=64, Sq=3, Sk=799, causal=True, B=2, deterministic=True),
+    dict(dtype="bfloat16", D=64, Sq=1023, Sk=1024, causal=True, Hq=4, Hkv=2),
+    dict(dtype="float16", D=64, Sq=2048, Sk=2048, Hq=2, Hkv=1, magnitude=3.0),
+    dict(dtype="bfloat16", D=128, Sq=799, Sk=3, causal=True, deterministic=True),
+    dict(dtype="float16", D=128, Sq=108, Sk=256, layout="bshd", view="packed",
+         deterministic=True),
+    dict(dtype="bfloat16", D=128, Sq=127, Sk=513, causal=True, Hq=6, Hkv=1),
+    dict(dtype="float16", D=128, Sq=256, Sk=512, Hq=6, Hkv=2, B=2, magnitude=3.0),
+    dict(dtype="bfloat16", D=128, Sq=512, Sk=256, causal=True, deterministic=True),
+    dict(dtype="float16", D=128, Sq=1024, Sk=1023, causal=True, Hq=4, Hkv=2),
+    dict(dtype="bfloat16", D=128, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=2, layout="bshd"),
+]
+
+KERNELS = ("flash", "flash_mma", "flash_wgmma")
 
 
 def _case_id(c):
     return "-".join(f"{k}={v}" for k, v in c.items())
 
 
-GRID_CASES = [(c, "flash") for c in GRID] + [(c, "flash_mma") for c in MMA_GRID]
+GRID_CASES = ([(c, "flash") for c in GRID] + [(c, "flash_mma") for c in MMA_GRID]
+              + [(c, "flash_wgmma") for c in WGMMA_GRID])
+
+
+def _skip_unless_device_runs(kernel):
+    """flash_wgmma runs on compute capability 9.0 only."""
+    import cupy
+
+    from cupy_attention import device
+
+    cc = device.compute_capability(cupy.cuda.runtime.getDevice())
+    if kernel == "flash_wgmma" and cc != 90:
+        pytest.skip(f"flash_wgmma's backward needs compute capability 9.0, device has {cc / 10:.1f}")
 
 
 def _shape(c):
@@ -469,17 +532,27 @@ def warm_kernels():
              (dict(dtype="bfloat16", D=64, causal=True, mask="bool"), (False,), "flash"),
              (dict(dtype="float16", D=64, causal=True), (False, True), "flash_mma"),
              (dict(dtype="bfloat16", D=64, causal=True), (False,), "flash_mma"),
-             (dict(dtype="bfloat16", D=64), (False,), "flash_mma")]
+             (dict(dtype="bfloat16", D=64), (False,), "flash_mma"),
+             (dict(dtype="float16", D=64, causal=True), (False, True), "flash_wgmma"),
+             (dict(dtype="bfloat16", D=64, causal=True), (False,), "flash_wgmma"),
+             (dict(dtype="bfloat16", D=64), (False,), "flash_wgmma"),
+             (dict(dtype="float16", D=64, causal=True, view="unaligned"), (False, True),
+              "flash_mma")]
     wanted = {}
     for c, modes, kernel in [(c, (c.get("deterministic", False),), k)
                              for c, k in GRID_CASES] + extra:
         causal, mask_kind = c.get("causal", False), c.get("mask") or "none"
+        if kernel == "flash_wgmma" and device.compute_capability(dev) != 90:
+            continue
         for det in modes:
             if kernel == "flash":
                 specs = flash_bwd.specs(flash_bwd.config(c["D"], limit), c["dtype"], causal,
                                         mask_kind, det)
+            elif kernel == "flash_wgmma":
+                specs = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(c["D"]), c["dtype"], causal,
+                                              det)
             else:
-                vec = c["D"] % 8 == 0 and c.get("view") != "padded"
+                vec = c["D"] % 8 == 0 and c.get("view") not in ("padded", "unaligned")
                 specs = flash_mma_bwd.specs(flash_mma_bwd.config(c["D"], limit), c["dtype"],
                                             causal, vec, det)
             for s in specs:
@@ -544,6 +617,7 @@ def _check_grads(c, grads, inputs, meta):
 def test_backward_grid(c, kernel, warm_kernels):
     import cupy
 
+    _skip_unless_device_runs(kernel)
     inputs = _inputs(c, seed_for("bwd", _case_id(c)), cupy)
     q, k, v, mask, out, lse, dout = inputs
     grads = ca.attention_backward(dout, q, k, v, out, lse, causal=c.get("causal", False),
@@ -561,10 +635,12 @@ def test_fully_masked_rows_and_nonfinite_masked_values(deterministic, kernel, wa
     """Causal with Sq > Sk: queries 0..39 attend nothing; NaN in their q and dout
     rows must not leak, and their gradients are exactly zero. Masked-out keys:
     ``flash`` gets a bool mask whose key column 7 is all False and NaN in key 7's
-    k and v (dk, dv of key 7 exactly zero); ``flash_mma`` takes no dense mask, so
-    NaN goes into v of the last key, which only the last query attends: every other
-    query's dq, and dk of every other key, stay exact."""
+    k and v (dk, dv of key 7 exactly zero); ``flash_mma`` and ``flash_wgmma`` take
+    no dense mask, so NaN goes into v of the last key, which only the last query
+    attends: every other query's dq, and dk of every other key, stay exact."""
     import cupy
+
+    _skip_unless_device_runs(kernel)
 
     c = dict(dtype="float16", D=64, Sq=70, Sk=30, causal=True, Hq=2, Hkv=1)
     q, k, v, _ = make_qkv(cupy, 21, **_shape(c))
@@ -620,6 +696,8 @@ def test_empty_problems_launch_nothing():
 def test_deterministic_reruns_are_bitwise_equal(kernel, warm_kernels):
     import cupy
 
+    _skip_unless_device_runs(kernel)
+
     c = dict(dtype="float16", D=64, Sq=300, Sk=300, causal=True, Hq=4, Hkv=2)
     q, k, v, mask, out, lse, dout = _inputs(c, 31, cupy)
     kw = dict(causal=True, kernel=kernel)
@@ -634,9 +712,12 @@ def test_deterministic_reruns_are_bitwise_equal(kernel, warm_kernels):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,dtype", [("flash", "float32"), ("flash_mma", "bfloat16")])
+@pytest.mark.parametrize("kernel,dtype", [("flash", "float32"), ("flash_mma", "bfloat16"),
+                                          ("flash_wgmma", "bfloat16")])
 def test_backward_allocates_no_s_squared_memory(kernel, dtype, warm_kernels):
     import cupy
+
+    _skip_unless_device_runs(kernel)
 
     S, D = 4096, 64
     c = dict(dtype=dtype, D=D, Sq=S, Sk=S, Hq=1, Hkv=1)
@@ -663,6 +744,8 @@ def test_through_the_real_forward(kernel, warm_kernels):
     """out and lse from cupy_attention.attention itself (kernel auto) feed the backward."""
     import cupy
 
+    _skip_unless_device_runs(kernel)
+
     c = dict(dtype="float16", D=64, Sq=200, Sk=333, causal=True, Hq=4, Hkv=2, layout="bshd")
     q, k, v, _ = make_qkv(cupy, 51, **_shape(c))
     out, lse = ca.attention(q, k, v, causal=True, layout="bshd", return_lse=True)
@@ -674,25 +757,64 @@ def test_through_the_real_forward(kernel, warm_kernels):
 
 
 @pytest.mark.gpu
-def test_auto_picks_the_tensor_core_backward(warm_kernels):
-    """kernel="auto": flash_mma for fp16/bf16 without a dense mask, flash for fp32 and
-    dense masks; kernel="flash_mma" with a dense mask is a clear error."""
+def test_wgmma_unaligned_arrays_run_flash_mma(warm_kernels):
+    """flash_wgmma needs 16-byte aligned q, k, v and dout: views that start one element
+    into their allocation run flash_mma's unaligned kernels instead, in both dQ
+    modes, with correct gradients."""
     import cupy
 
     from cupy_attention.bench import recording_specs
 
-    for dtype, mask_kind, want in (("bfloat16", None, "flash_mma_bwd_dkdv"),
-                                   ("bfloat16", "bool", "flash_bwd_dkdv"),
-                                   ("float32", None, "flash_bwd_dkdv")):
-        c = dict(dtype=dtype, D=64, Sq=100, Sk=100, causal=True, mask=mask_kind)
+    _skip_unless_device_runs("flash_wgmma")
+    c = dict(dtype="float16", D=64, Sq=100, Sk=150, causal=True, Hq=4, Hkv=2)
+    q, k, v, _, out, lse, dout = _inputs(c, 71, cupy)
+
+    def shifted(x):  # the same values, 2 bytes past a 16-byte boundary
+        y = cupy.empty(x.size + 1, dtype=x.dtype)[1:].reshape(x.shape)
+        y[...] = x
+        return y
+
+    qs, ks, vs, ds = (shifted(x) for x in (q, k, v, dout))
+    for deterministic in (False, True):
+        with recording_specs() as names:
+            grads = ca.attention_backward(ds, qs, ks, vs, out, lse, causal=True,
+                                          deterministic=deterministic, kernel="flash_wgmma")
+        assert any(n.startswith("flash_mma_bwd_dkdv[") and ",unaligned" in n for n in names), names
+        _check_grads(c, grads, (q, k, v, None, out, lse, dout),
+                     dict(kernel="flash_wgmma_bwd-unaligned", deterministic=deterministic))
+
+
+@pytest.mark.gpu
+def test_auto_picks_the_tensor_core_backward(warm_kernels):
+    """kernel="auto": flash_wgmma on compute capability 9.0 for fp16/bf16 at D = 64,
+    128 without a dense mask, else flash_mma for fp16/bf16 without a dense mask,
+    flash for fp32 and dense masks; kernel="flash_mma" or "flash_wgmma" with a dense
+    mask, and "flash_wgmma" at another head dim, are clear errors."""
+    import cupy
+
+    from cupy_attention import device
+    from cupy_attention.bench import recording_specs
+
+    hopper = device.compute_capability(cupy.cuda.runtime.getDevice()) == 90
+    tensor_core = "flash_wgmma_bwd_dkdv" if hopper else "flash_mma_bwd_dkdv"
+    for dtype, d, mask_kind, want in (("bfloat16", 64, None, tensor_core),
+                                      ("float16", 128, None, tensor_core),
+                                      ("bfloat16", 96, None, "flash_mma_bwd_dkdv"),
+                                      ("bfloat16", 64, "bool", "flash_bwd_dkdv"),
+                                      ("float32", 64, None, "flash_bwd_dkdv")):
+        c = dict(dtype=dtype, D=d, Sq=100, Sk=100, causal=True, mask=mask_kind)
         q, k, v, mask, out, lse, dout = _inputs(c, 61, cupy)
         with recording_specs() as names:
             ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask)
-        assert any(n.startswith(want + "[") for n in names), (dtype, mask_kind, names)
+        assert any(n.startswith(want + "[") for n in names), (dtype, d, mask_kind, names)
         if mask is not None:
-            with pytest.raises(UnsupportedError, match="dense mask"):
-                ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
-                                      kernel="flash_mma")
+            for kernel in ("flash_mma", "flash_wgmma"):
+                with pytest.raises(UnsupportedError, match="dense mask" if hopper else kernel):
+                    ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
+                                          kernel=kernel)
+        if d == 96:
+            with pytest.raises(UnsupportedError, match="kernel='flash_mma'"):
+                ca.attention_backward(dout, q, k, v, out, lse, causal=True, kernel="flash_wgmma")
 
 
 def _sdpa(q, k, v, causal):
@@ -729,7 +851,8 @@ def test_torch_autograd_matches_sdpa(warm_kernels):
 
 @pytest.mark.gpu
 def test_torch_autograd_bf16_matches_sdpa(warm_kernels):
-    """bf16 through the torch wrapper (backward kernel auto: flash_mma): gradients
+    """bf16 through the torch wrapper (backward kernel auto: flash_wgmma on Hopper,
+    else flash_mma): gradients
     against fp32 SDPA within 3x the error of torch's own bf16 SDPA backward, plus
     the bf16 rounding floor."""
     torch = pytest.importorskip("torch")

@@ -1,0 +1,147 @@
+"""The Hopper backward (``kernels/flash_wgmma_bwd.cu``): fp16/bf16, wgmma, sm_90a only.
+
+Behind :func:`cupy_attention.attention_backward` with ``kernel="flash_wgmma"``, and
+``kernel="auto"`` on compute capability 9.0 whenever :func:`check` accepts the
+problem. Launch sequence on the caller's stream (the row kernels come from
+``flash_bwd.cu``, the deterministic dQ kernel from ``flash_mma_bwd.cu``):
+
+1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``);
+2. ``flash_wgmma_bwd_dkdv``: dK, dV per block of 128 keys on wgmma (and, unless
+   deterministic, dQ / scale added into ``dq_accum`` with fp32 reductions);
+3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
+   ``deterministic=True`` flash_mma_bwd's ``flash_mma_bwd_dq``.
+
+Head dims 64 and 128 (the dK and dV accumulators take D registers per thread);
+other head dims, dense masks and other devices are declined by :func:`check`. It
+beat flash_mma_bwd at every measured shape (1.5-1.8x, bf16, H200, S = 2k-16k), so
+``auto`` takes it wherever :func:`check` accepts the problem. The
+kernel needs 16-byte aligned q, k, v and dout (base pointers and strides): those
+are properties of the arrays, not of the Problem, so a launch whose arrays are
+not aligned runs flash_mma_bwd's unaligned kernels instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from .. import jit
+from ..problem import Problem
+from . import flash_bwd, flash_mma_bwd
+from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
+
+_KB = 1024
+BLOCK_N = 128     # keys per block: 64 per warpgroup
+THREADS = 256     # two warpgroups
+
+# Query-tile rows per head dim. Registers per thread: dK, dV D; S^T, dP^T BLOCK_M;
+# dQ 32; P^T and dS^T as 16-bit A fragments BLOCK_M / 4 each. One 8-warp block per
+# SM either way. Figures: bf16, TFLOPs non-causal / causal, H200, 2026-11-22
+# (benchmarks/results/h200-wgmma-backward.json; FA2 = torch SDPA flash).
+#   (D, BLOCK_M, reason)
+TILES = (
+    (64, 128, "S^T, dP^T 64 registers each (246 in all, no spills), dQ split by rows: one "
+              "m64 tile per warpgroup; 131 KB. S=4096: 299 / 211-218 (FA2 257 / 216); with "
+              "an earlier schedule 278 / 224 against 249 / 175 at BLOCK_M = 64 (dQ split "
+              "by columns)"),
+    (128, 64, "dK, dV take 128 registers, so 64-query tiles (~240 registers, no spills); "
+              "146 KB. S=4096: 318-328 / 246-265 (FA2 278 / 239); S=16384: 377 / 361 "
+              "(FA2 301 / 301)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    head_dim: int
+    block_m: int
+
+    @property
+    def smem(self) -> int:
+        """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
+        (16-bit), two buffers of lse and delta (fp32), 1 KB for the alignment."""
+        d, bm = self.head_dim, self.block_m
+        return (2 * BLOCK_N * d + 4 * bm * d + BLOCK_N * bm) * 2 + 4 * bm * 4 + 1024
+
+
+def config(head_dim: int) -> Config | None:
+    for d, bm, _reason in TILES:
+        if head_dim == d:
+            return Config(d, bm)
+    return None
+
+
+def dkdv_spec(c: Config, dtype: str, causal: bool, atomic_dq: bool) -> jit.KernelSpec:
+    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
+    expr = (f"flash_wgmma_bwd_dkdv<{traits}, {'Causal' if causal else 'NoCausal'}, "
+            f"{'true' if atomic_dq else 'false'}>")
+    name = (f"flash_wgmma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={BLOCK_N},"
+            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}"
+            f"{',atomic-dq' if atomic_dq else ''}]")
+    return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
+
+
+def specs(c: Config, dtype: str, causal: bool, deterministic: bool) -> list[jit.KernelSpec]:
+    """Every instantiation one backward launch uses, in launch order."""
+    if deterministic:
+        dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, causal, True)
+        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, False), dq]
+    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, True),
+            flash_bwd.convert_spec(dtype)]
+
+
+def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SMEM) -> str | None:
+    """None if the wgmma backward runs ``p`` on compute capability ``cc``, else why not."""
+    if cc is not None and cc != 90:
+        return (f"the flash_wgmma backward uses wgmma (sm_90a): compute capability 9.0 only, "
+                f"device has {cc / 10:.1f}")
+    if p.dtype not in ("float16", "bfloat16"):
+        return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
+    c = config(p.head_dim)
+    if c is None:
+        return (f"the flash_wgmma backward takes head dims "
+                f"{', '.join(str(d) for d, _, _ in TILES)}, not {p.head_dim}")
+    if p.mask_kind != "none":
+        return "the flash_wgmma backward takes no dense mask (causal is fine)"
+    if c.smem > smem_limit:
+        return (f"the flash_wgmma backward at D={p.head_dim} needs {c.smem // _KB} KB of "
+                f"shared memory per block, the device has {smem_limit // _KB} KB")
+    return grid_check(p)
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(head_dim: int, dtype: str, causal: bool, deterministic: bool):
+    c = config(head_dim)
+    return c, specs(c, dtype, causal, deterministic)
+
+
+def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
+           deterministic: bool) -> None:
+    if not flash_mma_bwd.vectorizable(p, t):
+        flash_mma_bwd.launch(p, t, stream, device_id, arch, deterministic)
+        return
+    c, kspecs = _plan(p.head_dim, p.dtype, p.causal, deterministic)
+    k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id) for s in kspecs)
+    args = (flash_bwd.bwd_params(p, t),)
+    rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, p.batch)
+    k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+    k_dkdv.launch((-(-p.seqlen_k // BLOCK_N), p.heads_kv, p.batch), (THREADS,), args, c.smem,
+                  stream)
+    if deterministic:
+        dq = flash_mma_bwd.config(p.head_dim)
+        k_dq.launch((-(-p.seqlen_q // dq.dq_block_m), p.heads_q, p.batch), (32 * dq.dq_warps,),
+                    args, dq.dq_smem, stream)
+    else:
+        k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+
+
+def ci_specs() -> list[jit.KernelSpec]:
+    """Every shipped dK/dV instantiation (both head dims, dtypes, causal or not, both
+    dQ modes), which CI compiles for sm_90a; the other kernels of a launch are
+    flash_bwd's and flash_mma_bwd's, compiled with their families."""
+    out = []
+    for d, _, _ in TILES:
+        for dtype in ("float16", "bfloat16"):
+            for causal in (False, True):
+                for atomic in (True, False):
+                    out.append(dkdv_spec(config(d), dtype, causal, atomic))
+    return out

@@ -1,0 +1,368 @@
+// flash_wgmma_bwd: the attention backward pass on Hopper tensor cores (wgmma),
+// sm_90a only; fp16/bf16 in, fp32 accumulate. FlashAttention-3's dK/dV loop.
+//
+// Math and notation as in flash_bwd.cu (s2 = q.k * scale*log2(e): the exp2 domain):
+//   P  = exp2(s2 - lse*log2(e))   recomputed from the forward's LSE
+//   dV = P^T dout    dP = dout V^T    dS = P (dP - delta)    delta_i = dout_i . o_i
+//   dQ = scale * dS K                 dK = scale * dS^T Q
+// Layouts: common/params.cuh (BwdParams); tiles, descriptors, fences: common/wgmma.cuh.
+//
+// Kernels, in launch order (cupy_attention/families/flash_wgmma_bwd.py):
+//   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum in atomic mode.
+//   2. flash_wgmma_bwd_dkdv: one block per (BLOCK_N = 128 keys, KV head, batch), two
+//      warpgroups; warpgroup w owns keys 64w..64w+63 of the block, the M = 64 rows
+//      of its S^T, dP^T, dV and dK products, and inside it warp k of the block owns
+//      keys 16k..16k+15. sK and sV stay resident while the block walks the query
+//      tiles (BLOCK_M rows) of every query head of the KV head's group, from the
+//      first tile that sees key n0 (causal); the next tile's Q, dout, lse and delta
+//      are copied (cp.async, two buffers) while this one is computed. Per tile:
+//        issue S^T  = K_w Q^T       wgmma ss, both K-major, N = BLOCK_M
+//        issue dP^T = V_w dout^T    wgmma ss, both K-major, N = BLOCK_M
+//        wait for S^T; P^T in registers (lse per column) while dP^T runs
+//        issue dV_w += P^T dout     wgmma rs: P^T rounded to 16 bits is the A
+//                                   fragment, dout MN-major, N = D
+//        wait for dP^T; dS^T = P^T (dP^T - delta) in registers while dV runs
+//        issue dK_w += dS^T Q       wgmma rs, Q MN-major, N = D
+//        (ATOMIC_DQ) dS^T to sdS [key][query]; one barrier of the block, then
+//        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
+//                                   B = K (MN-major), K = the block's 128 keys.
+//                                   BLOCK_M = 64: warpgroup w computes the columns
+//                                   w D/2..; BLOCK_M = 128: the queries 64w..
+//        wait for everything
+//      and at the start of the next tile, after its proxy fence and barrier, dQ /
+//      scale is added into dq_accum with fp32 reductions (red.global.add.v2.f32;
+//      their order varies from run to run). The proxy fence is a memory barrier:
+//      placed after the reductions it waited for them (H200, bf16: up to 14%
+//      slower, D = 128 causal the most).
+//      The async MMAs overlap the warpgroup's own element-wise work; the block's
+//      two warpgroups keep the tensor cores fed between each other's waits. No MMA
+//      is in flight across iterations: in every variant tried that overlapped a
+//      tile's dQ reductions with the next tile's MMAs, ptxas serialized all the
+//      kernel's wgmma (C7515, "non wgmma instructions defining accumulator
+//      registers ... between start and end of the pipeline stage").
+//      Then dK * scale and dV are staged through sK, sV and written with 16-byte
+//      stores: one block owns each key of a KV head, so dK and dV need no atomics
+//      and are bitwise reproducible.
+//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
+//      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
+// Shared memory (16-bit swizzled tiles, SwizzledTile of wgmma.cuh):
+//   sK, sV [BLOCK_N][D]   sQ, sdO [2][BLOCK_M][D]   sdS [BLOCK_N][BLOCK_M]
+//   sStats [2][2][BLOCK_M] fp32 (lse, then delta, per buffer)
+// Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
+// fence_proxy_async() before the barrier that publishes them.
+// Masking: as flash_mma_bwd. Tiles that cross Sk or the causal diagonal are masked
+// element by element (P selected to 0); query rows past Sq read lse = +inf (P = 0).
+// Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
+// sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
+// read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
+// multiplied, where P = 0, so NaN in a masked-out V stays out.
+// Constraints: D = 64 or 128 (the dK, dV accumulators take D registers per
+// thread); 16-byte aligned base pointers and strides of q, k, v, dout (the host
+// runs flash_mma_bwd otherwise). No dense masks.
+#include "common/copy.cuh"
+#include "common/mask.cuh"
+#include "common/wgmma.cuh"
+
+template <int D_, int BLOCK_M_, class T_>
+struct WgmmaBwdTraits {
+  using T = T_;
+  static constexpr int D = D_;
+  static constexpr int BLOCK_M = BLOCK_M_;        // queries per tile
+  static constexpr int BLOCK_N = 128;             // keys per block, 64 per warpgroup
+  static constexpr int THREADS = 256;
+  static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
+  static constexpr int QK_STEPS = D / 16;         // k16 steps of K Q^T and V dout^T
+  static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
+  static constexpr int DQ_STEPS = BLOCK_N / 16;   // k16 steps of dS K
+  // dQ = dS K is one m64 wgmma per warpgroup: 64 queries x DQ_N columns.
+  static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
+  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D / 2;
+  using KVTile = SwizzledTile<BLOCK_N, D>;
+  using QTile = SwizzledTile<BLOCK_M, D>;
+  using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
+  static constexpr int SMEM_KV = KVTile::BYTES;
+  static constexpr int SMEM_Q = QTile::BYTES;     // one buffer of sQ or of sdO
+  static constexpr int SMEM_DS = DsTile::BYTES;
+  static constexpr int SMEM_STATS = 2 * BLOCK_M * 4;  // one buffer: lse, delta
+  // + 1024: the base is rounded up to the 1024-byte boundary the swizzle is defined on.
+  static constexpr int SMEM_BYTES = 2 * SMEM_KV + 4 * SMEM_Q + SMEM_DS + 2 * SMEM_STATS + 1024;
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
+  static_assert(D == 64 || D == 128, "dK, dV take D registers per thread: D = 64 or 128");
+  static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
+  static_assert(2 * BLOCK_M <= THREADS, "one thread per lse/delta value");
+};
+
+// Copy rows [0, ROWS) of a tile of D columns (row stride `stride`) into the
+// swizzled tile at shared address `s`, zero-filling rows outside [row_lo, row_hi).
+// `head` is any valid address of the tensor, read by nothing (cp.async with 0
+// source bytes). Each thread copies one chunk column at rows r0, r0 + PASS_ROWS,
+// ...; those rows agree mod 8, so the swizzled destination advances by a constant.
+template <class K, class Tile, int ROWS>
+__device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 stride, int row_lo,
+                                          int row_hi, const typename K::T* head) {
+  constexpr int CHUNKS = K::D / 8;
+  constexpr int PASS_ROWS = K::THREADS / CHUNKS;
+  static_assert(ROWS % PASS_ROWS == 0 && PASS_ROWS % 8 == 0, "whole passes of 8-row groups");
+  const int r0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+  const u32 dst = s + Tile::offset(r0, chunk);
+  const typename K::T* src = g + r0 * stride + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < ROWS / PASS_ROWS; ++i) {
+    const int r = r0 + i * PASS_ROWS;
+    const bool ok = r >= row_lo && r < row_hi;
+    cp_async_16(dst + i * PASS_ROWS * 128, ok ? src + i * PASS_ROWS * stride : head, ok);
+  }
+}
+
+template <class K, class CausalT, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams p) {
+  using T = typename K::T;
+  using KVTile = typename K::KVTile;
+  using QTile = typename K::QTile;
+  using DsTile = typename K::DsTile;
+  const FwdParams& f = p.fwd;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const u32 sK = (smem_addr(smem) + 1023) & ~1023u;
+  const u32 sV = sK + K::SMEM_KV;
+  const u32 sQ = sV + K::SMEM_KV;       // two buffers
+  const u32 sdO = sQ + 2 * K::SMEM_Q;   // two buffers
+  const u32 sdS = sdO + 2 * K::SMEM_Q;
+  const u32 sStats = sdS + K::SMEM_DS;  // two buffers
+  // Generic pointer to shared address `a`, for plain loads and stores.
+  auto at = [&](u32 a) { return smem + (a - smem_addr(smem)); };
+
+  const int n0 = blockIdx.x * K::BLOCK_N, h_kv = blockIdx.y, b = blockIdx.z;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key0 = 16 * warp;  // this warp's first key within the block
+
+  const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
+  const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
+
+  // Iteration `it` is query tile m_first + it % m_tiles of query head
+  // h_kv * group + it / m_tiles. Causal: query i sees key n0 first at i = n0 - offset.
+  const int m_first = CausalT::enabled ? cmax(0, n0 - f.causal_offset) / K::BLOCK_M : 0;
+  const int m_tiles = cmax(0, ceil_div(f.seqlen_q, K::BLOCK_M) - m_first);
+  const int n_iters = f.group * m_tiles;
+
+  // Tile `it` into buffer it % 2, as one cp.async group.
+  auto load_q = [&](int it) {
+    const int h = h_kv * f.group + it / m_tiles;
+    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int buf = it & 1;
+    const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+    const T* o_head =
+        static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
+    const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
+    const int hi = f.seqlen_q - m0;
+    load_rows<K, QTile, K::BLOCK_M>(sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride,
+                                    f.q_row_stride, lo, hi, q_head);
+    load_rows<K, QTile, K::BLOCK_M>(sdO + buf * K::SMEM_Q, o_head + m0 * p.dout_row_stride,
+                                    p.dout_row_stride, lo, hi, o_head);
+    const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+    const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
+    const int c = threadIdx.x;
+    if (c < 2 * K::BLOCK_M) {
+      const int r = c < K::BLOCK_M ? c : c - K::BLOCK_M;
+      const bool ok = r < hi;
+      cp_async_4(sStats + buf * K::SMEM_STATS + 4 * c,
+                 ok ? (c < K::BLOCK_M ? lse + r : delta + r) : f.lse, ok);
+    }
+    cp_async_commit();
+  };
+
+  const int k_rows = f.seqlen_k - n0;
+  load_rows<K, KVTile, K::BLOCK_N>(sK, k_head + n0 * f.k_row_stride, f.k_row_stride, 0, k_rows,
+                                   k_head);
+  load_rows<K, KVTile, K::BLOCK_N>(sV, v_head + n0 * f.v_row_stride, f.v_row_stride, 0, k_rows,
+                                   v_head);
+  if (n_iters > 0) {
+    load_q(0);  // K and V ride in tile 0's group
+  } else {
+    cp_async_commit();
+  }
+
+  float dk[K::D / 2], dv[K::D / 2];  // this warpgroup's 64 keys x D
+#pragma unroll
+  for (int i = 0; i < K::D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float s[K::BLOCK_M / 2];           // S^T, then P^T: keys x the tile's queries
+  float dp[K::BLOCK_M / 2];          // dP^T, then dS^T
+  u32 pa[K::KV_STEPS][4];            // P^T in 16 bits: the A operand of P^T dout
+  u32 da[K::KV_STEPS][4];            // dS^T in 16 bits: the A operand of dS^T Q
+  float dq[K::DQ_N / 2];             // dQ tile slice (see DQ_SPLIT_ROWS)
+
+  // dQ operands: rows (queries) or columns (head dim) of this warpgroup.
+  const u32 dq_a = sdS + (K::DQ_SPLIT_ROWS ? wg * K::BLOCK_N * 128 : 0);  // 64-column block wg
+  const int dq_col0 = K::DQ_SPLIT_ROWS ? 0 : wg * K::DQ_N;
+  const u32 dq_b = sK + (dq_col0 / 64) * (K::BLOCK_N * 128) + (dq_col0 % 64) * 2;
+  const int dq_row0 = (K::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
+
+  // dq_accum += dQ of tile it (dq_accum holds dQ / scale). dq[dt * 4 + 2 r + c]:
+  // query row dq_row0 + g + 8 r, column dq_col0 + 8 dt + 2 t + c.
+  auto add_dq = [&](int it) {
+    const int h = h_kv * f.group + it / m_tiles;
+    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = dq_row0 + g + 8 * r;
+      if (m0 + row < f.seqlen_q) {
+#pragma unroll
+        for (int dt = 0; dt < K::DQ_N / 8; ++dt)
+          red_add_f32x2(dq_tile + row * K::D + dq_col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
+                        dq[dt * 4 + 2 * r + 1]);
+      }
+    }
+  };
+
+  for (int it = 0; it < n_iters; ++it) {
+    const int h = h_kv * f.group + it / m_tiles;
+    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int buf = it & 1;
+    const u32 q_tile = sQ + buf * K::SMEM_Q, o_tile = sdO + buf * K::SMEM_Q;
+    const float* s_lse = reinterpret_cast<const float*>(at(sStats + buf * K::SMEM_STATS));
+    const float* s_delta = s_lse + K::BLOCK_M;
+    // Tile it visible to both proxies; every warpgroup is done with tile it - 1 (its
+    // buffers and sdS: each waited for all its MMAs). Then tile it - 1's dQ goes
+    // out: after the proxy fence, a memory barrier that would wait for it.
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if constexpr (ATOMIC_DQ) {
+      if (it > 0) add_dq(it - 1);
+    }
+
+    wgmma_fence();  // s, dp, dq were read by ordinary code
+#pragma unroll
+    for (int ks = 0; ks < K::QK_STEPS; ++ks)
+      Wgmma<K::BLOCK_M>::ss(s, KVTile::kmajor(sK, 64 * wg, ks), QTile::kmajor(q_tile, 0, ks),
+                            ks > 0, T{});
+    wgmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < K::QK_STEPS; ++ks)
+      Wgmma<K::BLOCK_M>::ss(dp, KVTile::kmajor(sV, 64 * wg, ks), QTile::kmajor(o_tile, 0, ks),
+                            ks > 0, T{});
+    wgmma_commit();
+    if (it + 1 < n_iters) load_q(it + 1);
+
+    // P^T; element masks only where the warp's 16 keys x the tile cross Sk or the
+    // causal diagonal. s[nt * 4 + 2 r + c] is key j0 + g + 8 r, query m0 + 8 nt + 2 t + c.
+    const int j0 = n0 + key0;
+    const bool edge = j0 + 16 > f.seqlen_k ||
+                      CausalT::needs_mask(m0, j0 + 15, f.causal_offset);
+    wgmma_wait<1>();
+    fence_regs(s);
+#pragma unroll
+    for (int nt = 0; nt < K::Q_TILES; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = m0 + col + c;
+        const float l = c ? lse.y : lse.x;
+        // Rows past Sq and rows that attend nothing: +inf, so P = exp2(-inf) = 0.
+        const float lse2 = (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int j = j0 + g + 8 * r;
+          const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+          float& x = s[nt * 4 + 2 * r + c];
+          x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+        }
+      }
+    }
+    // Two n8 groups of P^T are one k16 step of P^T dout.
+#pragma unroll
+    for (int ks = 0; ks < K::KV_STEPS; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[ks][e] = MmaType<T>::pack(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < K::KV_STEPS; ++ks)
+      Wgmma<K::D>::rs(dv, pa[ks], QTile::mnmajor(o_tile, ks), T{});
+    wgmma_commit();
+
+    wgmma_wait<1>();
+    fence_regs(dp);
+#pragma unroll
+    for (int nt = 0; nt < K::Q_TILES; ++nt) {
+      const float2 delta = *reinterpret_cast<const float2*>(s_delta + nt * 8 + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int idx = nt * 4 + e;
+        const float dl = e % 2 ? delta.y : delta.x;
+        dp[idx] = s[idx] == 0.f ? 0.f : s[idx] * (dp[idx] - dl);
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < K::KV_STEPS; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) da[ks][e] = MmaType<T>::pack(dp[8 * ks + 2 * e], dp[8 * ks + 2 * e + 1]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < K::KV_STEPS; ++ks)
+      Wgmma<K::D>::rs(dk, da[ks], QTile::mnmajor(q_tile, ks), T{});
+    wgmma_commit();
+
+    if constexpr (ATOMIC_DQ) {
+      // dS^T [key][query] for dS K: da[ks][e] holds key key0 + g + 8 (e % 2), queries
+      // 16 ks + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2).
+      unsigned char* ds_bytes = at(sdS);
+#pragma unroll
+      for (int ks = 0; ks < K::KV_STEPS; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          *reinterpret_cast<u32*>(ds_bytes + DsTile::offset(key0 + g + 8 * (e % 2), 2 * ks + e / 2) +
+                                  4 * t) = da[ks][e];
+      fence_proxy_async();
+      __syncthreads();  // sdS complete
+#pragma unroll
+      for (int ks = 0; ks < K::DQ_STEPS; ++ks)
+        Wgmma<K::DQ_N>::template ss<1, 1>(dq, DsTile::mnmajor(dq_a, ks),
+                                          KVTile::mnmajor(dq_b, ks), ks > 0, T{});
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dv);
+    fence_regs(pa);
+    fence_regs(da);
+    if constexpr (ATOMIC_DQ) fence_regs(dq);
+  }
+  if constexpr (ATOMIC_DQ) {
+    if (n_iters > 0) add_dq(n_iters - 1);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup's MMAs on sK and sV are done
+
+  // Epilogue: each warp stages its own 16 keys of dK * scale and dV in its rows of
+  // sK and sV, then stores whole rows with 16-byte stores.
+  unsigned char* k_bytes = at(sK);
+  unsigned char* v_bytes = at(sV);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int dt = 0; dt < K::D / 8; ++dt) {
+      const u32 off = KVTile::offset(key0 + g + 8 * r, dt) + 4 * t;
+      *reinterpret_cast<u32*>(k_bytes + off) =
+          MmaType<T>::pack(dk[dt * 4 + 2 * r] * f.scale, dk[dt * 4 + 2 * r + 1] * f.scale);
+      *reinterpret_cast<u32*>(v_bytes + off) = MmaType<T>::pack(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
+    }
+  __syncwarp();
+  T* dk_head = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  T* dv_head = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+  constexpr int CHUNKS = K::D / 8;
+#pragma unroll
+  for (int c = lane; c < 16 * CHUNKS; c += 32) {
+    const int r = c / CHUNKS, chunk = c % CHUNKS;
+    const int j = n0 + key0 + r;
+    if (j < f.seqlen_k) {
+      const u32 off = KVTile::offset(key0 + r, chunk);
+      *reinterpret_cast<uint4*>(dk_head + j * p.dk_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(k_bytes + off);
+      *reinterpret_cast<uint4*>(dv_head + j * p.dv_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(v_bytes + off);
+    }
+  }
+}
