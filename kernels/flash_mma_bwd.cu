@@ -50,8 +50,7 @@
 // Constraints: D <= 256, padded to a multiple of 16 in shared memory and
 // registers only. VEC needs 16-byte aligned q, k, v, dout (bases and strides) and
 // D % 8 == 0. No dense masks (the Python side sends those to flash_bwd.cu).
-#include "common/copy.cuh"
-#include "common/mask.cuh"
+#include "common/bwd_tiles.cuh"
 
 template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
 struct MmaBwdTraits {
@@ -120,35 +119,25 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  // Iteration `it` is query tile m_first + it % m_tiles of query head
-  // h_kv * group + it / m_tiles. Causal: query i sees key n0 first at i = n0 - offset.
-  const int m_first = CausalT::enabled ? cmax(0, n0 - f.causal_offset) / K::BLOCK_M : 0;
-  const int m_tiles = cmax(0, ceil_div(f.seqlen_q, K::BLOCK_M) - m_first);
-  const int n_iters = f.group * m_tiles;
+  const QueryTileWalk<K::BLOCK_M, CausalT> walk(f, n0);
+  const int n_iters = walk.iters;
 
   // Tile `it` into buffer it % 2, as one cp.async group.
   auto load_q = [&](int it) {
-    const int h = h_kv * f.group + it / m_tiles;
-    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     const int buf = it & 1;
     const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
     const T* o_head =
         static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
-    const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
-    const int hi = f.seqlen_q - m0;
+    const int lo = walk.row_lo(f, m0), hi = walk.row_hi(f, m0);
     copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
         sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride, f.q_row_stride, lo, hi, q_head);
     copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
         sdO + buf * K::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
     const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
-    const int c = threadIdx.x;
-    if (c < 2 * K::BLOCK_M) {
-      const int r = c < K::BLOCK_M ? c : c - K::BLOCK_M;
-      const bool ok = r < hi;
-      cp_async_4(smem_addr(sStats + buf * 2 * K::BLOCK_M + c),
-                 ok ? (c < K::BLOCK_M ? lse + r : delta + r) : f.lse, ok);
-    }
+    copy_row_stats<K::BLOCK_M>(smem_addr(sStats + buf * 2 * K::BLOCK_M), lse, delta, hi,
+                               f.lse);
     cp_async_commit();
   };
 
@@ -192,8 +181,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
   const u32 kt_x = smem_addr(sK + x_row * K::SROW + x_col);              // phase 3 B (.trans)
 
   for (int it = 0; it < n_iters; ++it) {
-    const int h = h_kv * f.group + it / m_tiles;
-    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     const int buf = it & 1;
     const u32 q_buf = buf * K::SMEM_Q * 2;  // bytes
     const float* s_lse = sStats + buf * 2 * K::BLOCK_M;

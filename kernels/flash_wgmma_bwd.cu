@@ -59,8 +59,7 @@
 // Constraints: D = 64 or 128 (the dK, dV accumulators take D registers per
 // thread); 16-byte aligned base pointers and strides of q, k, v, dout (the host
 // runs flash_mma_bwd otherwise). No dense masks.
-#include "common/copy.cuh"
-#include "common/mask.cuh"
+#include "common/bwd_tiles.cuh"
 #include "common/wgmma.cuh"
 
 template <int D_, int BLOCK_M_, class T_>
@@ -98,6 +97,9 @@ struct WgmmaBwdTraits {
 // `head` is any valid address of the tensor, read by nothing (cp.async with 0
 // source bytes). Each thread copies one chunk column at rows r0, r0 + PASS_ROWS,
 // ...; those rows agree mod 8, so the swizzled destination advances by a constant.
+// (flash_wgmma.cu's producer copies the same layout with 128 threads and partly
+// unrolled loops; this kernel at 241-252 registers measured 12% slower at D = 64
+// with that loop shape, so each kernel keeps its own.)
 template <class K, class Tile, int ROWS>
 __device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 stride, int row_lo,
                                           int row_hi, const typename K::T* head) {
@@ -140,35 +142,24 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  // Iteration `it` is query tile m_first + it % m_tiles of query head
-  // h_kv * group + it / m_tiles. Causal: query i sees key n0 first at i = n0 - offset.
-  const int m_first = CausalT::enabled ? cmax(0, n0 - f.causal_offset) / K::BLOCK_M : 0;
-  const int m_tiles = cmax(0, ceil_div(f.seqlen_q, K::BLOCK_M) - m_first);
-  const int n_iters = f.group * m_tiles;
+  const QueryTileWalk<K::BLOCK_M, CausalT> walk(f, n0);
+  const int n_iters = walk.iters;
 
   // Tile `it` into buffer it % 2, as one cp.async group.
   auto load_q = [&](int it) {
-    const int h = h_kv * f.group + it / m_tiles;
-    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     const int buf = it & 1;
     const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
     const T* o_head =
         static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
-    const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
-    const int hi = f.seqlen_q - m0;
+    const int lo = walk.row_lo(f, m0), hi = walk.row_hi(f, m0);
     load_rows<K, QTile, K::BLOCK_M>(sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride,
                                     f.q_row_stride, lo, hi, q_head);
     load_rows<K, QTile, K::BLOCK_M>(sdO + buf * K::SMEM_Q, o_head + m0 * p.dout_row_stride,
                                     p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
     const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
-    const int c = threadIdx.x;
-    if (c < 2 * K::BLOCK_M) {
-      const int r = c < K::BLOCK_M ? c : c - K::BLOCK_M;
-      const bool ok = r < hi;
-      cp_async_4(sStats + buf * K::SMEM_STATS + 4 * c,
-                 ok ? (c < K::BLOCK_M ? lse + r : delta + r) : f.lse, ok);
-    }
+    copy_row_stats<K::BLOCK_M>(sStats + buf * K::SMEM_STATS, lse, delta, hi, f.lse);
     cp_async_commit();
   };
 
@@ -201,8 +192,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   // dq_accum += dQ of tile it (dq_accum holds dQ / scale). dq[dt * 4 + 2 r + c]:
   // query row dq_row0 + g + 8 r, column dq_col0 + 8 dt + 2 t + c.
   auto add_dq = [&](int it) {
-    const int h = h_kv * f.group + it / m_tiles;
-    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -217,8 +207,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   };
 
   for (int it = 0; it < n_iters; ++it) {
-    const int h = h_kv * f.group + it / m_tiles;
-    const int m0 = (m_first + it % m_tiles) * K::BLOCK_M;
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     const int buf = it & 1;
     const u32 q_tile = sQ + buf * K::SMEM_Q, o_tile = sdO + buf * K::SMEM_Q;
     const float* s_lse = reinterpret_cast<const float*>(at(sStats + buf * K::SMEM_STATS));

@@ -164,15 +164,25 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
            deterministic: bool) -> None:
     c, kspecs = _plan(p.head_dim, p.dtype, p.causal, vectorizable(p, t), deterministic,
                       device_id)
-    k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id) for s in kspecs)
+    launch_passes(p, t, stream, [jit.get_function(s, arch, device_id) for s in kspecs],
+                  (c.block_n, 32 * c.warps, c.smem), c, deterministic)
+
+
+def launch_passes(p: Problem, t: flash_bwd.BwdTensors, stream, kernels, dkdv: tuple,
+                  dq: Config, deterministic: bool) -> None:
+    """The delta pre-pass, a dK/dV kernel (``dkdv`` = keys per block, threads, shared
+    bytes), then dq_convert, or with ``deterministic`` the dQ kernel of ``dq``'s
+    tiles. flash_wgmma_bwd launches its own dK/dV kernel through this too."""
+    k_delta, k_dkdv, k_dq = kernels
+    block_n, threads, smem = dkdv
     args = (flash_bwd.bwd_params(p, t),)
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, p.batch)
     k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
-    k_dkdv.launch((-(-p.seqlen_k // c.block_n), p.heads_kv, p.batch), (32 * c.warps,), args,
-                  c.smem, stream)
+    k_dkdv.launch((-(-p.seqlen_k // block_n), p.heads_kv, p.batch), (threads,), args, smem,
+                  stream)
     if deterministic:
-        k_dq.launch((-(-p.seqlen_q // c.dq_block_m), p.heads_q, p.batch), (32 * c.dq_warps,),
-                    args, c.dq_smem, stream)
+        k_dq.launch((-(-p.seqlen_q // dq.dq_block_m), p.heads_q, p.batch), (32 * dq.dq_warps,),
+                    args, dq.dq_smem, stream)
     else:
         k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
 

@@ -110,8 +110,9 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, causal: bool, deterministic: bool):
+    """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim)
-    return c, specs(c, dtype, causal, deterministic)
+    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, causal, deterministic)
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -119,19 +120,10 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
     if not flash_mma_bwd.vectorizable(p, t):
         flash_mma_bwd.launch(p, t, stream, device_id, arch, deterministic)
         return
-    c, kspecs = _plan(p.head_dim, p.dtype, p.causal, deterministic)
-    k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id) for s in kspecs)
-    args = (flash_bwd.bwd_params(p, t),)
-    rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, p.batch)
-    k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
-    k_dkdv.launch((-(-p.seqlen_k // BLOCK_N), p.heads_kv, p.batch), (THREADS,), args, c.smem,
-                  stream)
-    if deterministic:
-        dq = flash_mma_bwd.config(p.head_dim)
-        k_dq.launch((-(-p.seqlen_q // dq.dq_block_m), p.heads_q, p.batch), (32 * dq.dq_warps,),
-                    args, dq.dq_smem, stream)
-    else:
-        k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.causal, deterministic)
+    kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
+    flash_mma_bwd.launch_passes(p, t, stream, kernels, (BLOCK_N, THREADS, c.smem), dq,
+                                deterministic)
 
 
 def ci_specs() -> list[jit.KernelSpec]:

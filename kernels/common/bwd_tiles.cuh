@@ -1,0 +1,44 @@
+// What the two tensor-core dK/dV kernels (flash_mma_bwd.cu, flash_wgmma_bwd.cu)
+// share: the walk over query tiles of a block of keys, and the copy of a query
+// tile's lse and delta into shared memory.
+#pragma once
+#include "copy.cuh"
+#include "mask.cuh"
+
+// A block of keys from n0 meets every query head of its KV head's GQA group and,
+// per head, the BLOCK_M-row query tiles that reach key n0 (causal: query i sees key
+// n0 first at i = n0 - offset). Iteration `it` is tile first + it % tiles of query
+// head h_kv * group + it / tiles; a tile's rows outside [row_lo, row_hi) attend no
+// key of the block or lie past the sequence.
+template <int BLOCK_M, class CausalT>
+struct QueryTileWalk {
+  int first, tiles, iters;
+  __device__ __forceinline__ QueryTileWalk(const FwdParams& f, int n0)
+      : first(CausalT::enabled ? cmax(0, n0 - f.causal_offset) / BLOCK_M : 0),
+        tiles(cmax(0, ceil_div(f.seqlen_q, BLOCK_M) - first)),
+        iters(f.group * tiles) {}
+  __device__ __forceinline__ int head(int it, int h_kv, int group) const {
+    return h_kv * group + it / tiles;
+  }
+  __device__ __forceinline__ int m0(int it) const { return (first + it % tiles) * BLOCK_M; }
+  __device__ __forceinline__ static int row_lo(const FwdParams& f, int m0) {
+    return CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
+  }
+  __device__ __forceinline__ static int row_hi(const FwdParams& f, int m0) {
+    return f.seqlen_q - m0;
+  }
+};
+
+// lse then delta of rows m0..m0 + BLOCK_M - 1 (2 * BLOCK_M floats at shared address
+// dst, rows >= rows_valid zero-filled), one 4-byte cp.async by each of the first
+// 2 * BLOCK_M threads; the caller commits. `head` is any valid float address.
+template <int BLOCK_M>
+__device__ __forceinline__ void copy_row_stats(u32 dst, const float* lse, const float* delta,
+                                               int rows_valid, const float* head) {
+  const int c = threadIdx.x;
+  if (c < 2 * BLOCK_M) {
+    const int r = c < BLOCK_M ? c : c - BLOCK_M;
+    const bool ok = r < rows_valid;
+    cp_async_4(dst + 4 * c, ok ? (c < BLOCK_M ? lse + r : delta + r) : head, ok);
+  }
+}
