@@ -5,21 +5,23 @@
 // Warp-specialized (FlashAttention-3's structure, with cp.async instead of TMA):
 //   warpgroup 0, the producer, copies Q once and then K_j, V_j tile after tile into
 //     STAGES shared buffers each; it keeps 24-40 registers (setmaxnreg.dec).
-//   warpgroups 1..CONSUMERS, the consumers (setmaxnreg.inc), each own 64 query rows
-//     of the block (one wgmma M tile); inside one, a warp owns 16 rows end to end,
-//     so softmax statistics never leave the warp.
+//   warpgroups 1..CONSUMERS (1 to 3), the consumers (setmaxnreg.inc), each own 64
+//     query rows of the block (one wgmma M tile); inside one, a warp owns 16 rows end
+//     to end, so softmax statistics never leave the warp.
 // Buffers change hands through mbarriers: full_k[s] completes when the producer's
 // copies of a K tile have landed (cp.async.mbarrier.arrive), empty_k[s] when every
 // consumer warp is done reading it (after its wgmma wait); the same for V. Nothing
-// waits for the whole block, so the two consumers drift half a step apart, and two
-// named "turn" barriers keep them there (FA3's ping-pong): consumer c issues its
-// MMAs only after the other issued its own, so one softmax runs while the other
-// warpgroup's MMAs occupy the tensor cores.
+// waits for the whole block, so the consumers drift apart, and one named "turn"
+// barrier per consumer keeps them in a round robin (FA3's ping-pong, generalized):
+// consumer c issues its MMAs only after consumer c - 1 issued its own, so a softmax
+// runs while the other warpgroups' MMAs occupy the tensor cores. With three
+// consumers a softmax hides behind two warpgroups' MMAs: at small head dims, where
+// the exp2 of a score costs nearly as much as its MMAs, one is not enough.
 //
 // Consumer steps, for each key tile j (up to the causal bound):
 //   wait for K_j and V_{j-1} (full barriers); proxy fence; wait for the turn
 //   issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
-//   issue acc += P_{j-1} V_{j-1} wgmma m64n{D_K}k16, A = P in registers, B = V (MN-major)
+//   issue acc += P_{j-1} V_{j-1} wgmma m64n{D}k16, A = P in registers, B = V (MN-major)
 //   pass the turn; wait for S_j only, release K_j's buffer; scale into the exp2
 //   domain; mask only edge/diagonal tiles; online softmax in registers (m_i, l_i)
 //   while P V still runs (FlashAttention-3's intra-warpgroup overlap)
@@ -29,8 +31,8 @@
 //
 // Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides
 // (the host runs flash_mma otherwise). Q K^T steps over D_K = D rounded up to 16
-// (columns D..D_K zero-filled) and P V computes D_K columns, D of them stored: the
-// MMAs pay for at most 8 padded columns. Shared rows are 64-column blocks
+// (columns D..D_K zero-filled: at most 8 padded columns), P V computes exactly D
+// columns (wgmma's N is any multiple of 8). Shared rows are 64-column blocks
 // (SwizzledTile), so the tiles themselves take D rounded up to 64 columns.
 // Causal blocks run heaviest first. Masked scores are selected to -inf; a NaN in a
 // masked V still reaches the product (0 * NaN), as in flash_mma and FlashAttention.
@@ -43,7 +45,7 @@ template <int D_, int CONSUMERS_, int BLOCK_N_, class T_, int MIN_BLOCKS_, int S
 struct WgmmaTraits {
   using T = T_;
   static constexpr int D = D_;
-  static constexpr int D_K = RoundUp<D_, 16>::value;    // K of Q K^T, N of P V
+  static constexpr int D_K = RoundUp<D_, 16>::value;    // K of Q K^T (k16 steps); P V's N is D
   static constexpr int CONSUMERS = CONSUMERS_;
   static constexpr int BLOCK_M = 64 * CONSUMERS;
   static constexpr int BLOCK_N = BLOCK_N_;
@@ -54,11 +56,11 @@ struct WgmmaTraits {
   // the kernel hands registers around); the producer gives registers up and the
   // consumers take exactly what it freed (setmaxnreg.inc would wait forever for more).
   static constexpr int LAUNCH_REGS = 65536 / (THREADS * MIN_BLOCKS) / 8 * 8;
-  static constexpr int PRODUCER_REGS = 40;
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;
   static constexpr int CONSUMER_REGS =
       cmin((LAUNCH_REGS * THREADS - 128 * PRODUCER_REGS) / (128 * CONSUMERS) / 8 * 8, 240);
   static constexpr int N_TILES = BLOCK_N / 8;          // n8 column groups of S per thread
-  static constexpr int D_TILES = D_K / 8;              // n8 column groups of O per thread
+  static constexpr int D_TILES = D / 8;                // n8 column groups of O per thread
   static constexpr int QK_STEPS = D_K / 16;            // k16 steps of Q K^T
   static constexpr int PV_STEPS = BLOCK_N / 16;        // k16 steps of P V
   using QTile = SwizzledTile<BLOCK_M, D_K>;  // 64-column blocks: D_K rounded up to 64
@@ -72,8 +74,9 @@ struct WgmmaTraits {
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D <= 256, "16-byte copies need D % 8 == 0; D <= 256");
-  static_assert(BLOCK_N % 64 == 0 && BLOCK_N <= 256, "S = Q K^T is one wgmma m64n{BLOCK_N}");
-  static_assert(CONSUMERS == 1 || CONSUMERS == 2, "one or two consumer warpgroups");
+  static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256,
+                "S = Q K^T is one wgmma m64n{BLOCK_N}; P V steps over BLOCK_N in k16");
+  static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
   static_assert(CONSUMER_REGS >= LAUNCH_REGS && LAUNCH_REGS >= PRODUCER_REGS,
                 "too many blocks per SM for the register file");
 };
@@ -181,12 +184,15 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   const int g = lane / 4, t = lane % 4;
   const int row0 = warp * 16;  // this warp's first row within the block
 
-  // Ping-pong: consumer c issues its MMAs after barrier TURN + c, then lets the other
-  // one go (bar.arrive); consumer 1 lets consumer 0 start.
+  // Round robin: consumer c issues its MMAs after barrier TURN + c, then lets the next
+  // one go (bar.arrive); the last consumer lets consumer 0 start.
   constexpr int TURN = 2 + K::CONSUMERS;  // named barriers 1.. are warpgroup_barrier's
-  auto my_turn = [&]() { if constexpr (K::CONSUMERS == 2) named_barrier_sync(TURN + c, 256); };
-  auto pass_turn = [&]() { if constexpr (K::CONSUMERS == 2) named_barrier_arrive(TURN + 1 - c, 256); };
-  if (c == 1) pass_turn();
+  constexpr bool TURNS = K::CONSUMERS > 1;
+  auto my_turn = [&]() { if constexpr (TURNS) named_barrier_sync(TURN + c, 256); };
+  auto pass_turn = [&]() {
+    if constexpr (TURNS) named_barrier_arrive(TURN + (c + 1) % K::CONSUMERS, 256);
+  };
+  if (c == K::CONSUMERS - 1) pass_turn();
 
   auto k_ready = [&](int j) { mbarrier_wait(full_k + 8 * (j % S), (j / S) & 1); };
   auto v_ready = [&](int j) { mbarrier_wait(full_v + 8 * (j % S), (j / S) & 1); };
@@ -217,7 +223,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     const u32 v_tile = sV + (j % S) * K::SMEM_KV;
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks)
-      Wgmma<K::D_K>::rs(acc, pa[ks], K::KVTile::mnmajor(v_tile, ks), T{});
+      Wgmma<K::D>::rs(acc, pa[ks], K::KVTile::mnmajor(v_tile, ks), T{});
     wgmma_commit();
   };
   // Scale into the exp2 domain; mask only tiles that need it (the last key tile,
@@ -324,7 +330,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     wgmma_wait<0>();
     fence_regs(acc);
   }
-  if (c == 0) my_turn();  // consumes consumer 1's last pass_turn: the counts balance
+  if (c == 0) my_turn();  // consumes the last consumer's last pass_turn: the counts balance
 
   // Epilogue: finish the row sums across the quad, normalize, stage through this
   // warp's own 16 rows of sQ (read only by its own, completed, MMAs), then store

@@ -18,22 +18,33 @@ from ..problem import Problem
 from .base import CPP_DTYPE, SHORT_DTYPE
 from .flash_mma import FlashMma
 
-# Tile heuristics: the first row whose bound covers the head dim rounded up to 16.
-# Each config is (consumer warpgroups, BLOCK_N, blocks per SM, STAGES); BLOCK_M =
-# 64 * consumers, plus one producer warpgroup; K and V have STAGES shared buffers
-# each. Registers: the producer keeps 40, the two consumers take 232 each; a
-# consumer holds S BLOCK_N/2 + P BLOCK_N/4 + acc D_K/2 of them.
-# Figures: bf16, TFLOPs at S=4096 non-causal / causal, H200, 2026-11-22; the
-# lockstep kernel before warp specialization (all 8 warps copying, a block-wide
-# barrier per key tile) reached 333 / 305 (D=64), 361 / 349 (D=128), 444 / 382 (D=256).
-# (max D_K, config, reason)
+# Tile heuristics: the first row whose bound covers the head dim. Each config is
+# (consumer warpgroups, BLOCK_N, blocks per SM, STAGES); BLOCK_M = 64 * consumers,
+# plus one producer warpgroup; K and V have STAGES shared buffers each. Registers:
+# with two consumers the producer keeps 40 and the consumers take 232 each, with
+# three 32 and 160; a consumer holds S BLOCK_N/2 + P BLOCK_N/4 + acc D/2 of them.
+# Three consumers pay off where the softmax (the same work per score at every D)
+# weighs most: each one's softmax then hides behind two other warpgroups' MMAs.
+# Figures: bf16, TFLOPs on the true D, non-causal / causal, S=4096 then S=16384,
+# H200, 2026-11-22 (benchmarks/results/h200-wgmma-tiles.json).
+# (max head dim, config, reason)
 TILES = (
-    (64, (2, 192, 1, 2), "S 96 + P 48 + acc 32 registers; 395 / 343 vs 381 / 328 with "
-                         "BLOCK_N = 128: the softmax per key weighs most at D = 64"),
-    (128, (2, 128, 1, 2), "S 64 + P 32 + acc 64 registers, 167 KB; 529 / 449 (552 / 473 in "
-                          "another run). D=72: 334 / 309, D=80: 386 / 351, D=96: 420 / 376"),
-    (256, (2, 64, 1, 2), "acc alone is D_K/2 registers: narrower S; 195 KB at D=256; "
-                         "570 / 451; D=160: 480 / 412"),
+    (64, (3, 128, 1, 2), "418 / 340, 437 / 404 vs 390 / 342, 400 / 404 with two consumers "
+                         "and BLOCK_N = 192"),
+    (72, (3, 112, 1, 2), "402 / 328, 406 / 380; BLOCK_N = 128: 386 / 329, 398 / 385; two "
+                         "consumers: 356 / 319, 353 / 353"),
+    (80, (3, 96, 1, 2), "439 / 365, 438 / 427; BLOCK_N = 112: 424 / 354, 438 / 418 (acc "
+                        "40 registers: 128 spills); two consumers: 385 / 331, 387 / 386"),
+    (96, (3, 112, 1, 2), "494 / 393, 495 / 450; BLOCK_N = 96: 473 / 392, 471 / 443; two "
+                         "consumers: 435 / 386, 429 / 416"),
+    (112, (3, 96, 1, 2), "521 / 420, 510 / 475 vs 480 / 424, 468 / 461 with two consumers "
+                         "(three spill at BLOCK_N = 112)"),
+    (128, (2, 128, 1, 2), "522 / 425, 512 / 504; S 64 + P 32 + acc 64 registers, 167 KB "
+                          "(three consumers spill even at BLOCK_N = 96)"),
+    (192, (2, 112, 1, 2), "D=160: 536 / 452, 521 / 515; D=192: 584 / 489, 561 / 557; "
+                          "BLOCK_N = 64: 491 / 422, 470 / 467 and 539 / 445; 219 KB"),
+    (256, (2, 64, 1, 2), "581 / 457, 564 / 551; acc alone is D/2 registers, and K and V "
+                         "take D rounded up to 64 columns: 195 KB at D=256"),
 )
 
 
@@ -49,7 +60,7 @@ def d_pad(head_dim: int) -> int:
 
 def tiles_for(head_dim: int):
     for bound, cfg, _ in TILES:
-        if d_k(head_dim) <= bound:
+        if head_dim <= bound:
             return cfg
     raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
 

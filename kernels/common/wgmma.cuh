@@ -162,6 +162,30 @@ template <> struct Wgmma<16> {
                  : CA_WG_OUTS_16 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_24 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}"
+#define CA_WG_OUTS_24 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+template <> struct Wgmma<24> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[12], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %14, 0; " "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 " CA_WG_REGS_24 ", %12, %13, p, 1, 1, %15, %16;}"
+                 : CA_WG_OUTS_24 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[12], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 " CA_WG_REGS_24 ", {%12,%13,%14,%15}, %16, 1, 1, 1, %17;"
+                 : CA_WG_OUTS_24 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[12], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %14, 0; " "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 " CA_WG_REGS_24 ", %12, %13, p, 1, 1, %15, %16;}"
+                 : CA_WG_OUTS_24 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[12], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 " CA_WG_REGS_24 ", {%12,%13,%14,%15}, %16, 1, 1, 1, %17;"
+                 : CA_WG_OUTS_24 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
 #define CA_WG_OUTS_32 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 template <> struct Wgmma<32> {
@@ -184,6 +208,30 @@ template <> struct Wgmma<32> {
   __device__ __forceinline__ static void rs(float (&d)[16], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " CA_WG_REGS_32 ", {%16,%17,%18,%19}, %20, 1, 1, 1, %21;"
                  : CA_WG_OUTS_32 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_40 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19}"
+#define CA_WG_OUTS_40 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+template <> struct Wgmma<40> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[20], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %22, 0; " "wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 " CA_WG_REGS_40 ", %20, %21, p, 1, 1, %23, %24;}"
+                 : CA_WG_OUTS_40 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[20], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 " CA_WG_REGS_40 ", {%20,%21,%22,%23}, %24, 1, 1, 1, %25;"
+                 : CA_WG_OUTS_40 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[20], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %22, 0; " "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 " CA_WG_REGS_40 ", %20, %21, p, 1, 1, %23, %24;}"
+                 : CA_WG_OUTS_40 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[20], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 " CA_WG_REGS_40 ", {%20,%21,%22,%23}, %24, 1, 1, 1, %25;"
+                 : CA_WG_OUTS_40 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_48 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
@@ -210,6 +258,30 @@ template <> struct Wgmma<48> {
                  : CA_WG_OUTS_48 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_56 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27}"
+#define CA_WG_OUTS_56 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+template <> struct Wgmma<56> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[28], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %30, 0; " "wgmma.mma_async.sync.aligned.m64n56k16.f32.f16.f16 " CA_WG_REGS_56 ", %28, %29, p, 1, 1, %31, %32;}"
+                 : CA_WG_OUTS_56 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[28], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n56k16.f32.f16.f16 " CA_WG_REGS_56 ", {%28,%29,%30,%31}, %32, 1, 1, 1, %33;"
+                 : CA_WG_OUTS_56 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[28], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %30, 0; " "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 " CA_WG_REGS_56 ", %28, %29, p, 1, 1, %31, %32;}"
+                 : CA_WG_OUTS_56 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[28], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 " CA_WG_REGS_56 ", {%28,%29,%30,%31}, %32, 1, 1, 1, %33;"
+                 : CA_WG_OUTS_56 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_64 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
 #define CA_WG_OUTS_64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 template <> struct Wgmma<64> {
@@ -232,6 +304,30 @@ template <> struct Wgmma<64> {
   __device__ __forceinline__ static void rs(float (&d)[32], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CA_WG_REGS_64 ", {%32,%33,%34,%35}, %36, 1, 1, 1, %37;"
                  : CA_WG_OUTS_64 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_72 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+#define CA_WG_OUTS_72 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+template <> struct Wgmma<72> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[36], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %38, 0; " "wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 " CA_WG_REGS_72 ", %36, %37, p, 1, 1, %39, %40;}"
+                 : CA_WG_OUTS_72 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[36], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 " CA_WG_REGS_72 ", {%36,%37,%38,%39}, %40, 1, 1, 1, %41;"
+                 : CA_WG_OUTS_72 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[36], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %38, 0; " "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 " CA_WG_REGS_72 ", %36, %37, p, 1, 1, %39, %40;}"
+                 : CA_WG_OUTS_72 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[36], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 " CA_WG_REGS_72 ", {%36,%37,%38,%39}, %40, 1, 1, 1, %41;"
+                 : CA_WG_OUTS_72 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_80 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}"
@@ -258,6 +354,30 @@ template <> struct Wgmma<80> {
                  : CA_WG_OUTS_80 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_88 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43}"
+#define CA_WG_OUTS_88 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43])
+template <> struct Wgmma<88> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[44], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %46, 0; " "wgmma.mma_async.sync.aligned.m64n88k16.f32.f16.f16 " CA_WG_REGS_88 ", %44, %45, p, 1, 1, %47, %48;}"
+                 : CA_WG_OUTS_88 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[44], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n88k16.f32.f16.f16 " CA_WG_REGS_88 ", {%44,%45,%46,%47}, %48, 1, 1, 1, %49;"
+                 : CA_WG_OUTS_88 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[44], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %46, 0; " "wgmma.mma_async.sync.aligned.m64n88k16.f32.bf16.bf16 " CA_WG_REGS_88 ", %44, %45, p, 1, 1, %47, %48;}"
+                 : CA_WG_OUTS_88 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[44], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n88k16.f32.bf16.bf16 " CA_WG_REGS_88 ", {%44,%45,%46,%47}, %48, 1, 1, 1, %49;"
+                 : CA_WG_OUTS_88 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_96 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}"
 #define CA_WG_OUTS_96 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
 template <> struct Wgmma<96> {
@@ -280,6 +400,30 @@ template <> struct Wgmma<96> {
   __device__ __forceinline__ static void rs(float (&d)[48], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 " CA_WG_REGS_96 ", {%48,%49,%50,%51}, %52, 1, 1, 1, %53;"
                  : CA_WG_OUTS_96 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_104 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51}"
+#define CA_WG_OUTS_104 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51])
+template <> struct Wgmma<104> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[52], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %54, 0; " "wgmma.mma_async.sync.aligned.m64n104k16.f32.f16.f16 " CA_WG_REGS_104 ", %52, %53, p, 1, 1, %55, %56;}"
+                 : CA_WG_OUTS_104 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[52], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n104k16.f32.f16.f16 " CA_WG_REGS_104 ", {%52,%53,%54,%55}, %56, 1, 1, 1, %57;"
+                 : CA_WG_OUTS_104 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[52], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %54, 0; " "wgmma.mma_async.sync.aligned.m64n104k16.f32.bf16.bf16 " CA_WG_REGS_104 ", %52, %53, p, 1, 1, %55, %56;}"
+                 : CA_WG_OUTS_104 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[52], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n104k16.f32.bf16.bf16 " CA_WG_REGS_104 ", {%52,%53,%54,%55}, %56, 1, 1, 1, %57;"
+                 : CA_WG_OUTS_104 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_112 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}"
@@ -306,6 +450,30 @@ template <> struct Wgmma<112> {
                  : CA_WG_OUTS_112 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_120 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59}"
+#define CA_WG_OUTS_120 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59])
+template <> struct Wgmma<120> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[60], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %62, 0; " "wgmma.mma_async.sync.aligned.m64n120k16.f32.f16.f16 " CA_WG_REGS_120 ", %60, %61, p, 1, 1, %63, %64;}"
+                 : CA_WG_OUTS_120 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[60], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n120k16.f32.f16.f16 " CA_WG_REGS_120 ", {%60,%61,%62,%63}, %64, 1, 1, 1, %65;"
+                 : CA_WG_OUTS_120 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[60], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %62, 0; " "wgmma.mma_async.sync.aligned.m64n120k16.f32.bf16.bf16 " CA_WG_REGS_120 ", %60, %61, p, 1, 1, %63, %64;}"
+                 : CA_WG_OUTS_120 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[60], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n120k16.f32.bf16.bf16 " CA_WG_REGS_120 ", {%60,%61,%62,%63}, %64, 1, 1, 1, %65;"
+                 : CA_WG_OUTS_120 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_128 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
 #define CA_WG_OUTS_128 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 template <> struct Wgmma<128> {
@@ -328,6 +496,30 @@ template <> struct Wgmma<128> {
   __device__ __forceinline__ static void rs(float (&d)[64], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " CA_WG_REGS_128 ", {%64,%65,%66,%67}, %68, 1, 1, 1, %69;"
                  : CA_WG_OUTS_128 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_136 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67}"
+#define CA_WG_OUTS_136 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+template <> struct Wgmma<136> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[68], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %70, 0; " "wgmma.mma_async.sync.aligned.m64n136k16.f32.f16.f16 " CA_WG_REGS_136 ", %68, %69, p, 1, 1, %71, %72;}"
+                 : CA_WG_OUTS_136 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[68], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n136k16.f32.f16.f16 " CA_WG_REGS_136 ", {%68,%69,%70,%71}, %72, 1, 1, 1, %73;"
+                 : CA_WG_OUTS_136 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[68], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %70, 0; " "wgmma.mma_async.sync.aligned.m64n136k16.f32.bf16.bf16 " CA_WG_REGS_136 ", %68, %69, p, 1, 1, %71, %72;}"
+                 : CA_WG_OUTS_136 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[68], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n136k16.f32.bf16.bf16 " CA_WG_REGS_136 ", {%68,%69,%70,%71}, %72, 1, 1, 1, %73;"
+                 : CA_WG_OUTS_136 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_144 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71}"
@@ -354,6 +546,30 @@ template <> struct Wgmma<144> {
                  : CA_WG_OUTS_144 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_152 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75}"
+#define CA_WG_OUTS_152 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75])
+template <> struct Wgmma<152> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[76], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %78, 0; " "wgmma.mma_async.sync.aligned.m64n152k16.f32.f16.f16 " CA_WG_REGS_152 ", %76, %77, p, 1, 1, %79, %80;}"
+                 : CA_WG_OUTS_152 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[76], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n152k16.f32.f16.f16 " CA_WG_REGS_152 ", {%76,%77,%78,%79}, %80, 1, 1, 1, %81;"
+                 : CA_WG_OUTS_152 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[76], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %78, 0; " "wgmma.mma_async.sync.aligned.m64n152k16.f32.bf16.bf16 " CA_WG_REGS_152 ", %76, %77, p, 1, 1, %79, %80;}"
+                 : CA_WG_OUTS_152 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[76], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n152k16.f32.bf16.bf16 " CA_WG_REGS_152 ", {%76,%77,%78,%79}, %80, 1, 1, 1, %81;"
+                 : CA_WG_OUTS_152 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_160 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79}"
 #define CA_WG_OUTS_160 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
 template <> struct Wgmma<160> {
@@ -376,6 +592,30 @@ template <> struct Wgmma<160> {
   __device__ __forceinline__ static void rs(float (&d)[80], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 " CA_WG_REGS_160 ", {%80,%81,%82,%83}, %84, 1, 1, 1, %85;"
                  : CA_WG_OUTS_160 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_168 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83}"
+#define CA_WG_OUTS_168 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83])
+template <> struct Wgmma<168> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[84], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %86, 0; " "wgmma.mma_async.sync.aligned.m64n168k16.f32.f16.f16 " CA_WG_REGS_168 ", %84, %85, p, 1, 1, %87, %88;}"
+                 : CA_WG_OUTS_168 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[84], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n168k16.f32.f16.f16 " CA_WG_REGS_168 ", {%84,%85,%86,%87}, %88, 1, 1, 1, %89;"
+                 : CA_WG_OUTS_168 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[84], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %86, 0; " "wgmma.mma_async.sync.aligned.m64n168k16.f32.bf16.bf16 " CA_WG_REGS_168 ", %84, %85, p, 1, 1, %87, %88;}"
+                 : CA_WG_OUTS_168 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[84], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n168k16.f32.bf16.bf16 " CA_WG_REGS_168 ", {%84,%85,%86,%87}, %88, 1, 1, 1, %89;"
+                 : CA_WG_OUTS_168 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_176 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87}"
@@ -402,6 +642,30 @@ template <> struct Wgmma<176> {
                  : CA_WG_OUTS_176 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_184 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91}"
+#define CA_WG_OUTS_184 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91])
+template <> struct Wgmma<184> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[92], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %94, 0; " "wgmma.mma_async.sync.aligned.m64n184k16.f32.f16.f16 " CA_WG_REGS_184 ", %92, %93, p, 1, 1, %95, %96;}"
+                 : CA_WG_OUTS_184 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[92], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n184k16.f32.f16.f16 " CA_WG_REGS_184 ", {%92,%93,%94,%95}, %96, 1, 1, 1, %97;"
+                 : CA_WG_OUTS_184 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[92], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %94, 0; " "wgmma.mma_async.sync.aligned.m64n184k16.f32.bf16.bf16 " CA_WG_REGS_184 ", %92, %93, p, 1, 1, %95, %96;}"
+                 : CA_WG_OUTS_184 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[92], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n184k16.f32.bf16.bf16 " CA_WG_REGS_184 ", {%92,%93,%94,%95}, %96, 1, 1, 1, %97;"
+                 : CA_WG_OUTS_184 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_192 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}"
 #define CA_WG_OUTS_192 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
 template <> struct Wgmma<192> {
@@ -424,6 +688,30 @@ template <> struct Wgmma<192> {
   __device__ __forceinline__ static void rs(float (&d)[96], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 " CA_WG_REGS_192 ", {%96,%97,%98,%99}, %100, 1, 1, 1, %101;"
                  : CA_WG_OUTS_192 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_200 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99}"
+#define CA_WG_OUTS_200 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99])
+template <> struct Wgmma<200> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[100], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %102, 0; " "wgmma.mma_async.sync.aligned.m64n200k16.f32.f16.f16 " CA_WG_REGS_200 ", %100, %101, p, 1, 1, %103, %104;}"
+                 : CA_WG_OUTS_200 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[100], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n200k16.f32.f16.f16 " CA_WG_REGS_200 ", {%100,%101,%102,%103}, %104, 1, 1, 1, %105;"
+                 : CA_WG_OUTS_200 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[100], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %102, 0; " "wgmma.mma_async.sync.aligned.m64n200k16.f32.bf16.bf16 " CA_WG_REGS_200 ", %100, %101, p, 1, 1, %103, %104;}"
+                 : CA_WG_OUTS_200 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[100], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n200k16.f32.bf16.bf16 " CA_WG_REGS_200 ", {%100,%101,%102,%103}, %104, 1, 1, 1, %105;"
+                 : CA_WG_OUTS_200 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_208 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103}"
@@ -450,6 +738,30 @@ template <> struct Wgmma<208> {
                  : CA_WG_OUTS_208 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_216 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107}"
+#define CA_WG_OUTS_216 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107])
+template <> struct Wgmma<216> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[108], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %110, 0; " "wgmma.mma_async.sync.aligned.m64n216k16.f32.f16.f16 " CA_WG_REGS_216 ", %108, %109, p, 1, 1, %111, %112;}"
+                 : CA_WG_OUTS_216 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[108], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n216k16.f32.f16.f16 " CA_WG_REGS_216 ", {%108,%109,%110,%111}, %112, 1, 1, 1, %113;"
+                 : CA_WG_OUTS_216 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[108], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %110, 0; " "wgmma.mma_async.sync.aligned.m64n216k16.f32.bf16.bf16 " CA_WG_REGS_216 ", %108, %109, p, 1, 1, %111, %112;}"
+                 : CA_WG_OUTS_216 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[108], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n216k16.f32.bf16.bf16 " CA_WG_REGS_216 ", {%108,%109,%110,%111}, %112, 1, 1, 1, %113;"
+                 : CA_WG_OUTS_216 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_224 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111}"
 #define CA_WG_OUTS_224 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
 template <> struct Wgmma<224> {
@@ -474,6 +786,30 @@ template <> struct Wgmma<224> {
                  : CA_WG_OUTS_224 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
+#define CA_WG_REGS_232 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115}"
+#define CA_WG_OUTS_232 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115])
+template <> struct Wgmma<232> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[116], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %118, 0; " "wgmma.mma_async.sync.aligned.m64n232k16.f32.f16.f16 " CA_WG_REGS_232 ", %116, %117, p, 1, 1, %119, %120;}"
+                 : CA_WG_OUTS_232 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[116], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n232k16.f32.f16.f16 " CA_WG_REGS_232 ", {%116,%117,%118,%119}, %120, 1, 1, 1, %121;"
+                 : CA_WG_OUTS_232 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[116], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %118, 0; " "wgmma.mma_async.sync.aligned.m64n232k16.f32.bf16.bf16 " CA_WG_REGS_232 ", %116, %117, p, 1, 1, %119, %120;}"
+                 : CA_WG_OUTS_232 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[116], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n232k16.f32.bf16.bf16 " CA_WG_REGS_232 ", {%116,%117,%118,%119}, %120, 1, 1, 1, %121;"
+                 : CA_WG_OUTS_232 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
 #define CA_WG_REGS_240 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119}"
 #define CA_WG_OUTS_240 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119])
 template <> struct Wgmma<240> {
@@ -496,6 +832,30 @@ template <> struct Wgmma<240> {
   __device__ __forceinline__ static void rs(float (&d)[120], const u32 (&a)[4], u64 b, bf16) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n240k16.f32.bf16.bf16 " CA_WG_REGS_240 ", {%120,%121,%122,%123}, %124, 1, 1, 1, %125;"
                  : CA_WG_OUTS_240 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+};
+#define CA_WG_REGS_248 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123}"
+#define CA_WG_OUTS_248 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123])
+template <> struct Wgmma<248> {
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[124], u64 a, u64 b, int accumulate, f16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %126, 0; " "wgmma.mma_async.sync.aligned.m64n248k16.f32.f16.f16 " CA_WG_REGS_248 ", %124, %125, p, 1, 1, %127, %128;}"
+                 : CA_WG_OUTS_248 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[124], const u32 (&a)[4], u64 b, f16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n248k16.f32.f16.f16 " CA_WG_REGS_248 ", {%124,%125,%126,%127}, %128, 1, 1, 1, %129;"
+                 : CA_WG_OUTS_248 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
+  }
+  template <int TRANS_A = 0, int TRANS_B = 0>
+  __device__ __forceinline__ static void ss(float (&d)[124], u64 a, u64 b, int accumulate, bf16) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %126, 0; " "wgmma.mma_async.sync.aligned.m64n248k16.f32.bf16.bf16 " CA_WG_REGS_248 ", %124, %125, p, 1, 1, %127, %128;}"
+                 : CA_WG_OUTS_248 : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_A), "n"(TRANS_B));
+  }
+  template <int TRANS_B = 1>
+  __device__ __forceinline__ static void rs(float (&d)[124], const u32 (&a)[4], u64 b, bf16) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n248k16.f32.bf16.bf16 " CA_WG_REGS_248 ", {%124,%125,%126,%127}, %128, 1, 1, 1, %129;"
+                 : CA_WG_OUTS_248 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANS_B));
   }
 };
 #define CA_WG_REGS_256 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}"
