@@ -211,31 +211,41 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   float alpha[2];            // acc rescale factors of rows g, g + 8 for the current tile
 
   // This warpgroup's 64 rows of Q against all BLOCK_N rows of K_j.
+  // Descriptors: one per tile, advanced per k16 step (desc_advance).
+  const u64 q_desc = K::QTile::kmajor(sQ, c * 64, 0);
   auto issue_qk = [&](int j) {  // s = Q K_j^T
-    const u32 k_tile = sK + (j % S) * K::SMEM_KV;
+    const u64 k_desc = K::KVTile::kmajor(sK + (j % S) * K::SMEM_KV, 0, 0);
 #pragma unroll
     for (int ks = 0; ks < K::QK_STEPS; ++ks)
-      Wgmma<K::BLOCK_N>::ss(s, K::QTile::kmajor(sQ, c * 64, ks), K::KVTile::kmajor(k_tile, 0, ks),
-                            ks > 0, T{});
+      Wgmma<K::BLOCK_N>::ss(s, desc_advance(q_desc, K::QTile::kmajor_offset(ks)),
+                            desc_advance(k_desc, K::KVTile::kmajor_offset(ks)), ks > 0, T{});
     wgmma_commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j V_j
-    const u32 v_tile = sV + (j % S) * K::SMEM_KV;
+    const u64 v_desc = K::KVTile::mnmajor(sV + (j % S) * K::SMEM_KV, 0);
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks)
-      Wgmma<K::D>::rs(acc, pa[ks], K::KVTile::mnmajor(v_tile, ks), T{});
+      Wgmma<K::D>::rs(acc, pa[ks], desc_advance(v_desc, K::KVTile::mnmajor_offset(ks)), T{});
     wgmma_commit();
   };
-  // Scale into the exp2 domain; mask only tiles that need it (the last key tile,
-  // tiles crossing the causal diagonal: one column limit per row covers both);
-  // online softmax. Leaves P in s and the rescale factors in alpha.
+  // Scores into the exp2 domain and online softmax; leaves P in s and the rescale
+  // factors in alpha. Interior tiles fold the scale into the FFMA before ex2
+  // (p = exp2(s * scale - m_i), the row max taken on raw scores). Tiles that need
+  // a mask (the last key tile, tiles crossing the causal diagonal: one column
+  // limit per row covers both) scale first, then select -inf, so no masked score
+  // meets the scale; so does every tile under a negative scale (the row max of raw
+  // scores would be the wrong end). The max is lazy (SoftmaxRow::rescale_lazy):
+  // after the first tiles no row's max moves far enough, and a warp vote skips
+  // acc's rescale.
   auto softmax = [&](int j) {
     const int k0 = j * K::BLOCK_N;
-#pragma unroll
-    for (int i = 0; i < K::N_TILES * 4; ++i) s[i] *= p.scale_log2;
     const bool edge = k0 + K::BLOCK_N > p.seqlen_k ||
                       CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
-    if (edge) {
+    float scale = p.scale_log2;
+    if (edge || scale < 0.f) {
+#pragma unroll
+      for (int i = 0; i < K::N_TILES * 4; ++i) s[i] *= scale;
+      scale = 1.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = q0 + row0 + g + 8 * r;
@@ -253,25 +263,27 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 #pragma unroll
       for (int nt = 0; nt < K::N_TILES; ++nt)
         mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-      alpha[r] = row[r].rescale(group_max<4>(mx));
-      const float ref = row[r].ref();
+      alpha[r] = row[r].rescale_lazy(group_max<4>(mx) * scale);
+      const float neg_ref = -row[r].ref();
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < K::N_TILES; ++nt) {
-        s[nt * 4 + 2 * r] = fast_exp2(s[nt * 4 + 2 * r] - ref);
-        s[nt * 4 + 2 * r + 1] = fast_exp2(s[nt * 4 + 2 * r + 1] - ref);
+        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale, neg_ref));
+        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale, neg_ref));
         sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
       }
       row[r].l_i += sum;
     }
   };
-  // acc *= alpha (acc must be complete), then P -> 16-bit A fragments: two n8
-  // groups of S are one k16 step of P V.
+  // acc *= alpha (acc must be complete; skipped when no row of the warp moved its
+  // max), then P -> 16-bit A fragments: two n8 groups of S are one k16 step of P V.
   auto rescale_and_pack = [&]() {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int dt = 0; dt < K::D_TILES; ++dt)
+      for (int dt = 0; dt < K::D_TILES; ++dt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[dt * 4 + e] *= alpha[e / 2];
+        for (int e = 0; e < 4; ++e) acc[dt * 4 + e] *= alpha[e / 2];
+    }
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks) {
       const float* s0 = s + 8 * ks;

@@ -5,7 +5,7 @@
 // instruction per score, the CUDA-core kernels with the exact exp2f. The per-row
 // rescale and lse here are rare, so they take the exact functions.
 //   m_i  running row max of s2        l_i  running sum of exp2(s2 - m_i)
-// Processing a tile:  alpha = rescale(tile_max);  acc *= alpha;
+// Processing a tile:  alpha = rescale(tile_max);  acc *= alpha;   (or rescale_lazy)
 //                     p = exp2(s2 - ref());       l_i += sum(p);  acc += p V
 // Finish:             out = acc * inv_l();        lse = lse()
 //
@@ -35,6 +35,16 @@ struct SoftmaxRow {
     m_i = m_new;
     l_i *= alpha;
     return alpha;
+  }
+  // rescale(), but m_i stays put while the tile's max exceeds it by at most
+  // LAZY_MARGIN (FlashAttention-4's conditional rescaling): p = exp2(s2 - m_i) then
+  // reaches 2^LAZY_MARGIN = 256, harmless in fp32 and in 16-bit P, and the factor
+  // is exactly 1, so a caller can skip multiplying its accumulator. m_i only
+  // serves as the reference of the exponent: out and lse come out the same. An
+  // empty row (m_i = -inf) keeps alpha = 1 for an all-masked tile (acc and l_i are 0).
+  static constexpr float LAZY_MARGIN = 8.f;
+  __device__ __forceinline__ float rescale_lazy(float tile_max) {
+    return tile_max <= m_i + LAZY_MARGIN ? 1.f : rescale(tile_max);
   }
   __device__ __forceinline__ float inv_l() const { return l_i == 0.f ? 0.f : 1.f / l_i; }
   __device__ __forceinline__ float lse() const {

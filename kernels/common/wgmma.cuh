@@ -44,6 +44,14 @@ __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes)
          (1ull << 62);  // 128-byte swizzle
 }
 
+// The descriptor of an address `bytes` (a multiple of 16) further on: only the
+// start-address field (bits 0-13, address >> 4) changes, and it cannot carry into
+// the next field (shared addresses stay below 2^18). One 32-bit add per k16 step
+// where rebuilding the descriptor costs an add, a mask, a shift and an or.
+__device__ __forceinline__ u64 desc_advance(u64 desc, u32 bytes) {
+  return (desc & ~0xFFFFFFFFull) | u32(u32(desc) + (bytes >> 4));
+}
+
 template <int R, int W>
 struct SwizzledTile {
   static_assert(R % 8 == 0 && W % 16 == 0 && W <= 256, "whole swizzle atoms, k16 steps");
@@ -56,13 +64,17 @@ struct SwizzledTile {
   }
   // K-major operand (A, or B^T's rows): k16 step ks (columns 16ks..16ks+15) of the
   // rows from row0 (a multiple of 8) of the tile at shared address `tile`.
+  // A loop over k16 steps can instead build the step-0 descriptor once and
+  // advance it: desc_advance(kmajor(tile, row0, 0), kmajor_offset(ks)).
   __device__ __forceinline__ static u64 kmajor(u32 tile, int row0, int ks) {
-    return smem_desc(tile + (ks / 4) * BLOCK_BYTES + row0 * 128 + (ks % 4) * 32, 16, 1024);
+    return smem_desc(tile + row0 * 128 + kmajor_offset(ks), 16, 1024);
   }
+  static constexpr u32 kmajor_offset(int ks) { return (ks / 4) * BLOCK_BYTES + (ks % 4) * 32; }
   // MN-major B operand: K-rows 16ks..16ks+15, N columns from column 0.
   __device__ __forceinline__ static u64 mnmajor(u32 tile, int ks) {
-    return smem_desc(tile + ks * 16 * 128, BLOCK_BYTES, 1024);
+    return smem_desc(tile + mnmajor_offset(ks), BLOCK_BYTES, 1024);
   }
+  static constexpr u32 mnmajor_offset(int ks) { return ks * 16 * 128; }
 };
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
