@@ -163,6 +163,32 @@ def test_very_negative_logits(name, device_cc):
         assert lse_err <= 8 * 2.0**-24 * 1e5, f"LSE off by {lse_err}"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [-0.7, 0.0, 4.0])
+@pytest.mark.parametrize("name", NAMES)
+def test_scale_of_any_sign(name, scale, causal, device_cc):
+    """A negative scale turns the row max into the min of the raw scores, 0 makes
+    every attended key equal, and 4 makes row maxima jump by far more than
+    flash_wgmma's lazy-rescale margin from tile to tile. Sk = 700 gives every
+    family interior key tiles (no mask), where flash_wgmma folds the scale into
+    the exponent, besides its edge and diagonal tiles."""
+    import math
+
+    dtype = main_dtype(name)
+    s = shape(B=1, Hq=2, Hkv=1, Sq=200, Sk=700, D=72, dtype=dtype, causal=causal)
+    require(name, device_cc, **s)
+    q, k, v, _ = make_qkv(__import__("cupy"), seed_for(name, scale, causal, "scale"),
+                          **{key: s[key] for key in s if key != "causal"})
+    out, lse = ca.attention(q, k, v, causal=causal, scale=scale, return_lse=True, kernel=name)
+    ref, ref_lse = plain_attention(q, k, v, causal=causal, scale=scale)
+    same, _ = plain_attention(q, k, v, causal=causal, scale=scale, precision=dtype)
+    tolerance(as_float(out), ref, same, dtype)
+    lse_err = float(np.abs(lse.astype(np.float64) - ref_lse).max())
+    lse_scale = max(1.0, float(np.abs(ref_lse).max()))
+    assert lse_err <= 1e-3 * lse_scale + 4 * 2.0**-23 * lse_scale / math.log(2), \
+        f"LSE off by {lse_err}"
+
+
 # 4 ------------------------------------------------------------------------------
 
 def _nan_case(name, cc, *, causal=True, mask=None, D=64):
