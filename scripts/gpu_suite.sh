@@ -15,7 +15,9 @@
 # The package need not be installed (PYTHONPATH is the checkout). The commit comes
 # from git, or from $CUPY_ATTENTION_COMMIT where the copy has no .git. Stages are
 # time-boxed so the whole run stays under 9 minutes; a stage that would start too
-# late is skipped and says so.
+# late is skipped and says so. GPU_SUITE_PACK=1 leaves only summary.md,
+# errors.jsonl, bench.json and one details.tar.gz (every other file) in $OUT, for
+# transports that bring back few files.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -266,3 +268,9 @@ for k, v in sorted(hmma.items()):
 print(f"benchmark: {bench}")
 print(f"total {st.get('total_s', '?')} s; details in {out}/summary.md")
 EOF
+
+if [ "${GPU_SUITE_PACK:-0}" = 1 ]; then
+  (cd "$OUT" && find . -maxdepth 1 -type f ! -name summary.md ! -name errors.jsonl \
+     ! -name bench.json ! -name details.tar.gz -printf '%P\n' > "$WORK/pack.list" \
+   && tar -czf details.tar.gz -T "$WORK/pack.list" && xargs rm -f < "$WORK/pack.list")
+fi

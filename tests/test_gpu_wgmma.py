@@ -1,7 +1,7 @@
 """flash_wgmma on TESTING.md's edge lengths (5) and causal alignment (1, 2) at
 head dims that exercise each tile shape: 64 (three consumers, BLOCK_N = 128), 72
-(Q K^T's last k16 step half zero-padding, P V's N = 72 stops 8 columns into a
-64-column block, BLOCK_N = 112), 80 (BLOCK_N = 96), 96, 128 (two consumers), 160
+(three consumers, BLOCK_N = 112; Q K^T's last k16 step half zero-padding, P V's
+N = 72 stops 8 columns into a 64-column block), 80, 96, 128 (two consumers), 160
 (BLOCK_N = 112, three column blocks) and 256 (BLOCK_N = 64, four column blocks).
 Each length lands differently on the 64-row consumer tiles and the key tiles, so
 the producer's zero-fill, the fully masked rows and the pipeline's prologue and

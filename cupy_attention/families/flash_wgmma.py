@@ -26,24 +26,22 @@ from .flash_mma import FlashMma
 # Three consumers pay off where the softmax (the same work per score at every D)
 # weighs most: each one's softmax then hides behind two other warpgroups' MMAs.
 # Figures: bf16, TFLOPs on the true D, non-causal / causal, S=4096 then S=16384,
-# H200, 2026-11-22 (benchmarks/results/h200-wgmma-tiles.json).
+# H200, 2026-11-22, the kernel of this commit (benchmarks/results/h200-wgmma-tiles.json).
 # (max head dim, config, reason)
 TILES = (
-    (64, (3, 128, 1, 2), "418 / 340, 437 / 404 vs 390 / 342, 400 / 404 with two consumers "
+    (64, (3, 128, 1, 2), "450 / 354, 466 / 422 vs 378 / 330, 414 / 405 with two consumers "
                          "and BLOCK_N = 192"),
-    (72, (3, 112, 1, 2), "402 / 328, 406 / 380; BLOCK_N = 128: 386 / 329, 398 / 385; two "
-                         "consumers: 356 / 319, 353 / 353"),
-    (80, (3, 96, 1, 2), "439 / 365, 438 / 427; BLOCK_N = 112: 424 / 354, 438 / 418 (acc "
-                        "40 registers: 128 spills); two consumers: 385 / 331, 387 / 386"),
-    (96, (3, 112, 1, 2), "494 / 393, 495 / 450; BLOCK_N = 96: 473 / 392, 471 / 443; two "
-                         "consumers: 435 / 386, 429 / 416"),
-    (112, (3, 96, 1, 2), "521 / 420, 510 / 475 vs 480 / 424, 468 / 461 with two consumers "
+    (96, (3, 112, 1, 2), "D=72: 436 / 360, 431 / 405 (BLOCK_N = 128: 440 / 345, 426 / 415; "
+                         "two consumers: 381 / 338, 375 / 375); D=80: 462 / 388, 475 / 458 "
+                         "(BLOCK_N = 96: 465 / 379, 465 / 431); D=96: 532 / 437, 536 / 487 "
+                         "(BLOCK_N = 96: 534 / 433, 516 / 484)"),
+    (112, (3, 96, 1, 2), "579 / 471, 565 / 518 vs 521 / 455, 511 / 500 with two consumers "
                          "(three spill at BLOCK_N = 112)"),
-    (128, (2, 128, 1, 2), "522 / 425, 512 / 504; S 64 + P 32 + acc 64 registers, 167 KB "
+    (128, (2, 128, 1, 2), "576 / 494, 560 / 544; S 64 + P 32 + acc 64 registers, 167 KB "
                           "(three consumers spill even at BLOCK_N = 96)"),
-    (192, (2, 112, 1, 2), "D=160: 536 / 452, 521 / 515; D=192: 584 / 489, 561 / 557; "
-                          "BLOCK_N = 64: 491 / 422, 470 / 467 and 539 / 445; 219 KB"),
-    (256, (2, 64, 1, 2), "581 / 457, 564 / 551; acc alone is D/2 registers, and K and V "
+    (192, (2, 112, 1, 2), "D=160: 573 / 475, 550 / 541 (BLOCK_N = 96: 566 / 480, 542 / 534); "
+                          "D=192: 625 / 529, 603 / 611; 219 KB"),
+    (256, (2, 64, 1, 2), "647 / 559, 630 / 639; acc alone is D/2 registers, and K and V "
                          "take D rounded up to 64 columns: 195 KB at D=256"),
 )
 
