@@ -98,7 +98,7 @@ sanitize() {  # tool, extra args for sanitize_case.py
     status "$tool" "not run (no compute-sanitizer)"; return
   fi
   local t=$(( $(left) - 100 ))
-  [ "$t" -gt 75 ] && t=75
+  [ "$t" -gt 120 ] && t=120
   if [ "$t" -lt 20 ]; then status "$tool" "not run (time budget spent)"; return; fi
   timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 86 --print-limit 20 \
     "$PY" scripts/sanitize_case.py "$@" > "$log" 2>&1
@@ -118,8 +118,8 @@ sanitize racecheck
 
 # 4 -------------------------------------------------------------------------------
 stage "SASS (cuobjdump)"
-if command -v cuobjdump >/dev/null 2>&1 && [ "$(left)" -gt 60 ]; then
-  timeout 40 "$PY" scripts/cubin_extract.py "$CUPY_ATTENTION_CACHE_DIR" "$WORK/cubins" --sass \
+if command -v cuobjdump >/dev/null 2>&1 && [ "$(left)" -gt 100 ]; then
+  timeout 90 "$PY" scripts/cubin_extract.py "$CUPY_ATTENTION_CACHE_DIR" "$WORK/cubins" --sass \
     --per-kernel 6 --json "$OUT/sass.json" > "$OUT/sass.txt" 2>&1
   status sass "rc $?"
   head -n 1 "$OUT/sass.txt"

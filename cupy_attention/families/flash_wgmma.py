@@ -29,19 +29,19 @@ from .flash_mma import FlashMma
 # H200, 2026-11-22, the kernel of this commit (benchmarks/results/h200-wgmma-tiles.json).
 # (max head dim, config, reason)
 TILES = (
-    (64, (3, 128, 1, 2), "450 / 354, 466 / 422 vs 378 / 330, 414 / 405 with two consumers "
+    (64, (3, 128, 1, 2), "423 / 339, 464 / 428 vs 383 / 306, 412 / 397 with two consumers "
                          "and BLOCK_N = 192"),
-    (96, (3, 112, 1, 2), "D=72: 436 / 360, 431 / 405 (BLOCK_N = 128: 440 / 345, 426 / 415; "
-                         "two consumers: 381 / 338, 375 / 375); D=80: 462 / 388, 475 / 458 "
-                         "(BLOCK_N = 96: 465 / 379, 465 / 431); D=96: 532 / 437, 536 / 487 "
-                         "(BLOCK_N = 96: 534 / 433, 516 / 484)"),
-    (112, (3, 96, 1, 2), "579 / 471, 565 / 518 vs 521 / 455, 511 / 500 with two consumers "
+    (96, (3, 112, 1, 2), "D=72: 412 / 353, 433 / 410 (BLOCK_N = 128: 414 / 322, 436 / 416; "
+                         "two consumers: 372 / 332, 378 / 368); D=80: 449 / 386, 482 / 464 "
+                         "(BLOCK_N = 96: 432 / 353, 464 / 437); D=96: 543 / 428, 549 / 491 "
+                         "(BLOCK_N = 96: 526 / 394, 526 / 499)"),
+    (112, (3, 96, 1, 2), "542 / 466, 568 / 508 vs 498 / 447, 511 / 504 with two consumers "
                          "(three spill at BLOCK_N = 112)"),
-    (128, (2, 128, 1, 2), "576 / 494, 560 / 544; S 64 + P 32 + acc 64 registers, 167 KB "
+    (128, (2, 128, 1, 2), "552 / 444, 571 / 538; S 64 + P 32 + acc 64 registers, 167 KB "
                           "(three consumers spill even at BLOCK_N = 96)"),
-    (192, (2, 112, 1, 2), "D=160: 573 / 475, 550 / 541 (BLOCK_N = 96: 566 / 480, 542 / 534); "
-                          "D=192: 625 / 529, 603 / 611; 219 KB"),
-    (256, (2, 64, 1, 2), "647 / 559, 630 / 639; acc alone is D/2 registers, and K and V "
+    (192, (2, 112, 1, 2), "D=160: 573 / 481, 564 / 551 (BLOCK_N = 96: 561 / 468, 550 / 552); "
+                          "D=192: 629 / 501, 635 / 622; 219 KB"),
+    (256, (2, 64, 1, 2), "663 / 559, 648 / 633; acc alone is D/2 registers, and K and V "
                          "take D rounded up to 64 columns: 195 KB at D=256"),
 )
 
