@@ -4,7 +4,8 @@
 // Layouts: see common/params.cuh; shared-memory tiles and wgmma facts: common/wgmma.cuh.
 // Warp-specialized (FlashAttention-3's structure, with cp.async instead of TMA):
 //   warpgroup 0, the producer, copies Q once and then K_j, V_j tile after tile into
-//     STAGES shared buffers each; it keeps 24-40 registers (setmaxnreg.dec).
+//     STAGES shared buffers each; it keeps 40 registers (32 beside three
+//     consumers; setmaxnreg.dec).
 //   warpgroups 1..CONSUMERS (1 to 3), the consumers (setmaxnreg.inc), each own 64
 //     query rows of the block (one wgmma M tile); inside one, a warp owns 16 rows end
 //     to end, so softmax statistics never leave the warp.
