@@ -2,8 +2,8 @@
 
 Takes the problems flash_mma takes except dense masks, on compute capability 9.0
 only, for head dims that are multiples of 8 from 64 to 256 (smaller ones stay with
-flash_mma). The MMAs run over the head dim rounded up to 16 (Q K^T's k16 steps,
-P V's N), the shared tiles over whole 64-column swizzle blocks. The kernel needs
+flash_mma). Q K^T steps over the head dim rounded up to 16 (k16), P V computes
+exactly D columns, the shared tiles hold whole 64-column swizzle blocks. The kernel needs
 16-byte aligned base pointers and strides; those are properties of the arrays, not
 of the Problem, so a launch whose arrays are not aligned runs flash_mma's kernel
 instead.
@@ -44,11 +44,6 @@ TILES = (
     (256, (2, 64, 1, 2), "663 / 559, 648 / 633; acc alone is D/2 registers, and K and V "
                          "take D rounded up to 64 columns: 195 KB at D=256"),
 )
-
-
-def d_k(head_dim: int) -> int:
-    """Columns the MMAs compute: the head dim rounded up to 16."""
-    return -(-head_dim // 16) * 16
 
 
 def d_pad(head_dim: int) -> int:
