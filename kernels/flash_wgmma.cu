@@ -23,9 +23,11 @@
 //   wait for K_j and V_{j-1} (full barriers); proxy fence; wait for the turn
 //   issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
 //   issue acc += P_{j-1} V_{j-1} wgmma m64n{D}k16, A = P in registers, B = V (MN-major)
-//   pass the turn; wait for S_j only, release K_j's buffer; scale into the exp2
-//   domain; mask only edge/diagonal tiles; online softmax in registers (m_i, l_i)
-//   while P V still runs (FlashAttention-3's intra-warpgroup overlap)
+//   pass the turn; wait for S_j only, release K_j's buffer; online softmax in
+//   registers (m_i, l_i) while P V still runs (FlashAttention-3's intra-warpgroup
+//   overlap): on most tiles without a row max at all (p = exp2(s * scale - m_i), the
+//   row sums proving every p <= 256: softmax_fast), else scaled into the exp2 domain,
+//   masked on edge/diagonal tiles, lazy max (softmax)
 //   wait for P V, release V_{j-1}'s buffer; rescale acc; round P_j to 16-bit A fragments
 // and last acc += P_{n-1} V_{n-1}; then acc /= l_i; each warp stages its 16 rows in
 // its own rows of sQ; 16-byte stores; lse.
@@ -229,21 +231,24 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
       Wgmma<K::D>::rs(acc, pa[ks], desc_advance(v_desc, K::KVTile::mnmajor_offset(ks)), T{});
     wgmma_commit();
   };
-  // Scores into the exp2 domain and online softmax; leaves P in s and the rescale
-  // factors in alpha. Interior tiles fold the scale into the FFMA before ex2
-  // (p = exp2(s * scale - m_i), the row max taken on raw scores). Tiles that need
-  // a mask (the last key tile, tiles crossing the causal diagonal: one column
-  // limit per row covers both) scale first, then select -inf, so no masked score
-  // meets the scale; so does every tile under a negative scale (the row max of raw
-  // scores would be the wrong end). The max is lazy (SoftmaxRow::rescale_lazy):
-  // after the first tiles no row's max moves far enough, and a warp vote skips
-  // acc's rescale.
-  auto softmax = [&](int j) {
+  // Tiles that need a mask: the last key tile and tiles crossing the causal diagonal
+  // (one column limit per row covers both). Warp-uniform.
+  auto needs_mask = [&](int j) {
     const int k0 = j * K::BLOCK_N;
-    const bool edge = k0 + K::BLOCK_N > p.seqlen_k ||
-                      CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
+    return k0 + K::BLOCK_N > p.seqlen_k ||
+           CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
+  };
+  // Scores into the exp2 domain and online softmax with the row max; leaves P in s
+  // and the rescale factors in alpha. Interior tiles fold the scale into the FFMA
+  // before ex2 (p = exp2(s * scale - m_i), the row max taken on raw scores). Tiles
+  // that need a mask scale first, then select -inf, so no masked score meets the
+  // scale; so does every tile under a negative scale (the row max of raw scores
+  // would be the wrong end). The max is lazy (SoftmaxRow::rescale_lazy) unless
+  // `exact`.
+  auto softmax = [&](int j, bool exact) {
+    const int k0 = j * K::BLOCK_N;
     float scale = p.scale_log2;
-    if (edge || scale < 0.f) {
+    if (needs_mask(j) || scale < 0.f) {
 #pragma unroll
       for (int i = 0; i < K::N_TILES * 4; ++i) s[i] *= scale;
       scale = 1.f;
@@ -264,7 +269,8 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 #pragma unroll
       for (int nt = 0; nt < K::N_TILES; ++nt)
         mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
-      alpha[r] = row[r].rescale_lazy(group_max<4>(mx) * scale);
+      const float tile_max = group_max<4>(mx) * scale;
+      alpha[r] = exact ? row[r].rescale(tile_max) : row[r].rescale_lazy(tile_max);
       const float neg_ref = -row[r].ref();
       float sum = 0.f;
 #pragma unroll
@@ -274,6 +280,106 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
         sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
       }
       row[r].l_i += sum;
+    }
+  };
+  // The common case without the max (SoftmaxRow::LAZY_BOUND): an interior tile
+  // under a scale >= 0 in a warp whose rows all have a finite m_i. P in s, this
+  // thread's parts of the row sums in `sum` (not yet added to l_i); false if a sum
+  // fails the bound (then settle_fast).
+  auto softmax_fast = [&](float (&sum)[2]) {
+    bool ok = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float neg_ref = -row[r].m_i;
+      sum[r] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < K::N_TILES; ++nt) {
+        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], p.scale_log2, neg_ref));
+        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], p.scale_log2, neg_ref));
+        sum[r] += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+      }
+      ok = ok && sum[r] <= SoftmaxRow::LAZY_BOUND;
+    }
+    return ok;
+  };
+  // The raw scores of key tile j in this thread's fragment, in fp32 from Q's shared
+  // tile and K in global memory (K_j's buffer may already hold a later tile). Rolled
+  // loops for a path this rare: each n8 group's four scores enter at the end of s,
+  // which shifts down by four, so every register index stays a constant.
+  auto scores_from_global = [&](int j) {
+    const T* k_tile = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+                      (i64(j) * K::BLOCK_N + 2 * t) * p.k_row_stride;
+    const unsigned char* q_bytes = smem + (sQ - smem_addr(smem));
+#pragma unroll 1
+    for (int nt = 0; nt < K::N_TILES; ++nt) {
+      float dot[4] = {0.f, 0.f, 0.f, 0.f};  // (row g + 8r, column 8nt + 2t + e) at 2r + e
+#pragma unroll 1
+      for (int x = 0; x < K::D; x += 2) {  // two columns at a time: few registers
+        const u32 q_at = K::QTile::offset(row0 + g, x / 8) + (x % 8) * 2;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const u32 kw = *reinterpret_cast<const u32*>(k_tile + (nt * 8 + e) * p.k_row_stride + x);
+          const T* kv = reinterpret_cast<const T*>(&kw);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // row g + 8 sits 8 rows on: same swizzle phase, 8 * 128 bytes further
+            const u32 qw = *reinterpret_cast<const u32*>(q_bytes + q_at + r * 8 * 128);
+            const T* qv = reinterpret_cast<const T*>(&qw);
+            dot[2 * r + e] = fmaf(to_float(qv[0]), to_float(kv[0]), dot[2 * r + e]);
+            dot[2 * r + e] = fmaf(to_float(qv[1]), to_float(kv[1]), dot[2 * r + e]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < K::N_TILES * 4 - 4; ++i) s[i] = s[i + 4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[K::N_TILES * 4 - 4 + i] = dot[i];
+    }
+  };
+  // A fast tile that failed its bound (rare), settled without the max: a row's
+  // largest p gives its new reference m_i + log2(p_max), and its p, l_i and acc
+  // scale by 1 / p_max (alpha). A p that overflowed (a score 128 above m_i) has lost
+  // the score: then the warp computes its scores again and takes softmax(j, true).
+  auto settle_fast = [&](int j, float (&sum)[2]) {
+    float pmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < K::N_TILES; ++nt)
+        x = fmaxf(x, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+      pmax[r] = group_max<4>(x);
+    }
+    if (__any_sync(0xffffffffu, pmax[0] == CA_INF || pmax[1] == CA_INF)) {
+      // P V's A fragments stay put until it completes; then they are dead (the next
+      // pack rewrites them), and zeros give their registers to this path.
+      wgmma_wait<0>();
+      fence_regs(pa);
+#pragma unroll
+      for (int ks = 0; ks < K::PV_STEPS; ++ks)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pa[ks][i] = 0u;
+      scores_from_global(j);
+      softmax(j, true);
+      return;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float a = 1.f;
+      if (pmax[r] > SoftmaxRow::LAZY_BOUND) {
+        const float shift = exact_log2(pmax[r]);
+        a = exact_exp2(-shift);
+        row[r].m_i += shift;
+        sum[r] = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < K::N_TILES; ++nt) {
+          s[nt * 4 + 2 * r] *= a;
+          s[nt * 4 + 2 * r + 1] *= a;
+          sum[r] += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+        }
+      }
+      row[r].l_i = row[r].l_i * a + sum[r];
+      alpha[r] = a;
     }
   };
   // acc *= alpha (acc must be complete; skipped when no row of the warp moved its
@@ -306,7 +412,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     wgmma_wait<0>();
     fence_regs(s);
     release_k(0);
-    softmax(0);
+    softmax(0, false);
     rescale_and_pack();
     for (int j = 1; j < n_blocks; ++j) {
       k_ready(j);
@@ -320,7 +426,20 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
       wgmma_wait<1>();
       fence_regs(s);
       release_k(j);
-      softmax(j);
+      const bool fast = __all_sync(0xffffffffu, !needs_mask(j) && p.scale_log2 >= 0.f &&
+                                                     row[0].m_i != -CA_INF && row[1].m_i != -CA_INF);
+      if (fast) {
+        float sum[2];
+        if (__any_sync(0xffffffffu, !softmax_fast(sum))) {
+          settle_fast(j, sum);
+        } else {
+          row[0].l_i += sum[0];
+          row[1].l_i += sum[1];
+          alpha[0] = alpha[1] = 1.f;
+        }
+      } else {
+        softmax(j, false);
+      }
       // ptxas hoists the wait above independent arithmetic, which would run the
       // softmax after P V instead of beside it. Arithmetic moves across barriers,
       // shared-memory stores do not: storing l_i (it depends on every exp of the

@@ -7,7 +7,8 @@ Per forward family: a few small problems that reach the edge paths (a head dim t
 a multiple of 8, lengths off every tile, causal with Sq > Sk and Sq < Sk, GQA, a
 dense mask where the family takes one, a 16-byte-aligned case for the vector
 path; for flash_wgmma three consumer warpgroups at D = 64 and 72, two at 128 and
-160). Inputs come from the host (NumPy), so nothing but our kernels and CuPy's
+160; keys whose scores climb steadily or leap, for flash_wgmma's max-free softmax
+and the two ways it recovers). Inputs come from the host (NumPy), so nothing but our kernels and CuPy's
 copies runs on the device. Each result is checked against the float64 reference;
 the exit status is 1 if any result is wrong. Then each backward kernel
 (flash_mma, flash), both dQ modes, on the unmasked cases, against the float64
@@ -34,6 +35,8 @@ CASES = (
     (1, 4, 2, 77, 190, 128, False, None),
     (1, 3, 1, 250, 300, 72, True, None),
     (1, 2, 2, 70, 250, 160, False, None),
+    (1, 3, 1, 250, 700, 72, False, "keys-rise"),
+    (1, 3, 1, 250, 700, 72, True, "keys-jump"),
 )
 BACKWARD_KERNELS = ("flash_wgmma", "flash_mma", "flash")
 
@@ -81,8 +84,13 @@ def main(argv=None) -> int:
                 mask = rng.random((B, 1, Sq, Sk)) > 0.3
             elif mask_kind == "add":
                 mask = rng.standard_normal((Sq, Sk)).astype(np.float32)
+            elif mask_kind == "keys-rise":  # x1 to x16 in steps every 37 keys
+                k = (k * (1 + np.arange(Sk) // 37 * 15 / (Sk // 37))[:, None]).astype(k.dtype)
+            elif mask_kind == "keys-jump":  # scores leap past the exp2 range
+                k[:, :, 300:] *= 60
             label = f"{name} B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {dtype}" \
-                    f"{' causal' if causal else ''}{' ' + mask_kind + '-mask' if mask_kind else ''}"
+                    f"{' causal' if causal else ''}" \
+                    f"{' ' + mask_kind + ('-mask' if mask is not None else '') if mask_kind else ''}"
             reason = family.check(validate(q, k, v, causal=causal, mask=mask), cc)
             if reason:
                 print(f"skip  {label}: {reason}", flush=True)

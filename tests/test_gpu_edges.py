@@ -19,6 +19,7 @@ from cupy_attention.dispatch import FAMILIES
 
 from helpers import (
     as_float,
+    bits_of,
     make_qkv,
     plain_attention,
     problem_for,
@@ -187,6 +188,36 @@ def test_scale_of_any_sign(name, scale, causal, device_cc):
     lse_scale = max(1.0, float(np.abs(ref_lse).max()))
     assert lse_err <= 1e-3 * lse_scale + 4 * 2.0**-23 * lse_scale / math.log(2), \
         f"LSE off by {lse_err}"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", ["rise-0.15", "rise-1", "jump"])
+@pytest.mark.parametrize("name", NAMES)
+def test_row_maxima_climbing_along_the_keys(name, pattern, causal, device_cc):
+    """Row maxima that climb through the keys. "rise-x": the keys grow by a factor
+    1 + x every 37 rows (no kernel's tile size), scaled to 12 at the end: with 0.15
+    mostly by less than flash_wgmma's lazy margin, some tiles failing its max-free
+    bound and settled, with 1 on nearly every interior tile. "jump": keys from row
+    400 on are 60 times larger, so scores leap by far more than 128 in the exp2
+    domain and overflow a max-free exponent (flash_wgmma recomputes that tile)."""
+    xp = __import__("cupy")
+    dtype = main_dtype(name)
+    s = shape(B=1, Hq=2, Hkv=1, Sq=150, Sk=900, D=72, dtype=dtype, causal=causal)
+    require(name, device_cc, **s)
+    q, k, v, _ = make_qkv(xp, seed_for(name, pattern, causal, "climb"),
+                          **{key: s[key] for key in s if key != "causal"})
+    rows = xp.arange(s["seqlen_k"])[None, None, :, None]
+    if pattern == "jump":
+        grow = xp.where(rows >= 400, 60.0, 1.0)
+    else:
+        grow = 1.0 + float(pattern[5:]) * (rows // 37)
+        grow = grow / float(grow.max()) * 12.0
+    bits = bits_of(as_float(k) * grow, dtype, xp)
+    k.view(bits.dtype)[...] = bits
+    out = ca.attention(q, k, v, causal=causal, kernel=name)
+    ref, _ = plain_attention(q, k, v, causal=causal)
+    same, _ = plain_attention(q, k, v, causal=causal, precision=dtype)
+    tolerance(as_float(out), ref, same, dtype)
 
 
 # 4 ------------------------------------------------------------------------------

@@ -43,9 +43,15 @@ struct SoftmaxRow {
   // serves as the reference of the exponent: out and lse come out the same. An
   // empty row (m_i = -inf) keeps alpha = 1 for an all-masked tile (acc and l_i are 0).
   static constexpr float LAZY_MARGIN = 8.f;
+  static constexpr float LAZY_BOUND = 256.f;  // 2^LAZY_MARGIN: the largest p it allows
   __device__ __forceinline__ float rescale_lazy(float tile_max) {
     return tile_max <= m_i + LAZY_MARGIN ? 1.f : rescale(tile_max);
   }
+  // Without a max at all: p = exp2(s2 - m_i) for a tile, against the current m_i
+  // (finite, so l_i >= 1 already holds the p = 1 of the score that set it), is
+  // exactly what rescale_lazy would have kept if every p <= LAZY_BOUND, and a sum of
+  // them <= LAZY_BOUND proves that (p >= 0; a NaN or inf fails the test). A caller
+  // whose sum fails must move m_i (flash_wgmma.cu: settle_fast).
   __device__ __forceinline__ float inv_l() const { return l_i == 0.f ? 0.f : 1.f / l_i; }
   __device__ __forceinline__ float lse() const {
     return l_i == 0.f ? -CA_INF : (m_i + exact_log2(l_i)) * CA_LN2;
