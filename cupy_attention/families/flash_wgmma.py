@@ -26,23 +26,32 @@ from .flash_mma import FlashMma
 # Three consumers pay off where the softmax (the same work per score at every D)
 # weighs most: each one's softmax then hides behind two other warpgroups' MMAs.
 # Figures: bf16, TFLOPs on the true D, non-causal / causal, S=4096 then S=16384,
-# H200, 2026-11-22, the kernel of this commit (benchmarks/results/h200-wgmma-tiles.json).
-# (max head dim, config, reason)
+# H200, 2026-11-22, from two sweeps in benchmarks/results/: [1] h200-wgmma-tiles.json
+# (kernel of a4555a7, before the max-free softmax), [2] h200-wgmma-tiles-2.json
+# (kernel of 3eb98a1).
+# (max head dim, config, causal config, reason)
 TILES = (
-    (64, (3, 128, 1, 2), "423 / 339, 464 / 428 vs 383 / 306, 412 / 397 with two consumers "
-                         "and BLOCK_N = 192"),
-    (96, (3, 112, 1, 2), "D=72: 412 / 353, 433 / 410 (BLOCK_N = 128: 414 / 322, 436 / 416; "
-                         "two consumers: 372 / 332, 378 / 368); D=80: 449 / 386, 482 / 464 "
-                         "(BLOCK_N = 96: 432 / 353, 464 / 437); D=96: 543 / 428, 549 / 491 "
-                         "(BLOCK_N = 96: 526 / 394, 526 / 499)"),
-    (112, (3, 96, 1, 2), "542 / 466, 568 / 508 vs 498 / 447, 511 / 504 with two consumers "
-                         "(three spill at BLOCK_N = 112)"),
-    (128, (2, 128, 1, 2), "552 / 444, 571 / 538; S 64 + P 32 + acc 64 registers, 167 KB "
-                          "(three consumers spill even at BLOCK_N = 96)"),
-    (192, (2, 112, 1, 2), "D=160: 573 / 481, 564 / 551 (BLOCK_N = 96: 561 / 468, 550 / 552); "
-                          "D=192: 629 / 501, 635 / 622; 219 KB"),
-    (256, (2, 64, 1, 2), "663 / 559, 648 / 633; acc alone is D/2 registers, and K and V "
-                         "take D rounded up to 64 columns: 195 KB at D=256"),
+    (64, (3, 128, 1, 2), (3, 128, 1, 2),
+     "[1] 423 / 339, 464 / 428 vs 383 / 306, 412 / 397 with two consumers and BLOCK_N = 192"),
+    (88, (3, 112, 1, 2), (3, 112, 1, 2),
+     "[2] D=72: 470 / 337, 468 / 449 (BLOCK_N = 128: 453 / 346, 473 / 451; 96: 422 / 360, "
+     "458 / 432); D=80: 495 / 397, 516 / 494 (BLOCK_N = 96: 502 / 408, 508 / 487); [1] two "
+     "consumers at D=72: 372 / 332, 378 / 368"),
+    (112, (3, 96, 1, 2), (3, 96, 1, 2),
+     "[2] D=96: 571 / 441, 569 / 536 vs 565 / 427, 575 / 505 at BLOCK_N = 112; [1] D=112: "
+     "542 / 466, 568 / 508 vs 498 / 447, 511 / 504 with two consumers (three spill at "
+     "BLOCK_N = 112)"),
+    (128, (3, 64, 1, 2), (2, 128, 1, 2),
+     "[2] three consumers at BLOCK_N = 64: 618 / 475, 615 / 581; two at 128: 584 / 520, "
+     "592 / 574 (S 64 + P 32 + acc 64 registers, 167 KB): the wider tile wins with the "
+     "causal mask (fewer diagonal tiles)"),
+    (160, (3, 64, 1, 2), (3, 64, 1, 2),
+     "[2] D=160: 633 / 469, 638 / 587 vs 578 / 486, 584 / 576 with two consumers and "
+     "BLOCK_N = 112 (BLOCK_N = 64: 560 / 449, 558 / 534); 176 KB"),
+    (192, (2, 112, 1, 2), (2, 112, 1, 2), "[1] D=192: 629 / 501, 635 / 622; 219 KB"),
+    (256, (2, 64, 1, 2), (2, 64, 1, 2),
+     "[1] 663 / 559, 648 / 633; acc alone is D/2 registers, and K and V take D rounded up "
+     "to 64 columns: 195 KB at D=256"),
 )
 
 
@@ -51,10 +60,11 @@ def d_pad(head_dim: int) -> int:
     return -(-head_dim // 64) * 64
 
 
-def tiles_for(head_dim: int):
-    for bound, cfg, _ in TILES:
+def tiles_for(head_dim: int, causal: bool = False):
+    """(consumer warpgroups, BLOCK_N, blocks per SM, STAGES) for this head dim and mask."""
+    for bound, plain, causal_cfg, _ in TILES:
         if head_dim <= bound:
-            return cfg
+            return causal_cfg if causal else plain
     raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
 
 
@@ -67,7 +77,7 @@ def smem_bytes(head_dim: int, cfg) -> int:
 
 
 def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
-    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim)
+    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, causal)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
     expr = f"flash_wgmma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}>"
@@ -79,7 +89,7 @@ def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, causal: bool):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
-    cfg = tiles_for(head_dim)
+    cfg = tiles_for(head_dim, causal)
     return (spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
             smem_bytes(head_dim, cfg))
 
