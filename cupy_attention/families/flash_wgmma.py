@@ -26,29 +26,37 @@ from .flash_mma import FlashMma
 # Three consumers pay off where the softmax (the same work per score at every D)
 # weighs most: each one's softmax then hides behind two other warpgroups' MMAs.
 # Figures: bf16, TFLOPs on the true D, non-causal / causal, S=4096 then S=16384,
-# H200, 2026-11-22, from two sweeps in benchmarks/results/: [1] h200-wgmma-tiles.json
+# H200, 2026-11-22, from three sweeps in benchmarks/results/: [1] h200-wgmma-tiles.json
 # (kernel of a4555a7, before the max-free softmax), [2] h200-wgmma-tiles-2.json
-# (kernel of 3eb98a1).
+# (3eb98a1), [3] h200-wgmma-tiles-3.json (48aec4f: a third K/V stage where the
+# shared memory has room: 0.98-1.15x, median 1.02x over two).
 # (max head dim, config, causal config, reason)
 TILES = (
-    (64, (3, 128, 1, 2), (3, 128, 1, 2),
-     "[1] 423 / 339, 464 / 428 vs 383 / 306, 412 / 397 with two consumers and BLOCK_N = 192"),
-    (88, (3, 112, 1, 2), (3, 112, 1, 2),
+    (64, (3, 128, 1, 3), (3, 128, 1, 3),
+     "[1] three consumers 423 / 339, 464 / 428 vs 383 / 306, 412 / 397 with two and "
+     "BLOCK_N = 192; [3] three stages 509 / 395, 537 / 485 vs 506 / 397, 535 / 490"),
+    (88, (3, 112, 1, 3), (3, 112, 1, 3),
      "[2] D=72: 470 / 337, 468 / 449 (BLOCK_N = 128: 453 / 346, 473 / 451; 96: 422 / 360, "
      "458 / 432); D=80: 495 / 397, 516 / 494 (BLOCK_N = 96: 502 / 408, 508 / 487); [1] two "
-     "consumers at D=72: 372 / 332, 378 / 368"),
+     "consumers at D=72: 372 / 332, 378 / 368; [3] three stages at D=80: 492 / 416, 522 / 496 "
+     "vs 498 / 361, 517 / 487; 220 KB"),
+    (96, (3, 96, 1, 3), (3, 96, 1, 3),
+     "[2] 571 / 441, 569 / 536 vs 565 / 427, 575 / 505 at BLOCK_N = 112; [3] three stages "
+     "545 / 437, 576 / 534 vs 558 / 411, 564 / 508"),
     (112, (3, 96, 1, 2), (3, 96, 1, 2),
-     "[2] D=96: 571 / 441, 569 / 536 vs 565 / 427, 575 / 505 at BLOCK_N = 112; [1] D=112: "
-     "542 / 466, 568 / 508 vs 498 / 447, 511 / 504 with two consumers (three spill at "
-     "BLOCK_N = 112)"),
-    (128, (3, 64, 1, 2), (2, 128, 1, 2),
+     "[1] D=112: 542 / 466, 568 / 508 vs 498 / 447, 511 / 504 with two consumers (three "
+     "spill at BLOCK_N = 112)"),
+    (128, (3, 64, 1, 3), (2, 128, 1, 2),
      "[2] three consumers at BLOCK_N = 64: 618 / 475, 615 / 581; two at 128: 584 / 520, "
      "592 / 574 (S 64 + P 32 + acc 64 registers, 167 KB): the wider tile wins with the "
-     "causal mask (fewer diagonal tiles)"),
-    (160, (3, 64, 1, 2), (3, 64, 1, 2),
+     "causal mask (fewer diagonal tiles); [3] three stages without it 626, 617 vs 600, 608"),
+    (160, (3, 64, 1, 3), (3, 64, 1, 3),
      "[2] D=160: 633 / 469, 638 / 587 vs 578 / 486, 584 / 576 with two consumers and "
-     "BLOCK_N = 112 (BLOCK_N = 64: 560 / 449, 558 / 534); 176 KB"),
-    (192, (2, 112, 1, 2), (2, 112, 1, 2), "[1] D=192: 629 / 501, 635 / 622; 219 KB"),
+     "BLOCK_N = 112 (BLOCK_N = 64: 560 / 449, 558 / 534); [3] three stages 655 / 481, "
+     "635 / 596 vs 615 / 493, 630 / 582; 220 KB"),
+    (192, (2, 112, 1, 2), (2, 112, 1, 2),
+     "[1] D=192: 629 / 501, 635 / 622; [3] 612 / 539, 632 / 650 vs 627 / 501, 615 / 605 at "
+     "BLOCK_N = 96; 219 KB"),
     (256, (2, 64, 1, 2), (2, 64, 1, 2),
      "[1] 663 / 559, 648 / 633; acc alone is D/2 registers, and K and V take D rounded up "
      "to 64 columns: 195 KB at D=256"),
