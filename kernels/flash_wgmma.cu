@@ -238,6 +238,18 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     return k0 + K::BLOCK_N > p.seqlen_k ||
            CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
   };
+  // Row r of the tile: p = exp2(s * scale - ref) in place; returns this thread's
+  // part of the row sum.
+  auto exp_row = [&](int r, float scale, float neg_ref) {
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < K::N_TILES; ++nt) {
+      s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale, neg_ref));
+      s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale, neg_ref));
+      sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+    }
+    return sum;
+  };
   // Scores into the exp2 domain and online softmax with the row max; leaves P in s
   // and the rescale factors in alpha. Interior tiles fold the scale into the FFMA
   // before ex2 (p = exp2(s * scale - m_i), the row max taken on raw scores). Tiles
@@ -271,15 +283,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
         mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
       const float tile_max = group_max<4>(mx) * scale;
       alpha[r] = exact ? row[r].rescale(tile_max) : row[r].rescale_lazy(tile_max);
-      const float neg_ref = -row[r].ref();
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt) {
-        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], scale, neg_ref));
-        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], scale, neg_ref));
-        sum += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
-      }
-      row[r].l_i += sum;
+      row[r].l_i += exp_row(r, scale, -row[r].ref());
     }
   };
   // The common case without the max (SoftmaxRow::LAZY_BOUND): an interior tile
@@ -290,14 +294,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     bool ok = true;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float neg_ref = -row[r].m_i;
-      sum[r] = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt) {
-        s[nt * 4 + 2 * r] = fast_exp2(fmaf(s[nt * 4 + 2 * r], p.scale_log2, neg_ref));
-        s[nt * 4 + 2 * r + 1] = fast_exp2(fmaf(s[nt * 4 + 2 * r + 1], p.scale_log2, neg_ref));
-        sum[r] += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
-      }
+      sum[r] = exp_row(r, p.scale_log2, -row[r].m_i);
       ok = ok && sum[r] <= SoftmaxRow::LAZY_BOUND;
     }
     return ok;
