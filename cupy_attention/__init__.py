@@ -14,6 +14,7 @@ from .errors import (  # noqa: E402
     AttentionError,
     CompileError,
     DeviceMismatchError,
+    DriverError,
     DTypeError,
     LayoutError,
     NoDeviceError,
@@ -35,6 +36,6 @@ def kernels() -> dict:
 
 __all__ = [
     "attention", "attention_backward", "attention_reference", "kernels", "AttentionError",
-    "CompileError", "DeviceMismatchError", "DTypeError", "LayoutError", "NoDeviceError",
+    "CompileError", "DeviceMismatchError", "DriverError", "DTypeError", "LayoutError", "NoDeviceError",
     "ShapeError", "UnsupportedError", "__version__",
 ]

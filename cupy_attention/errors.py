@@ -47,3 +47,7 @@ class CompileError(AttentionError, RuntimeError):
         self.spec_name = spec_name
         self.log = log
         super().__init__(f"NVRTC failed to compile {spec_name}:\n{log}")
+
+
+class DriverError(AttentionError, RuntimeError):
+    """The CUDA driver refused a step of a launch's setup (such as a tensor map)."""

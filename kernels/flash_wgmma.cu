@@ -2,15 +2,17 @@
 // fp16/bf16 in, fp32 accumulate.
 //
 // Layouts: see common/params.cuh; shared-memory tiles and wgmma facts: common/wgmma.cuh.
-// Warp-specialized (FlashAttention-3's structure, with cp.async instead of TMA):
-//   warpgroup 0, the producer, copies Q once and then K_j, V_j tile after tile into
-//     STAGES shared buffers each; it keeps 40 registers (32 beside three
+// Warp-specialized (FlashAttention-3's structure):
+//   warpgroup 0, the producer, copies Q once (cp.async, all 128 threads); then one
+//     thread has the copy engine bring K_j, V_j tile after tile into STAGES shared
+//     buffers each (TMA, common/tma.cuh): a handful of instructions per tile, so
+//     the consumers keep the issue slots. It keeps 40 registers (32 beside three
 //     consumers; setmaxnreg.dec).
 //   warpgroups 1..CONSUMERS (1 to 3), the consumers (setmaxnreg.inc), each own 64
 //     query rows of the block (one wgmma M tile); inside one, a warp owns 16 rows end
 //     to end, so softmax statistics never leave the warp.
-// Buffers change hands through mbarriers: full_k[s] completes when the producer's
-// copies of a K tile have landed (cp.async.mbarrier.arrive), empty_k[s] when every
+// Buffers change hands through mbarriers: full_k[s] completes when the bytes of a
+// K tile have landed (the copy engine counts them), empty_k[s] when every
 // consumer warp is done reading it (after its wgmma wait); the same for V. Nothing
 // waits for the whole block, so the consumers drift apart, and one named "turn"
 // barrier per consumer keeps them in a round robin (FA3's ping-pong, generalized):
@@ -20,7 +22,7 @@
 // the exp2 of a score costs nearly as much as its MMAs, one is not enough.
 //
 // Consumer steps, for each key tile j (up to the causal bound):
-//   wait for K_j and V_{j-1} (full barriers); proxy fence; wait for the turn
+//   wait for K_j and V_{j-1} (full barriers); wait for the turn
 //   issue S_j = Q K_j^T          wgmma m64n{BLOCK_N}k16, A = Q and B = K in shared memory
 //   issue acc += P_{j-1} V_{j-1} wgmma m64n{D}k16, A = P in registers, B = V (MN-major)
 //   pass the turn; wait for S_j only, release K_j's buffer; online softmax in
@@ -32,8 +34,9 @@
 // and last acc += P_{n-1} V_{n-1}; then acc /= l_i; each warp stages its 16 rows in
 // its own rows of sQ; 16-byte stores; lse.
 //
-// Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides
-// (the host runs flash_mma otherwise). Q K^T steps over D_K = D rounded up to 16
+// Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides,
+// and K and V rows that are not all one row (a row stride of 0 has no tensor map);
+// the host runs flash_mma otherwise. Q K^T steps over D_K = D rounded up to 16
 // (columns D..D_K zero-filled: at most 8 padded columns), P V computes exactly D
 // columns (wgmma's N is any multiple of 8). Shared rows are 64-column blocks
 // (SwizzledTile), so the tiles themselves take D rounded up to 64 columns.
@@ -42,6 +45,7 @@
 #include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/softmax.cuh"
+#include "common/tma.cuh"
 #include "common/wgmma.cuh"
 
 template <int D_, int CONSUMERS_, int BLOCK_N_, class T_, int MIN_BLOCKS_, int STAGES_>
@@ -84,7 +88,7 @@ struct WgmmaTraits {
                 "too many blocks per SM for the register file");
 };
 
-// The producer's copy of a ROWS x D tile (row stride `stride`) into the swizzled
+// The producer's copy of Q's ROWS x D tile (row stride `stride`) into the swizzled
 // tile at shared address `s`, zero-filling rows >= rows_valid (<= ROWS) and
 // columns D..D_K (columns D_K.. of the last 64-column block are never read and
 // never written); `tid` is the thread's index among the producer's 128. Per
@@ -116,7 +120,9 @@ __device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 str
 }
 
 template <class K, class CausalT>
-__global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(const FwdParams p) {
+__global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
+    flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap k_map,
+                    const __grid_constant__ TmaMap v_map) {
   using T = typename K::T;
   constexpr int S = K::STAGES;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -130,7 +136,10 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 
   const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
-  const int wg = threadIdx.x / 128;
+  // Warp-uniform by construction; broadcast from lane 0 so that the compiler knows
+  // it too and keeps what derives from it (barrier ids, Q's descriptor) in
+  // uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int q0 = m_block * K::BLOCK_M;
   const int q_rows = cmin(K::BLOCK_M, p.seqlen_q - q0);
   const int k_end = CausalT::k_end(q0 + q_rows - 1, p.seqlen_k, p.causal_offset);
@@ -139,8 +148,8 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 128);
     for (int s = 0; s < S; ++s) {
-      mbarrier_init(full_k + 8 * s, 128);
-      mbarrier_init(full_v + 8 * s, 128);
+      mbarrier_init(full_k + 8 * s, 1);  // the producer's arrival with the byte count
+      mbarrier_init(full_v + 8 * s, 1);
       mbarrier_init(empty_k + 8 * s, 4 * K::CONSUMERS);
       mbarrier_init(empty_v + 8 * s, 4 * K::CONSUMERS);
     }
@@ -153,27 +162,26 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     setmaxnreg_dec<K::PRODUCER_REGS>();
     const int tid = threadIdx.x;
     const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
-    const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
-    const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
     load_tile<K, typename K::QTile, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride,
                                                 q_rows, q_head, tid);
     cp_async_mbarrier_arrive(q_full);
-    for (int j = 0; j <= n_blocks; ++j) {
-      if (j < n_blocks) {
-        const int s = j % S, k0 = j * K::BLOCK_N;
-        if (j >= S) mbarrier_wait(empty_k + 8 * s, (j / S - 1) & 1);
-        load_tile<K, typename K::KVTile, K::BLOCK_N>(sK + s * K::SMEM_KV, k_head + k0 * p.k_row_stride,
-                                                     p.k_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0),
-                                                     k_head, tid);
-        cp_async_mbarrier_arrive(full_k + 8 * s);
-      }
-      if (j >= 1) {
-        const int jv = j - 1, s = jv % S, k0 = jv * K::BLOCK_N;
-        if (jv >= S) mbarrier_wait(empty_v + 8 * s, (jv / S - 1) & 1);
-        load_tile<K, typename K::KVTile, K::BLOCK_N>(sV + s * K::SMEM_KV, v_head + k0 * p.v_row_stride,
-                                                     p.v_row_stride, cmin(K::BLOCK_N, p.seqlen_k - k0),
-                                                     v_head, tid);
-        cp_async_mbarrier_arrive(full_v + 8 * s);
+    if (tid == 0) {
+      // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
+      const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? b : 0;
+      const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? b : 0;
+      // Tile j of `map` into buffer j % S of `buf` once its previous use is released.
+      auto load = [&](const TmaMap& map, int hc, int bc, u32 buf, u32 full, u32 empty, int j) {
+        const int s = j % S;
+        if (j >= S) mbarrier_wait(empty + 8 * s, (j / S - 1) & 1);
+        mbarrier_arrive_expect_tx(full + 8 * s, K::SMEM_KV);
+#pragma unroll
+        for (int blk = 0; blk < CeilDiv<K::D_K, 64>::value; ++blk)
+          tma_load_4d(buf + s * K::SMEM_KV + blk * K::BLOCK_N * 128, map, blk * 64, j * K::BLOCK_N,
+                      hc, bc, full + 8 * s);
+      };
+      for (int j = 0; j <= n_blocks; ++j) {
+        if (j < n_blocks) load(k_map, k_h, k_b, sK, full_k, empty_k, j);
+        if (j >= 1) load(v_map, v_h, v_b, sV, full_v, empty_v, j - 1);
       }
     }
     cp_async_wait<0>();
@@ -400,8 +408,8 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
 
   mbarrier_wait(q_full, 0);
   if (n_blocks > 0) {
+    fence_proxy_async();  // Q landed through the generic proxy, wgmma reads async
     k_ready(0);
-    fence_proxy_async();  // copies landed through the generic proxy, wgmma reads async
     my_turn();
     wgmma_fence();
     issue_qk(0);
@@ -414,7 +422,6 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
     for (int j = 1; j < n_blocks; ++j) {
       k_ready(j);
       v_ready(j - 1);
-      fence_proxy_async();
       my_turn();
       wgmma_fence();  // s, pa and acc were written by ordinary code
       issue_qk(j);
@@ -451,7 +458,6 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS) flash_wgmma_fwd(con
       rescale_and_pack();
     }
     v_ready(n_blocks - 1);
-    fence_proxy_async();
     my_turn();
     wgmma_fence();
     issue_pv(n_blocks - 1);

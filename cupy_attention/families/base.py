@@ -77,20 +77,26 @@ class HotLaunch:
 
     ``variants(vec)`` returns (loaded kernel, grid, block, shared bytes) for the
     aligned (vec) or unaligned code path; the params struct is a packed template
-    whose five leading pointers are patched per call.
+    whose five leading pointers are patched per call. ``extra(vec, k, v)``, where
+    given, returns the kernel arguments that follow the struct (tensor maps of K
+    and V).
     """
 
-    def __init__(self, p: Problem, t: Tensors, strides_aligned: bool, variants):
+    def __init__(self, p: Problem, t: Tensors, strides_aligned: bool, variants, extra=None):
         self.template = fwd_params(p, t).tobytes()
         self.strides_aligned = strides_aligned
         self.variants = variants
+        self.extra = extra
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
-        kernel, grid, block, smem = self.variants(
-            self.strides_aligned and not ((q | k | v | o) & 15))
+        vec = self.strides_aligned and not ((q | k | v | o) & 15)
+        kernel, grid, block, smem = self.variants(vec)
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
-        kernel.launch(grid, block, (np.frombuffer(buf, FWD_DTYPE)[0],), smem, stream)
+        args = (np.frombuffer(buf, FWD_DTYPE)[0],)
+        if self.extra is not None:
+            args += self.extra(vec, k, v)
+        kernel.launch(grid, block, args, smem, stream)
 
 
 def grid_check(p: Problem) -> str | None:

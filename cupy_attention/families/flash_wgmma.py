@@ -4,8 +4,10 @@ Takes the problems flash_mma takes except dense masks, on compute capability 9.0
 only, for head dims that are multiples of 8 from 64 to 256 (smaller ones stay with
 flash_mma). Q K^T steps over the head dim rounded up to 16 (k16), P V computes
 exactly D columns, the shared tiles hold whole 64-column swizzle blocks. The kernel needs
-16-byte aligned base pointers and strides; those are properties of the arrays, not
-of the Problem, so a launch whose arrays are not aligned runs flash_mma's kernel
+16-byte aligned base pointers and strides, and K and V load through tensor maps
+(TMA, ``cupy_attention/tma.py``), which need positive row strides and head and
+batch strides that are not negative; those are properties of the arrays, not of
+the Problem, so a launch whose arrays do not qualify runs flash_mma's kernel
 instead.
 """
 
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 import functools
 
-from .. import jit
+from .. import jit, tma
 from ..problem import Problem
-from .base import CPP_DTYPE, SHORT_DTYPE
-from .flash_mma import FlashMma
+from .base import CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
+from .flash_mma import FlashMma, strides_aligned
 
 # Tile heuristics: the first row whose bound covers the head dim. Each config is
 # (consumer warpgroups, BLOCK_N, blocks per SM, STAGES); BLOCK_M = 64 * consumers,
@@ -29,7 +31,12 @@ from .flash_mma import FlashMma
 # H200, 2026-11-22, from three sweeps in benchmarks/results/: [1] h200-wgmma-tiles.json
 # (kernel of a4555a7, before the max-free softmax), [2] h200-wgmma-tiles-2.json
 # (3eb98a1), [3] h200-wgmma-tiles-3.json (48aec4f: a third K/V stage where the
-# shared memory has room: 0.98-1.15x, median 1.02x over two).
+# shared memory has room: 0.98-1.15x, median 1.02x over two). Since K and V load
+# through TMA (h200-wgmma-tma-before.json / -after.json: 1.03-1.27x at S >= 4k), a
+# re-sweep [4] h200-wgmma-tiles-4.json found no row to change: the alternatives
+# were within its +-5% noise (D=72 BLOCK_N = 96: 521 / 409, 524 / 501 vs
+# 519 / 431, 521 / 500; D=128 two consumers at BLOCK_N = 112: 708, 756 vs 698, 725)
+# or spilled (three consumers at BLOCK_N = 128 with D >= 80).
 # (max head dim, config, causal config, reason)
 TILES = (
     (64, (3, 128, 1, 3), (3, 128, 1, 3),
@@ -104,7 +111,7 @@ def _plan(head_dim: int, dtype: str, causal: bool):
 
 class FlashWgmma(FlashMma):
     name = "flash_wgmma"
-    summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, cp.async)"
+    summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, TMA)"
     source = "flash_wgmma.cu"
     min_cc = 90
     ci_archs = ("sm_90a",)
@@ -121,11 +128,37 @@ class FlashWgmma(FlashMma):
             return f"{self.name} takes no dense mask (flash_mma does)"
         return super().check(p, cc)
 
-    def planner(self, p: Problem, device_id: int):
-        """The wgmma kernel for aligned arrays; flash_mma's unaligned kernel otherwise
-        (alignment is a property of the arrays, not of the Problem)."""
-        unaligned = super().planner(p, device_id)
-        return lambda vec: _plan(p.head_dim, p.dtype, p.causal) if vec else unaligned(False)
+    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
+        lse = t.lse.data.ptr if t.lse is not None else 0
+        self.prepare(p, t, device_id, arch).run(t.q.data.ptr, t.k.data.ptr, t.v.data.ptr,
+                                                t.out.data.ptr, lse, stream)
+
+    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
+        """The wgmma kernel with K and V tensor maps where the arrays allow it (16-byte
+        aligned, strides a tensor map takes), flash_mma's kernel otherwise."""
+        kv_strides = [bhs_strides(a, p.layout) for a in (t.k, t.v)]
+        maps_ok = all(tma.tileable(p.batch, p.heads_kv, p.seqlen_k, s) for s in kv_strides)
+        mma_plan = super().planner(p, device_id)
+        grid_y_z = (p.heads_q, p.batch)
+
+        @functools.lru_cache(maxsize=2)
+        def variant(vec: bool):
+            kspec, block_m, threads, smem = (_plan(p.head_dim, p.dtype, p.causal) if vec and maps_ok
+                                             else mma_plan(vec))
+            return (jit.get_function(kspec, arch, device_id),
+                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
+
+        aligned = strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out))
+        if not (aligned and maps_ok):
+            return HotLaunch(p, t, aligned, variant)
+        block_n = tiles_for(p.head_dim, p.causal)[1]
+        k_maps, v_maps = (tma.TileMaps(tma.map_geometry(p.batch, p.heads_kv, p.seqlen_k, p.head_dim,
+                                                        s, block_n)) for s in kv_strides)
+
+        def extra(vec: bool, k: int, v: int):
+            return (k_maps(k), v_maps(v)) if vec else ()
+
+        return HotLaunch(p, t, aligned, variant, extra)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

@@ -1,0 +1,98 @@
+"""Tensor maps for the Hopper copy engine (TMA), encoded by the CUDA driver.
+
+A kernel that loads tiles with ``cp.async.bulk.tensor`` takes a tensor map (128
+opaque bytes) by value; ``kernels/common/tma.cuh`` is the device side. The map
+holds the base address, so it is encoded for each new pointer: ``TileMaps`` keeps
+everything else fixed and remembers the last pointer's map, so a loop that calls
+attention on the same buffers encodes nothing after the first call.
+
+``cuTensorMapEncodeTiled`` lives in the driver library (``libcuda``), which CuPy
+loads already; nothing here needs the CUDA toolkit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from .errors import DriverError
+
+# One kernel parameter (struct TmaMap in tma.cuh): 16 64-bit words.
+MAP_DTYPE = np.dtype([("words", "<u8", (16,))])
+
+_U16 = 1          # CU_TENSOR_MAP_DATA_TYPE_UINT16: the copy moves 16-bit words
+_SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: SwizzledTile's layout
+_L2_256B = 3       # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+_Dims = ctypes.c_uint64 * 4
+_Strides = ctypes.c_uint64 * 3
+_Box = ctypes.c_uint32 * 4
+
+_encode = None
+
+
+def _encoder():
+    global _encode
+    if _encode is None:
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        fn = lib.cuTensorMapEncodeTiled
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _encode = fn
+    return _encode
+
+
+def tileable(batch: int, heads: int, rows: int, strides) -> bool:
+    """Whether a [B, H, S, D] view with (batch, head, row) ``strides`` in elements
+    has a tensor map: rows at a positive stride (or one row), heads and batches at
+    a stride that is not negative (0 is a broadcast, mapped as one)."""
+    b_stride, h_stride, r_stride = strides
+    return ((r_stride > 0 or rows == 1) and (h_stride >= 0 or heads == 1)
+            and (b_stride >= 0 or batch == 1))
+
+
+def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_rows: int):
+    """(dims, byte strides, box) of the rank-4 map over a 16-bit [B, H, S, D] view
+    (:func:`tileable`, 16-byte aligned strides) with (batch, head, row) ``strides``
+    in elements, boxes of 64 columns x ``box_rows`` rows.
+
+    Dimension order is (D, S, H, B). A head or batch axis that has stride 0 (a
+    broadcast view) or size 1 becomes a map axis of size 1, which the kernel
+    addresses at coordinate 0; an axis of size 1 takes any valid stride.
+    """
+    b_stride, h_stride, r_stride = (2 * s for s in strides)
+    if rows == 1:
+        r_stride = 2 * head_dim
+    spare = r_stride * rows  # a valid stride (a multiple of 16) for an axis of size 1
+    h_dim, h_stride = (heads, h_stride) if heads > 1 and h_stride else (1, spare)
+    b_dim, b_stride = (batch, b_stride) if batch > 1 and b_stride else (1, spare)
+    return (head_dim, rows, h_dim, b_dim), (r_stride, h_stride, b_stride), (64, box_rows, 1, 1)
+
+
+class TileMaps:
+    """Encodes one map geometry for new base pointers, remembering the last one."""
+
+    def __init__(self, geometry):
+        dims, strides, box = geometry
+        self._args = (_Dims(*dims), _Strides(*strides), _Box(*box), _Box(1, 1, 1, 1))
+        self._buf = (ctypes.c_uint64 * 24)()  # room to place the map on a 64-byte boundary
+        self._at = -ctypes.addressof(self._buf) % 64
+        self._last = (None, None)
+
+    def __call__(self, ptr: int) -> np.void:
+        if self._last[0] == ptr:
+            return self._last[1]
+        dims, strides, box, ones = self._args
+        addr = ctypes.addressof(self._buf) + self._at
+        rc = _encoder()(addr, _U16, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
+                        ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
+        if rc != 0:
+            raise DriverError(
+                f"cuTensorMapEncodeTiled failed (CUresult {rc}) for dims {list(dims)}, "
+                f"byte strides {list(strides)}, box {list(box)}")
+        tmap = np.frombuffer(ctypes.string_at(addr, 128), MAP_DTYPE)[0]
+        self._last = (ptr, tmap)
+        return tmap
