@@ -3,8 +3,8 @@
 A kernel that loads tiles with ``cp.async.bulk.tensor`` takes a tensor map (128
 opaque bytes) by value; ``kernels/common/tma.cuh`` is the device side. The map
 holds the base address, so it is encoded for each new pointer: ``TileMaps`` keeps
-everything else fixed and remembers the maps of the last few pointers, so a loop
-that calls attention on the same buffers encodes nothing after the first calls.
+everything else fixed and remembers the maps of a few pointers, so a loop that
+calls attention on the same buffers encodes nothing after the first calls.
 
 ``cuTensorMapEncodeTiled`` lives in the driver library (``libcuda``), which CuPy
 loads already; nothing here needs the CUDA toolkit.
@@ -73,13 +73,12 @@ def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_
 
 
 class TileMaps:
-    """Encodes one map geometry for new base pointers, remembering the last ``keep``."""
+    """Encodes one map geometry for new base pointers, remembering up to ``keep``
+    of them (all forgotten when a new one finds the memory full)."""
 
     def __init__(self, geometry, keep: int = 8):
         dims, strides, box = geometry
         self._args = (_Dims(*dims), _Strides(*strides), _Box(*box), _Box(1, 1, 1, 1))
-        self._buf = (ctypes.c_uint64 * 24)()  # room to place the map on a 64-byte boundary
-        self._at = -ctypes.addressof(self._buf) % 64
         self._maps: dict = {}
         self._keep = keep
 
@@ -88,7 +87,10 @@ class TileMaps:
         if tmap is not None:
             return tmap
         dims, strides, box, ones = self._args
-        addr = ctypes.addressof(self._buf) + self._at
+        # A buffer per encoding (the driver call releases the GIL): room to place
+        # the map on a 64-byte boundary.
+        buf = (ctypes.c_uint64 * 24)()
+        addr = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
         rc = _encoder()(addr, _U16, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
                         ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
         if rc != 0:
@@ -96,7 +98,7 @@ class TileMaps:
                 f"cuTensorMapEncodeTiled failed (CUresult {rc}) for dims {list(dims)}, "
                 f"byte strides {list(strides)}, box {list(box)}")
         tmap = np.frombuffer(ctypes.string_at(addr, 128), MAP_DTYPE)[0]
-        if len(self._maps) >= self._keep:
-            del self._maps[next(iter(self._maps))]  # the oldest
-        self._maps[ptr] = tmap
+        maps = self._maps if len(self._maps) < self._keep else {}  # full: start over
+        maps[ptr] = tmap
+        self._maps = maps
         return tmap

@@ -52,3 +52,35 @@ def test_axes_of_size_one_take_a_valid_stride():
 ])
 def test_tileable(strides, rows, ok):
     assert tma.tileable(2, 2, rows, strides) is ok
+
+
+GEOMETRY = ((72, 100, 2, 2), (144, 14400, 28800), (64, 112, 1, 1))
+
+
+def test_maps_are_encoded_once_per_pointer(monkeypatch):
+    """TileMaps asks the driver once per new pointer while it has room, and hands
+    back the map for that pointer (here a fake encoder writes the pointer into it)."""
+    import ctypes
+
+    encoded = []
+
+    def fake_encode(addr, dtype, rank, ptr, dims, strides, box, elem_strides, *modes):
+        assert addr % 64 == 0 and rank == 4
+        assert list((ctypes.c_uint64 * 4).from_address(dims)) == [72, 100, 2, 2]
+        encoded.append(ptr)
+        ctypes.memmove(addr, ptr.to_bytes(8, "little") * 16, 128)
+        return 0
+
+    monkeypatch.setattr(tma, "_encode", fake_encode)
+    maps = tma.TileMaps(GEOMETRY, keep=3)
+    for ptr in (16, 32, 16, 48, 32, 64, 16):
+        assert int(maps(ptr)["words"][0]) == ptr
+    assert encoded == [16, 32, 48, 64, 16]  # the fourth pointer found the memory full
+
+
+def test_a_refused_encoding_raises_a_typed_error(monkeypatch):
+    from cupy_attention import DriverError
+
+    monkeypatch.setattr(tma, "_encode", lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(DriverError, match="cuTensorMapEncodeTiled failed"):
+        tma.TileMaps(GEOMETRY)(256)

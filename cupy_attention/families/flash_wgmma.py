@@ -109,6 +109,13 @@ def _plan(head_dim: int, dtype: str, causal: bool):
             smem_bytes(head_dim, cfg))
 
 
+@functools.lru_cache(maxsize=64)
+def _tile_maps(geometry) -> tma.TileMaps:
+    """One encoder (with its per-pointer maps) per map geometry, shared by every
+    launch of that geometry: calls with ``out=`` take the non-hot path each time."""
+    return tma.TileMaps(geometry)
+
+
 class FlashWgmma(FlashMma):
     name = "flash_wgmma"
     summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, TMA)"
@@ -152,8 +159,8 @@ class FlashWgmma(FlashMma):
         if not (aligned and maps_ok):
             return HotLaunch(p, t, aligned, variant)
         block_n = tiles_for(p.head_dim, p.causal)[1]
-        k_maps, v_maps = (tma.TileMaps(tma.map_geometry(p.batch, p.heads_kv, p.seqlen_k, p.head_dim,
-                                                        s, block_n)) for s in kv_strides)
+        k_maps, v_maps = (_tile_maps(tma.map_geometry(p.batch, p.heads_kv, p.seqlen_k, p.head_dim,
+                                                      s, block_n)) for s in kv_strides)
 
         def extra(vec: bool, k: int, v: int):
             return (k_maps(k), v_maps(v)) if vec else ()
