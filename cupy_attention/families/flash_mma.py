@@ -110,8 +110,11 @@ class FlashMma(Family):
         kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
                       (fwd_params(p, t),), smem, stream)
 
-    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
-        plan = self.planner(p, device_id)
+    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str, plan=None,
+                extra=None) -> HotLaunch:
+        """``plan`` (default :meth:`planner`) and ``extra`` let a subclass choose
+        other kernels and pass arguments after the params struct (HotLaunch)."""
+        plan = plan or self.planner(p, device_id)
         grid_y_z = (p.heads_q, p.batch)
 
         @functools.lru_cache(maxsize=2)
@@ -120,7 +123,7 @@ class FlashMma(Family):
             return (jit.get_function(kspec, arch, device_id),
                     (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
 
-        return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant)
+        return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant, extra)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

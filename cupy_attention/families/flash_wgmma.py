@@ -18,7 +18,7 @@ import functools
 from .. import jit, tma
 from ..problem import Problem
 from .base import CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
-from .flash_mma import FlashMma, strides_aligned
+from .flash_mma import FlashMma
 
 # Tile heuristics: the first row whose bound covers the head dim. Each config is
 # (consumer warpgroups, BLOCK_N, blocks per SM, STAGES); BLOCK_M = 64 * consumers,
@@ -144,28 +144,20 @@ class FlashWgmma(FlashMma):
         """The wgmma kernel with K and V tensor maps where the arrays allow it (16-byte
         aligned, strides a tensor map takes), flash_mma's kernel otherwise."""
         kv_strides = [bhs_strides(a, p.layout) for a in (t.k, t.v)]
-        maps_ok = all(tma.tileable(p.batch, p.heads_kv, p.seqlen_k, s) for s in kv_strides)
-        mma_plan = super().planner(p, device_id)
-        grid_y_z = (p.heads_q, p.batch)
-
-        @functools.lru_cache(maxsize=2)
-        def variant(vec: bool):
-            kspec, block_m, threads, smem = (_plan(p.head_dim, p.dtype, p.causal) if vec and maps_ok
-                                             else mma_plan(vec))
-            return (jit.get_function(kspec, arch, device_id),
-                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
-
-        aligned = strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out))
-        if not (aligned and maps_ok):
-            return HotLaunch(p, t, aligned, variant)
+        if not all(tma.tileable(p.batch, p.heads_kv, p.seqlen_k, s) for s in kv_strides):
+            return super().prepare(p, t, device_id, arch)
+        mma_plan = self.planner(p, device_id)
         block_n = tiles_for(p.head_dim, p.causal)[1]
         k_maps, v_maps = (_tile_maps(tma.map_geometry(p.batch, p.heads_kv, p.seqlen_k, p.head_dim,
                                                       s, block_n)) for s in kv_strides)
 
+        def plan(vec: bool):
+            return _plan(p.head_dim, p.dtype, p.causal) if vec else mma_plan(False)
+
         def extra(vec: bool, k: int, v: int):
             return (k_maps(k), v_maps(v)) if vec else ()
 
-        return HotLaunch(p, t, aligned, variant, extra)
+        return super().prepare(p, t, device_id, arch, plan, extra)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
