@@ -6,8 +6,7 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from .base import (CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors,
-                   fwd_params)
+from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -88,10 +87,6 @@ def vectorizable_arrays(head_dim: int, arrays) -> bool:
     return strides_aligned(head_dim, arrays) and not any(arr.data.ptr % 16 for arr in arrays)
 
 
-def vectorizable(p: Problem, t: Tensors) -> bool:
-    return vectorizable_arrays(p.head_dim, (t.q, t.k, t.v, t.out))
-
-
 class FlashMma(Family):
     name = "flash_mma"
     summary = "fused FlashAttention-2 style forward on tensor cores (mma.sync, cp.async)"
@@ -105,10 +100,10 @@ class FlashMma(Family):
         return lambda vec: _plan(p.head_dim, p.dtype, p.causal, p.mask_kind, vec, device_id)
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        kspec, block_m, threads, smem = self.planner(p, device_id)(vectorizable(p, t))
-        kernel = jit.get_function(kspec, arch, device_id)
-        kernel.launch((-(-p.seqlen_q // block_m), p.heads_q, p.batch), (threads,),
-                      (fwd_params(p, t),), smem, stream)
+        """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
+        lse = t.lse.data.ptr if t.lse is not None else 0
+        self.prepare(p, t, device_id, arch).run(t.q.data.ptr, t.k.data.ptr, t.v.data.ptr,
+                                                t.out.data.ptr, lse, stream)
 
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str, plan=None,
                 extra=None) -> HotLaunch:

@@ -135,11 +135,6 @@ class FlashWgmma(FlashMma):
             return f"{self.name} takes no dense mask (flash_mma does)"
         return super().check(p, cc)
 
-    def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
-        lse = t.lse.data.ptr if t.lse is not None else 0
-        self.prepare(p, t, device_id, arch).run(t.q.data.ptr, t.k.data.ptr, t.v.data.ptr,
-                                                t.out.data.ptr, lse, stream)
-
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
         """The wgmma kernel with K and V tensor maps where the arrays allow it (16-byte
         aligned, strides a tensor map takes), flash_mma's kernel otherwise."""
