@@ -76,6 +76,15 @@ struct MmaBwdTraits {
   static constexpr int KG2 = BLOCK_N / 32;
   static constexpr int SPLIT2 = WARPS / KG2;
   static constexpr int KV_DB = CeilDiv<DB, SPLIT2>::value;  // head-dim blocks per warp
+  // Phase 1's k16 steps run fully unrolled unless dK, dV (live throughout) and S^T,
+  // dP^T (live in phase 1) hold 192 fp32 registers or more (P1_TIGHT: D_PAD = 112,
+  // 128 at BLOCK_N = 128). There the full unroll spills in causal and unaligned
+  // builds; a rolled loop (causal) or pairs of steps (not) do not, and measured
+  // 1.04-1.07x causal and 0.99-1.01x not (H200, S = 4k, 16k, D = 100, 112, 128).
+  // Elsewhere the full unroll is as fast or faster (rolled by four: 0.96-0.99x at
+  // D = 80, 160, 192, 256), even where it spills 4-8 bytes (causal atomic-dQ builds
+  // at D_PAD = 144..192 on sm_90a: 0.96x rolled by four at D = 160).
+  static constexpr bool P1_TIGHT = 32 * KV_DB + 8 * KM1 * Q_TILES >= 192;
   // Phase 3: jobs of DQ_KM m16 query tiles by DQ_CB head-dim blocks, dealt to the
   // warps (32 accumulator registers at most, beside dK and dV).
   static constexpr int DQ_KM = BLOCK_M >= 32 ? 2 : 1;
@@ -200,7 +209,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
     // S^T over all query tiles, then dP^T: one operand's A fragments live at a time.
-#pragma unroll
+#pragma unroll (K::P1_TIGHT ? (CausalT::enabled ? 1 : 2) : K::DB)
     for (int ks = 0; ks < K::DB; ++ks) {
 #pragma unroll
       for (int op = 0; op < 2; ++op) {

@@ -448,6 +448,7 @@ MMA_GRID = [
     dict(dtype="bfloat16", D=80, Sq=799, Sk=3, causal=True, deterministic=True),
     dict(dtype="float16", D=96, Sq=108, Sk=256, layout="bshd", view="packed",
          deterministic=True),
+    dict(dtype="bfloat16", D=104, Sq=300, Sk=517, causal=True, Hq=4, Hkv=2),
     dict(dtype="bfloat16", D=111, Sq=127, Sk=512, causal=True, view="padded"),
     dict(dtype="float16", D=128, Sq=256, Sk=512, Hq=6, Hkv=2, B=2, magnitude=3.0),
     dict(dtype="bfloat16", D=128, Sq=512, Sk=256, causal=True, deterministic=True),

@@ -208,4 +208,9 @@ def ci_specs() -> list[jit.KernelSpec]:
                 out += specs(config(d), dtype, causal, True, True)
     for d in (128, 256):
         out += specs(config(d, 163 * _KB), "bfloat16", True, True, False)
+    # The 255-register row (D_PAD = 112, 128) with the mask and copy paths that
+    # spilled before its phase 1 was rolled (MmaBwdTraits::P1_TIGHT).
+    for d, vec in ((104, True), (112, False), (120, False)):
+        out.append(dkdv_spec(config(d), "bfloat16", True, vec, True))
+    out.append(dkdv_spec(config(112), "float16", False, True, True))
     return list(dict.fromkeys(out))
