@@ -2,20 +2,25 @@
 // fp16/bf16 in, fp32 accumulate.
 //
 // Layouts: see common/params.cuh; shared-memory tiles and wgmma facts: common/wgmma.cuh.
+// Persistent: the grid is one block per SM (per SM slot of the config), and each
+// block works through tiles of BLOCK_M query rows of one (head, batch), claimed
+// from a counter (work_tile), so the next tile's Q, K and V load while the current
+// one finishes instead of behind a block launch.
 // Warp-specialized (FlashAttention-3's structure):
-//   warpgroup 0, the producer, copies Q once (cp.async, all 128 threads); then one
-//     thread has the copy engine bring K_j, V_j tile after tile into STAGES shared
-//     buffers each (TMA, common/tma.cuh): a handful of instructions per tile, so
+//   warpgroup 0, the producer: one thread has the copy engine bring, per work tile,
+//     K_0, each consumer's 64 rows of Q, then K_j, V_j tile after tile into STAGES
+//     shared buffers each (TMA, common/tma.cuh): a handful of instructions per tile, so
 //     the consumers keep the issue slots. It keeps 40 registers (32 beside three
 //     consumers; setmaxnreg.dec).
 //   warpgroups 1..CONSUMERS (1 to 3), the consumers (setmaxnreg.inc), each own 64
-//     query rows of the block (one wgmma M tile); inside one, a warp owns 16 rows end
+//     query rows of the tile (one wgmma M tile); inside one, a warp owns 16 rows end
 //     to end, so softmax statistics never leave the warp.
 // Buffers change hands through mbarriers: full_k[s] completes when the bytes of a
 // K tile have landed (the copy engine counts them), empty_k[s] when every
-// consumer warp is done reading it (after its wgmma wait); the same for V. Nothing
-// waits for the whole block, so the consumers drift apart, and one named "turn"
-// barrier per consumer keeps them in a round robin (FA3's ping-pong, generalized):
+// consumer warp is done reading it (after its wgmma wait); the same for V, and
+// q_full[c], q_empty[c] for consumer c's rows of Q. Nothing waits for the whole
+// block, so the consumers drift apart, and one named "turn" barrier per consumer
+// keeps them in a round robin (FA3's ping-pong, generalized):
 // consumer c issues its MMAs only after consumer c - 1 issued its own, so a softmax
 // runs while the other warpgroups' MMAs occupy the tensor cores. With three
 // consumers a softmax hides behind two warpgroups' MMAs: at small head dims, where
@@ -31,16 +36,16 @@
 //   row sums proving every p <= 256: softmax_fast), else scaled into the exp2 domain,
 //   masked on edge/diagonal tiles, lazy max (softmax)
 //   wait for P V, release V_{j-1}'s buffer; rescale acc; round P_j to 16-bit A fragments
-// and last acc += P_{n-1} V_{n-1}; then acc /= l_i; each warp stages its 16 rows in
-// its own rows of sQ; 16-byte stores; lse.
+// and last acc += P_{n-1} V_{n-1} (Q's rows already handed back); then acc /= l_i,
+// stored from the registers (16 bytes a thread after a transpose in the quad); lse.
 //
 // Constraints: D % 8 == 0 and D <= 256; 16-byte aligned base pointers and strides,
-// and K and V rows that are not all one row (a row stride of 0 has no tensor map);
-// the host runs flash_mma otherwise. Q K^T steps over D_K = D rounded up to 16
+// and Q, K and V rows that are not all one row (a row stride of 0 has no tensor
+// map); the host runs flash_mma otherwise. Q K^T steps over D_K = D rounded up to 16
 // (columns D..D_K zero-filled: at most 8 padded columns), P V computes exactly D
 // columns (wgmma's N is any multiple of 8). Shared rows are 64-column blocks
 // (SwizzledTile), so the tiles themselves take D rounded up to 64 columns.
-// Causal blocks run heaviest first. Masked scores are selected to -inf; a NaN in a
+// Causal work tiles run heaviest first. Masked scores are selected to -inf; a NaN in a
 // masked V still reaches the product (0 * NaN), as in flash_mma and FlashAttention.
 #include "common/mask.cuh"
 #include "common/mma.cuh"
@@ -75,7 +80,8 @@ struct WgmmaTraits {
   static constexpr int SMEM_Q = QTile::BYTES;
   static constexpr int SMEM_KV = KVTile::BYTES;
   static constexpr int SMEM_L = 128 * CONSUMERS * 8;   // one float2 per consumer thread
-  static constexpr int SMEM_BARS = (1 + 4 * STAGES) * 8;
+  static constexpr int Q_SLICE_BYTES = CeilDiv<D_K, 64>::value * 64 * 128;  // one consumer's rows
+  static constexpr int SMEM_BARS = 8 + (2 * CONSUMERS + 4 * STAGES) * 8;  // + the tile slots
   // + 1024: the base is rounded up to the 1024-byte boundary the swizzle is defined on.
   static constexpr int SMEM_BYTES = SMEM_Q + 2 * STAGES * SMEM_KV + SMEM_L + SMEM_BARS + 1024;
 
@@ -88,41 +94,45 @@ struct WgmmaTraits {
                 "too many blocks per SM for the register file");
 };
 
-// The producer's copy of Q's ROWS x D tile (row stride `stride`) into the swizzled
-// tile at shared address `s`, zero-filling rows >= rows_valid (<= ROWS) and
-// columns D..D_K (columns D_K.. of the last 64-column block are never read and
-// never written); `tid` is the thread's index among the producer's 128. Per
-// 64-column block the 128 threads cover 16 rows x 8 chunks, and a thread's rows
-// r0, r0 + 16, ... agree mod 8, so its swizzled destination advances by a constant:
-// four instructions per 16-byte copy whatever the head dim. `head` is any valid
-// address of the tensor, read by nothing (cp.async with 0 source bytes).
-template <class K, class Tile, int ROWS>
-__device__ __forceinline__ void load_tile(u32 s, const typename K::T* g, i64 stride, int rows_valid,
-                                          const typename K::T* head, int tid) {
-  static_assert(ROWS % 16 == 0, "16 rows per pass");
-  const int r0 = tid / 8;
-  // Partly unrolled: the producer has 40 registers.
-#pragma unroll 1
-  for (int blk = 0; blk < CeilDiv<K::D_K, 64>::value; ++blk) {
-    const int chunk = blk * 8 + tid % 8;
-    if (chunk * 8 < K::D_K) {
-      const bool col_ok = chunk * 8 < K::D;
-      const u32 dst = s + Tile::offset(r0, chunk);
-      const typename K::T* src = g + r0 * stride + chunk * 8;
-#pragma unroll 4
-      for (int i = 0; i < ROWS / 16; ++i) {
-        const bool ok = col_ok && r0 + 16 * i < rows_valid;
-        cp_async_16(dst + i * 16 * 128, ok ? src : head, ok);
-        src += 16 * stride;
-      }
-    }
-  }
+// Work tiles: BLOCK_M query rows of one (head, batch). The query blocks of a head
+// are consecutive, the heaviest first under the causal mask (the last rows see
+// the most keys), so the blocks running together share K and V in L2. Block x
+// starts with tile x; after that each block's producer claims the next unclaimed
+// tile from a counter in global memory (atomicAdd), so a block that drew light
+// tiles takes more of them and the blocks finish together.
+struct WorkTile {
+  int m_block, h, b;
+};
+
+template <class CausalT>
+__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int m_blocks, int tile) {
+  const int m = tile % m_blocks, hb = tile / m_blocks;
+  return {CausalT::enabled ? m_blocks - 1 - m : m, hb % p.heads_q, hb / p.heads_q};
+}
+
+// 4 x 4 transpose across a quad (t = lane % 4): afterwards x[j] is what lane j of
+// the quad held in x[t]. Two exchanges of 2 x 2 blocks (lanes t ^ 2, then t ^ 1).
+__device__ __forceinline__ void quad_transpose(u32 (&x)[4], int t) {
+  const bool hi = t & 2, odd = t & 1;
+  u32 a = __shfl_xor_sync(0xffffffffu, hi ? x[0] : x[2], 2);
+  u32 b = __shfl_xor_sync(0xffffffffu, hi ? x[1] : x[3], 2);
+  x[0] = hi ? a : x[0];  // selects, not an indexed store: x stays in registers
+  x[1] = hi ? b : x[1];
+  x[2] = hi ? x[2] : a;
+  x[3] = hi ? x[3] : b;
+  a = __shfl_xor_sync(0xffffffffu, odd ? x[0] : x[1], 1);
+  b = __shfl_xor_sync(0xffffffffu, odd ? x[2] : x[3], 1);
+  x[0] = odd ? a : x[0];
+  x[1] = odd ? x[1] : a;
+  x[2] = odd ? b : x[2];
+  x[3] = odd ? x[3] : b;
 }
 
 template <class K, class CausalT>
 __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
-    flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap k_map,
-                    const __grid_constant__ TmaMap v_map) {
+    flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
+                    const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
+                    u32* tile_counter) {
   using T = typename K::T;
   constexpr int S = K::STAGES;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -130,25 +140,38 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   const u32 sK = sQ + K::SMEM_Q;          // S buffers of SMEM_KV bytes each
   const u32 sV = sK + S * K::SMEM_KV;     // S buffers
   const u32 sL = sV + S * K::SMEM_KV;     // see the main loop
-  const u32 q_full = sL + K::SMEM_L;      // mbarriers, 8 bytes each
-  const u32 full_k = q_full + 8, full_v = full_k + 8 * S;
+  const u32 s_tile = sL + K::SMEM_L;      // two work tile slots (int each)
+  const u32 q_full = s_tile + 8;          // mbarriers, 8 bytes each: one per consumer
+  const u32 q_empty = q_full + 8 * K::CONSUMERS;
+  const u32 full_k = q_empty + 8 * K::CONSUMERS, full_v = full_k + 8 * S;
   const u32 empty_k = full_v + 8 * S, empty_v = empty_k + 8 * S;
 
-  const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
+  int* tile_slot = reinterpret_cast<int*>(smem + (s_tile - smem_addr(smem)));
+  const int m_blocks = ceil_div(p.seqlen_q, K::BLOCK_M);
+  const int tiles = m_blocks * p.heads_q * p.batch;
   // Warp-uniform by construction; broadcast from lane 0 so that the compiler knows
   // it too and keeps what derives from it (barrier ids, Q's descriptor) in
   // uniform registers.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
-  const int q0 = m_block * K::BLOCK_M;
-  const int q_rows = cmin(K::BLOCK_M, p.seqlen_q - q0);
-  const int k_end = CausalT::k_end(q0 + q_rows - 1, p.seqlen_k, p.causal_offset);
-  const int n_blocks = ceil_div(k_end, K::BLOCK_N);
+  // The current work tile, its first query row and its number of key tiles (set
+  // per tile by both sides alike); its head and batch come from cur() where
+  // needed, which keeps two registers free in the consumers' loop.
+  int tile_now = 0, q0 = 0, n_blocks = 0;
+  auto start_tile = [&](int tile) {
+    tile_now = tile;
+    q0 = work_tile<CausalT>(p, m_blocks, tile).m_block * K::BLOCK_M;
+    const int q_last = cmin(q0 + K::BLOCK_M, p.seqlen_q) - 1;
+    n_blocks = ceil_div(CausalT::k_end(q_last, p.seqlen_k, p.causal_offset), K::BLOCK_N);
+  };
+  auto cur = [&]() { return work_tile<CausalT>(p, m_blocks, tile_now); };
 
   if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 128);
+    for (int c = 0; c < K::CONSUMERS; ++c) {
+      mbarrier_init(q_full + 8 * c, 1);  // the producer's arrival with the byte count
+      mbarrier_init(q_empty + 8 * c, 4);  // lane 0 of each of the consumer's warps
+    }
     for (int s = 0; s < S; ++s) {
-      mbarrier_init(full_k + 8 * s, 1);  // the producer's arrival with the byte count
+      mbarrier_init(full_k + 8 * s, 1);
       mbarrier_init(full_v + 8 * s, 1);
       mbarrier_init(empty_k + 8 * s, 4 * K::CONSUMERS);
       mbarrier_init(empty_v + 8 * s, 4 * K::CONSUMERS);
@@ -157,34 +180,76 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   __syncthreads();  // the only block-wide barrier
 
   if (wg == 0) {
-    // Producer: Q, then K_j and V_{j-1} for j = 0..n_blocks (each tile's V is used
-    // one step after its K). Use u of buffer s waits for the release of use u - 1.
+    // Producer, one thread: per work tile K_0, each consumer's 64 rows of Q once it
+    // released the previous tile's, then K_j and V_{j-1} for j = 1..n_blocks (each
+    // tile's V is used one step after its K). The K and V buffers run on across
+    // work tiles: load u (counted over the block's whole life) goes to buffer
+    // u % S once use u - S is released.
     setmaxnreg_dec<K::PRODUCER_REGS>();
-    const int tid = threadIdx.x;
-    const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
-    load_tile<K, typename K::QTile, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride,
-                                                q_rows, q_head, tid);
-    cp_async_mbarrier_arrive(q_full);
-    if (tid == 0) {
+    if (threadIdx.x == 0) {
       // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
-      const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? b : 0;
-      const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? b : 0;
-      // Tile j of `map` into buffer j % S of `buf` once its previous use is released.
-      auto load = [&](const TmaMap& map, int hc, int bc, u32 buf, u32 full, u32 empty, int j) {
-        const int s = j % S;
-        if (j >= S) mbarrier_wait(empty + 8 * s, (j / S - 1) & 1);
+      auto load = [&](const TmaMap& map, int hc, int bc, u32 buf, u32 full, u32 empty, int u,
+                      int row) {
+        const int s = u % S;
+        if (u >= S) mbarrier_wait(empty + 8 * s, (u / S - 1) & 1);
         mbarrier_arrive_expect_tx(full + 8 * s, K::SMEM_KV);
 #pragma unroll
         for (int blk = 0; blk < CeilDiv<K::D_K, 64>::value; ++blk)
-          tma_load_4d(buf + s * K::SMEM_KV + blk * K::BLOCK_N * 128, map, blk * 64, j * K::BLOCK_N,
-                      hc, bc, full + 8 * s);
+          tma_load_4d(buf + s * K::SMEM_KV + blk * K::KVTile::BLOCK_BYTES, map, blk * 64, row, hc,
+                      bc, full + 8 * s);
       };
-      for (int j = 0; j <= n_blocks; ++j) {
-        if (j < n_blocks) load(k_map, k_h, k_b, sK, full_k, empty_k, j);
-        if (j >= 1) load(v_map, v_h, v_b, sV, full_v, empty_v, j - 1);
+      // Work tile u (counted over the block's life) is published in s_tile slot
+      // u % 2 together with its Q (q_full[c] completes after both), -1 after the
+      // last one. A slot is rewritten two tiles later, when every consumer has
+      // released that tile's Q.
+      int done = 0, kv = 0;  // work tiles and K (or V) tiles loaded so far
+      int tile = blockIdx.x;
+      while (true) {
+        tile_slot[done & 1] = tile < tiles ? tile : -1;
+        if (tile >= tiles) {
+          for (int c = 0; c < K::CONSUMERS; ++c) {
+            if (done > 0) mbarrier_wait(q_empty + 8 * c, (done - 1) & 1);
+            mbarrier_arrive(q_full + 8 * c);
+          }
+          break;
+        }
+        start_tile(tile);
+        const WorkTile w = cur();
+        const int h = w.h, b = w.b, h_kv = h / p.group;
+        const int q_h = p.q_head_stride ? h : 0, q_b = p.q_batch_stride ? b : 0;
+        const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? b : 0;
+        const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? b : 0;
+        // K_0 first: its buffer is free before the consumers hand back Q.
+        if (n_blocks > 0) load(k_map, k_h, k_b, sK, full_k, empty_k, kv, 0);
+        for (int c = 0; c < K::CONSUMERS; ++c) {
+          if (done > 0) mbarrier_wait(q_empty + 8 * c, (done - 1) & 1);
+          mbarrier_arrive_expect_tx(q_full + 8 * c, K::Q_SLICE_BYTES);
+#pragma unroll
+          for (int blk = 0; blk < CeilDiv<K::D_K, 64>::value; ++blk)
+            tma_load_4d(sQ + blk * K::QTile::BLOCK_BYTES + c * 64 * 128, q_map, blk * 64,
+                        q0 + 64 * c, q_h, q_b, q_full + 8 * c);
+        }
+        // The next tile is claimed with the last load, about STAGES key tiles before
+        // the consumers finish this one: early enough to load its Q and K_0 in
+        // time, late enough that a block busy with a long tile leaves the tiles
+        // after it to blocks that are free sooner. Claims 0, 1, ... go to tiles G,
+        // G + 1, ...; each block's last claim is past the end, so there are exactly
+        // `tiles` claims, and the last one resets the counter for the next launch
+        // in this stream.
+        int claim = n_blocks > 0 ? 0 : atomicAdd(tile_counter, 1u);
+        for (int j = 1; j <= n_blocks; ++j) {
+          if (j < n_blocks)
+            load(k_map, k_h, k_b, sK, full_k, empty_k, kv + j, j * K::BLOCK_N);
+          else
+            claim = atomicAdd(tile_counter, 1u);
+          load(v_map, v_h, v_b, sV, full_v, empty_v, kv + j - 1, (j - 1) * K::BLOCK_N);
+        }
+        kv += n_blocks;
+        ++done;
+        if (claim == tiles - 1) atomicExch(tile_counter, 0u);
+        tile = claim + int(gridDim.x);
       }
     }
-    cp_async_wait<0>();
     return;
   }
 
@@ -205,18 +270,16 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   };
   if (c == K::CONSUMERS - 1) pass_turn();
 
-  auto k_ready = [&](int j) { mbarrier_wait(full_k + 8 * (j % S), (j / S) & 1); };
-  auto v_ready = [&](int j) { mbarrier_wait(full_v + 8 * (j % S), (j / S) & 1); };
-  auto release_k = [&](int j) { if (lane == 0) mbarrier_arrive(empty_k + 8 * (j % S)); };
-  auto release_v = [&](int j) { if (lane == 0) mbarrier_arrive(empty_v + 8 * (j % S)); };
+  // Key tile j of the current work tile is the block's K (and V) load kv + j.
+  int kv = 0;
+  auto k_ready = [&](int j) { mbarrier_wait(full_k + 8 * ((kv + j) % S), ((kv + j) / S) & 1); };
+  auto v_ready = [&](int j) { mbarrier_wait(full_v + 8 * ((kv + j) % S), ((kv + j) / S) & 1); };
+  auto release_k = [&](int j) { if (lane == 0) mbarrier_arrive(empty_k + 8 * ((kv + j) % S)); };
+  auto release_v = [&](int j) { if (lane == 0) mbarrier_arrive(empty_v + 8 * ((kv + j) % S)); };
 
   float acc[K::D_TILES * 4];
-#pragma unroll
-  for (int i = 0; i < K::D_TILES * 4; ++i) acc[i] = 0.f;
   // Rows g and g + 8 of the warp; l_i is this lane's partial sum until the end.
   SoftmaxRow row[2];
-  row[0].init();
-  row[1].init();
   float s[K::N_TILES * 4];   // S of the current tile, then P = exp2(S - m_i)
   u32 pa[K::PV_STEPS][4];    // P of the previous tile in 16 bits: the A operand of P V
   float alpha[2];            // acc rescale factors of rows g, g + 8 for the current tile
@@ -225,7 +288,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   // Descriptors: one per tile, advanced per k16 step (desc_advance).
   const u64 q_desc = K::QTile::kmajor(sQ, c * 64, 0);
   auto issue_qk = [&](int j) {  // s = Q K_j^T
-    const u64 k_desc = K::KVTile::kmajor(sK + (j % S) * K::SMEM_KV, 0, 0);
+    const u64 k_desc = K::KVTile::kmajor(sK + ((kv + j) % S) * K::SMEM_KV, 0, 0);
 #pragma unroll
     for (int ks = 0; ks < K::QK_STEPS; ++ks)
       Wgmma<K::BLOCK_N>::ss(s, desc_advance(q_desc, K::QTile::kmajor_offset(ks)),
@@ -233,7 +296,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     wgmma_commit();
   };
   auto issue_pv = [&](int j) {  // acc += P_j V_j
-    const u64 v_desc = K::KVTile::mnmajor(sV + (j % S) * K::SMEM_KV, 0);
+    const u64 v_desc = K::KVTile::mnmajor(sV + ((kv + j) % S) * K::SMEM_KV, 0);
 #pragma unroll
     for (int ks = 0; ks < K::PV_STEPS; ++ks)
       Wgmma<K::D>::rs(acc, pa[ks], desc_advance(v_desc, K::KVTile::mnmajor_offset(ks)), T{});
@@ -312,7 +375,9 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   // loops for a path this rare: each n8 group's four scores enter at the end of s,
   // which shifts down by four, so every register index stays a constant.
   auto scores_from_global = [&](int j) {
-    const T* k_tile = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride +
+    const WorkTile w = cur();
+    const T* k_tile = static_cast<const T*>(p.k) + w.b * p.k_batch_stride +
+                      (w.h / p.group) * p.k_head_stride +
                       (i64(j) * K::BLOCK_N + 2 * t) * p.k_row_stride;
     const unsigned char* q_bytes = smem + (sQ - smem_addr(smem));
 #pragma unroll 1
@@ -406,99 +471,109 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     }
   };
 
-  mbarrier_wait(q_full, 0);
-  if (n_blocks > 0) {
-    fence_proxy_async();  // Q landed through the generic proxy, wgmma reads async
-    k_ready(0);
-    my_turn();
-    wgmma_fence();
-    issue_qk(0);
-    pass_turn();
-    wgmma_wait<0>();
-    fence_regs(s);
-    release_k(0);
-    softmax(0, false);
-    rescale_and_pack();
-    for (int j = 1; j < n_blocks; ++j) {
-      k_ready(j);
-      v_ready(j - 1);
+  // Per work tile: Q's rows from the producer, the key loop, then the output
+  // straight from the accumulators (Q's rows go back to the producer once the last
+  // softmax is done, so the next tile's Q lands while this one finishes).
+  for (int done = 0;; ++done) {  // work tiles finished
+    mbarrier_wait(q_full + 8 * c, done & 1);
+    const int tile = tile_slot[done & 1];
+    if (tile < 0) break;
+    start_tile(tile);
+#pragma unroll
+    for (int i = 0; i < K::D_TILES * 4; ++i) acc[i] = 0.f;
+    row[0].init();
+    row[1].init();
+    if (n_blocks > 0) {
+      k_ready(0);
       my_turn();
-      wgmma_fence();  // s, pa and acc were written by ordinary code
-      issue_qk(j);
-      issue_pv(j - 1);
+      wgmma_fence();
+      issue_qk(0);
       pass_turn();
-      wgmma_wait<1>();
+      wgmma_wait<0>();
       fence_regs(s);
-      release_k(j);
-      const bool fast = __all_sync(0xffffffffu, !needs_mask(j) && p.scale_log2 >= 0.f &&
-                                                     row[0].m_i != -CA_INF && row[1].m_i != -CA_INF);
-      if (fast) {
-        float sum[2];
-        if (__any_sync(0xffffffffu, !softmax_fast(sum))) {
-          settle_fast(j, sum);
+      release_k(0);
+      softmax(0, false);
+      rescale_and_pack();
+      for (int j = 1; j < n_blocks; ++j) {
+        k_ready(j);
+        v_ready(j - 1);
+        my_turn();
+        wgmma_fence();  // s, pa and acc were written by ordinary code
+        issue_qk(j);
+        issue_pv(j - 1);
+        pass_turn();
+        wgmma_wait<1>();
+        fence_regs(s);
+        release_k(j);
+        const bool fast = __all_sync(0xffffffffu, !needs_mask(j) && p.scale_log2 >= 0.f &&
+                                                       row[0].m_i != -CA_INF && row[1].m_i != -CA_INF);
+        if (fast) {
+          float sum[2];
+          if (__any_sync(0xffffffffu, !softmax_fast(sum))) {
+            settle_fast(j, sum);
+          } else {
+            row[0].l_i += sum[0];
+            row[1].l_i += sum[1];
+            alpha[0] = alpha[1] = 1.f;
+          }
         } else {
-          row[0].l_i += sum[0];
-          row[1].l_i += sum[1];
-          alpha[0] = alpha[1] = 1.f;
+          softmax(j, false);
         }
-      } else {
-        softmax(j, false);
+        // ptxas hoists the wait above independent arithmetic, which would run the
+        // softmax after P V instead of beside it. Arithmetic moves across barriers,
+        // shared-memory stores do not: storing l_i (it depends on every exp of the
+        // tile) before a warpgroup barrier pins the softmax ahead of the wait.
+        *reinterpret_cast<float2*>(smem + (sL - smem_addr(smem)) + ctid * 8) =
+            make_float2(row[0].l_i, row[1].l_i);
+        warpgroup_barrier(wg);
+        wgmma_wait<0>();
+        fence_regs(acc);
+        fence_regs(pa);
+        release_v(j - 1);
+        rescale_and_pack();
       }
-      // ptxas hoists the wait above independent arithmetic, which would run the
-      // softmax after P V instead of beside it. Arithmetic moves across barriers,
-      // shared-memory stores do not: storing l_i (it depends on every exp of the
-      // tile) before a warpgroup barrier pins the softmax ahead of the wait.
-      *reinterpret_cast<float2*>(smem + (sL - smem_addr(smem)) + ctid * 8) =
-          make_float2(row[0].l_i, row[1].l_i);
-      warpgroup_barrier(wg);
+    }
+    // Every Q K^T is complete and no softmax will read Q again (scores_from_global).
+    if (lane == 0) mbarrier_arrive(q_empty + 8 * c);
+    if (n_blocks > 0) {
+      v_ready(n_blocks - 1);
+      my_turn();
+      wgmma_fence();
+      issue_pv(n_blocks - 1);
+      pass_turn();
       wgmma_wait<0>();
       fence_regs(acc);
-      fence_regs(pa);
-      release_v(j - 1);
-      rescale_and_pack();
+      release_v(n_blocks - 1);
     }
-    v_ready(n_blocks - 1);
-    my_turn();
-    wgmma_fence();
-    issue_pv(n_blocks - 1);
-    pass_turn();
-    wgmma_wait<0>();
-    fence_regs(acc);
-  }
-  if (c == 0) my_turn();  // consumes the last consumer's last pass_turn: the counts balance
 
-  // Epilogue: finish the row sums across the quad, normalize, stage through this
-  // warp's own 16 rows of sQ (read only by its own, completed, MMAs), then store
-  // whole rows.
-  unsigned char* q_bytes = smem + (sQ - smem_addr(smem));
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row[r].l_i = group_sum<4>(row[r].l_i);
-    const float inv_l = row[r].inv_l();
-#pragma unroll
-    for (int dt = 0; dt < K::D / 8; ++dt) {
-      const u32 packed = MmaType<T>::pack(acc[dt * 4 + 2 * r] * inv_l, acc[dt * 4 + 2 * r + 1] * inv_l);
-      *reinterpret_cast<u32*>(q_bytes + K::QTile::offset(row0 + g + 8 * r, dt) + 4 * t) = packed;
-    }
-  }
-  __syncwarp();
-
-  T* o_head = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
-  const int rows_here = cmin(16, q_rows - row0);
-  constexpr int CHUNKS = K::D / 8;
-#pragma unroll
-  for (int e = lane; e < 16 * CHUNKS; e += 32) {
-    const int r = e / CHUNKS, chunk = e % CHUNKS;
-    if (r < rows_here) {
-      *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + chunk * 8) =
-          *reinterpret_cast<const uint4*>(q_bytes + K::QTile::offset(row0 + r, chunk));
-    }
-  }
-  if (p.lse && t == 0) {
+    // Epilogue: finish the row sums across the quad, normalize, and store: a quad
+    // holds four n8 column groups of a row as 4-byte pairs, and after a transpose
+    // within the quad each thread stores one group's 16 contiguous bytes (whole
+    // 32-byte sectors per quad; 4-byte stores would write every sector in halves).
+    const WorkTile w = cur();
+    T* o_head = static_cast<T*>(p.o) + w.b * p.o_batch_stride + w.h * p.o_head_stride;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      row[r].l_i = group_sum<4>(row[r].l_i);
+      const float inv_l = row[r].inv_l();
       const int i = q0 + row0 + g + 8 * r;
-      if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[r].lse();
+      T* o_row = o_head + i64(i) * p.o_row_stride;
+#pragma unroll
+      for (int dt0 = 0; dt0 < K::D_TILES; dt0 += 4) {
+        u32 x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int dt = cmin(dt0 + k, K::D_TILES - 1);  // past D: a copy, never stored
+          x[k] = MmaType<T>::pack(acc[dt * 4 + 2 * r] * inv_l, acc[dt * 4 + 2 * r + 1] * inv_l);
+        }
+        quad_transpose(x, t);
+        if (i < p.seqlen_q && dt0 + t < K::D_TILES)
+          *reinterpret_cast<uint4*>(o_row + (dt0 + t) * 8) = make_uint4(x[0], x[1], x[2], x[3]);
+      }
+      if (p.lse && t == 0 && i < p.seqlen_q)
+        p.lse[w.b * p.lse_batch_stride + w.h * p.lse_head_stride + i] = row[r].lse();
     }
+    kv += n_blocks;
   }
+  if (c == 0) my_turn();  // consumes the last consumer's last pass_turn: the counts balance
 }

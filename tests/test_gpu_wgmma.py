@@ -39,14 +39,16 @@ def test_lengths_off_every_tile(D, L, variant, dtype, device_cc):
                   **shape)
 
 
+@pytest.mark.parametrize("which", ["kv", "q"])
 @pytest.mark.parametrize("how", ["broadcast-heads", "broadcast-batch", "reversed-rows",
                                  "one-row-repeated", "bshd-strided"])
 @pytest.mark.parametrize("D", [72, 128])
-def test_key_value_views_and_tensor_maps(D, how, device_cc):
-    """K and V reach flash_wgmma through tensor maps: a broadcast head or batch axis
-    (stride 0) is a map axis of size 1, read at coordinate 0; views no map can
-    describe (rows reversed, every row the same row) run flash_mma's kernel. Each
-    must match the plain implementation."""
+def test_views_and_tensor_maps(D, how, which, device_cc):
+    """Q, K and V reach flash_wgmma through tensor maps: a broadcast head or batch
+    axis (stride 0) is a map axis of size 1, read at coordinate 0; views no map can
+    describe (rows reversed, every row the same row) run flash_mma's kernel. The
+    view is taken of K and V together, or of Q alone; each must match the plain
+    implementation."""
     import cupy
     import cupy_attention as ca
 
@@ -59,25 +61,100 @@ def test_key_value_views_and_tensor_maps(D, how, device_cc):
                                               seqlen_k=Sk, head_dim=D, dtype=dtype), device_cc)
     if reason:
         pytest.skip(reason)
-    seed = seed_for(NAME, "views", D, how)
+    seed = seed_for(NAME, "views", D, how, which)
     q, k, v, _ = make_qkv(cupy, seed, batch=B, heads_q=Hq, heads_kv=Hkv, seqlen_q=Sq,
                           seqlen_k=Sk, head_dim=D, dtype=dtype, layout=layout)
-    if how == "broadcast-heads":
-        k, v = (cupy.broadcast_to(x[:, :1], x.shape) for x in (k, v))
-    elif how == "broadcast-batch":
-        k, v = (cupy.broadcast_to(x[:1], x.shape) for x in (k, v))
-    elif how == "reversed-rows":
-        k, v = (x[:, :, ::-1] for x in (k, v))
-    elif how == "one-row-repeated":
-        k, v = (cupy.broadcast_to(x[:, :, 5:6], x.shape) for x in (k, v))
-    else:  # bshd with heads of a wider buffer: row stride 3 * Hkv * D
-        wide = [cupy.concatenate([x, x, x], axis=2) for x in (k, v)]
-        k, v = (w[:, :, Hkv:2 * Hkv] for w in wide)
+    heads, rows = (Hkv, Sk) if which == "kv" else (Hq, Sq)
+
+    def view(x):
+        if how == "broadcast-heads":
+            return cupy.broadcast_to(x[:, :1], x.shape)
+        if how == "broadcast-batch":
+            return cupy.broadcast_to(x[:1], x.shape)
+        if how == "reversed-rows":
+            return x[:, :, ::-1]
+        if how == "one-row-repeated":
+            return cupy.broadcast_to(x[:, :, 5:6], x.shape)
+        # bshd with heads of a wider buffer: row stride 3 * heads * D
+        return cupy.concatenate([x, x, x], axis=2)[:, :, heads:2 * heads]
+
+    if which == "kv":
+        k, v = view(k), view(v)
+        viewed = (k, v)
+    else:
+        q = view(q)
+        viewed = (q,)
     wants_map = how in ("broadcast-heads", "broadcast-batch", "bshd-strided")
-    assert all(tma.tileable(B, Hkv, Sk, bhs_strides(x, layout)) for x in (k, v)) == wants_map
+    assert all(tma.tileable(B, heads, rows, bhs_strides(x, layout)) for x in viewed) == wants_map
     out, lse = ca.attention(q, k, v, layout=layout, return_lse=True, kernel=NAME)
     ref, ref_lse = plain_attention(q, k, v, layout=layout)
     same, same_lse = plain_attention(q, k, v, layout=layout, precision=dtype)
     check_attention(to_bhsd(as_float(out), layout), ref, same, dtype, lse=lse.astype(cupy.float64),
                     ref_lse=ref_lse, same_lse=same_lse,
-                    log=dict(kernel=NAME, dtype=dtype, D=D, view=how, part="wgmma-views"))
+                    log=dict(kernel=NAME, dtype=dtype, D=D, view=f"{which}-{how}", part="wgmma-views"))
+
+
+@pytest.mark.parametrize("variant", ["square", "square-causal", "q-long-causal", "big-logits"])
+@pytest.mark.parametrize("D", [64, 72, 128, 256])
+def test_many_work_tiles_per_block(D, variant, device_cc):
+    """flash_wgmma is persistent: one block per SM walks the work tiles (BLOCK_M
+    query rows of one head and batch). With several tiles per block, the K and V
+    buffers' phases, Q's hand-over from one tile to the next, the consumers' turn
+    barriers, tiles with no key tile at all (query rows before the causal
+    diagonal starts, Sq > Sk) and the rare overflow path of the max-free softmax
+    (large logits) all carry over from tile to tile."""
+    import cupy
+
+    from cupy_attention.device import multiprocessor_count
+    from cupy_attention.families.flash_wgmma import tiles_for
+
+    Sq, Sk = (700, 400) if variant == "q-long-causal" else (450, 450)
+    causal = variant != "square"
+    shape = dict(batch=3, heads_q=40, heads_kv=8, seqlen_q=Sq, seqlen_k=Sk, head_dim=D,
+                 dtype="bfloat16", layout="bshd", causal=causal)
+    reason = FAMILIES[NAME].check(problem_for(**shape), device_cc)
+    if reason:
+        pytest.skip(reason)
+    block_m = 64 * tiles_for(D, causal)[0]
+    tiles = -(-Sq // block_m) * 40 * 3
+    sms = multiprocessor_count(cupy.cuda.runtime.getDevice())
+    assert tiles >= 2 * sms, f"{tiles} work tiles do not give each of {sms} blocks two"
+    run_and_check(NAME, seed=seed_for(NAME, "persistent", D, variant),
+                  magnitude=4.0 if variant == "big-logits" else 1.0,
+                  meta=dict(part="wgmma-persistent"), **shape)
+
+
+def test_work_tile_counter_per_stream(device_cc):
+    """Blocks claim work tiles from a counter per stream, which the last claim sets
+    back to 0: launches in two streams at once each get their own, and every
+    launch leaves it at 0 for the next one in its stream."""
+    import cupy
+    import cupy_attention as ca
+
+    from cupy_attention.families.flash_wgmma import tile_counter
+
+    shape = dict(batch=2, heads_q=48, heads_kv=48, seqlen_q=640, seqlen_k=640, head_dim=128,
+                 dtype="bfloat16", layout="bhsd")
+    reason = FAMILIES[NAME].check(problem_for(**shape), device_cc)
+    if reason:
+        pytest.skip(reason)
+    dev = cupy.cuda.runtime.getDevice()
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    inputs = [make_qkv(cupy, seed_for(NAME, "streams", n), **shape)[:3] for n in range(2)]
+    cupy.cuda.Device().synchronize()
+    outs = []
+    for rep in range(3):  # the second and third launches in a stream reuse its counter
+        for stream, (q, k, v) in zip(streams, inputs):
+            with stream:
+                outs.append(ca.attention(q, k, v, causal=rep % 2 == 1, kernel=NAME))
+    cupy.cuda.Device().synchronize()
+    counters = [tile_counter(dev, s) for s in streams]
+    assert counters[0].data.ptr != counters[1].data.ptr
+    assert all(int(c.get()[0]) == 0 for c in counters)
+    for n, out in enumerate(outs):
+        q, k, v = inputs[n % 2]
+        causal = (n // 2) % 2 == 1
+        ref, _ = plain_attention(q, k, v, causal=causal)
+        same, _ = plain_attention(q, k, v, causal=causal, precision="bfloat16")
+        check_attention(as_float(out), ref, same, "bfloat16",
+                        log=dict(kernel=NAME, part="wgmma-streams", launch=n))

@@ -77,9 +77,9 @@ class HotLaunch:
 
     ``variants(vec)`` returns (loaded kernel, grid, block, shared bytes) for the
     aligned (vec) or unaligned code path; the params struct is a packed template
-    whose five leading pointers are patched per call. ``extra(vec, k, v)``, where
-    given, returns the kernel arguments that follow the struct (tensor maps of K
-    and V).
+    whose five leading pointers are patched per call. ``extra(vec, q, k, v, stream)``,
+    where given, returns the kernel arguments that follow the struct (flash_wgmma:
+    tensor maps of Q, K and V, and its work tile counter).
     """
 
     def __init__(self, p: Problem, t: Tensors, strides_aligned: bool, variants, extra=None):
@@ -95,7 +95,7 @@ class HotLaunch:
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
         args = (np.frombuffer(buf, FWD_DTYPE)[0],)
         if self.extra is not None:
-            args += self.extra(vec, k, v)
+            args += self.extra(vec, q, k, v, stream)
         kernel.launch(grid, block, args, smem, stream)
 
 

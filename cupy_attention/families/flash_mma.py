@@ -106,17 +106,19 @@ class FlashMma(Family):
                                                 t.out.data.ptr, lse, stream)
 
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str, plan=None,
-                extra=None) -> HotLaunch:
-        """``plan`` (default :meth:`planner`) and ``extra`` let a subclass choose
-        other kernels and pass arguments after the params struct (HotLaunch)."""
+                extra=None, grid=None) -> HotLaunch:
+        """``plan`` (default :meth:`planner`), ``extra`` and ``grid`` let a subclass
+        choose other kernels, pass arguments after the params struct (HotLaunch) and
+        launch another grid than one block per BLOCK_M query rows of each head
+        (``grid(vec)`` returns it, or None for that one)."""
         plan = plan or self.planner(p, device_id)
         grid_y_z = (p.heads_q, p.batch)
 
         @functools.lru_cache(maxsize=2)
         def variant(vec: bool):
             kspec, block_m, threads, smem = plan(vec)
-            return (jit.get_function(kspec, arch, device_id),
-                    (-(-p.seqlen_q // block_m), *grid_y_z), (threads,), smem)
+            blocks = (grid(vec) if grid else None) or (-(-p.seqlen_q // block_m), *grid_y_z)
+            return jit.get_function(kspec, arch, device_id), blocks, (threads,), smem
 
         return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant, extra)
 

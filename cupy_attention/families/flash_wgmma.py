@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from .. import jit, tma
+from ..device import multiprocessor_count
 from ..problem import Problem
 from .base import CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
 from .flash_mma import FlashMma
@@ -85,10 +86,10 @@ def tiles_for(head_dim: int, causal: bool = False):
 
 def smem_bytes(head_dim: int, cfg) -> int:
     """``WgmmaTraits::SMEM_BYTES``: Q, STAGES buffers of K and V, the consumers' l_i
-    slots, the mbarriers, and 1024 bytes to align the base."""
+    slots, two work tile slots, the mbarriers, and 1024 bytes to align the base."""
     consumers, block_n, _, stages = cfg
     return ((64 * consumers + 2 * stages * block_n) * d_pad(head_dim) * 2 + 128 * consumers * 8
-            + (1 + 4 * stages) * 8 + 1024)
+            + 8 + (2 * consumers + 4 * stages) * 8 + 1024)
 
 
 def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
@@ -116,6 +117,27 @@ def _tile_maps(geometry) -> tma.TileMaps:
     return tma.TileMaps(geometry)
 
 
+_counters: dict = {}
+
+
+def tile_counter(device_id: int, stream):
+    """The work tile counter of launches on ``stream`` (a uint32 in device memory).
+
+    The kernel's blocks claim tiles from it with atomics and the last claim sets it
+    back to 0, so launches in one stream (which run one after another) share it;
+    launches in two streams, which may overlap, each have their own. Zeroed once, in
+    that stream, before its first launch; kept for the life of the process (one
+    small allocation a stream)."""
+    key = (device_id, stream.ptr)
+    counter = _counters.get(key)
+    if counter is None:
+        import cupy
+
+        with cupy.cuda.Device(device_id), stream:
+            counter = _counters.setdefault(key, cupy.zeros(1, dtype=cupy.uint32))
+    return counter
+
+
 class FlashWgmma(FlashMma):
     name = "flash_wgmma"
     summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, TMA)"
@@ -136,23 +158,34 @@ class FlashWgmma(FlashMma):
         return super().check(p, cc)
 
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotLaunch:
-        """The wgmma kernel with K and V tensor maps where the arrays allow it (16-byte
-        aligned, strides a tensor map takes), flash_mma's kernel otherwise."""
-        kv_strides = [bhs_strides(a, p.layout) for a in (t.k, t.v)]
-        if not all(tma.tileable(p.batch, p.heads_kv, p.seqlen_k, s) for s in kv_strides):
+        """The wgmma kernel with Q, K and V tensor maps where the arrays allow it
+        (16-byte aligned, strides a tensor map takes), flash_mma's kernel otherwise.
+        The wgmma kernel is persistent: one block per SM (blocks per SM of its
+        config) walks the work tiles."""
+        strides = [bhs_strides(a, p.layout) for a in (t.q, t.k, t.v)]
+        rows = (p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k), (p.heads_kv, p.seqlen_k)
+        if not all(tma.tileable(p.batch, heads, n, s) for (heads, n), s in zip(rows, strides)):
             return super().prepare(p, t, device_id, arch)
         mma_plan = self.planner(p, device_id)
-        block_n = tiles_for(p.head_dim, p.causal)[1]
-        k_maps, v_maps = (_tile_maps(tma.map_geometry(p.batch, p.heads_kv, p.seqlen_k, p.head_dim,
-                                                      s, block_n)) for s in kv_strides)
+        cfg = tiles_for(p.head_dim, p.causal)
+        q_maps, k_maps, v_maps = (
+            _tile_maps(tma.map_geometry(p.batch, heads, n, p.head_dim, s, box_rows))
+            for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
+        tiles = -(-p.seqlen_q // (64 * cfg[0])) * p.heads_q * p.batch
+        blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
 
         def plan(vec: bool):
             return _plan(p.head_dim, p.dtype, p.causal) if vec else mma_plan(False)
 
-        def extra(vec: bool, k: int, v: int):
-            return (k_maps(k), v_maps(v)) if vec else ()
+        def grid(vec: bool):
+            return (blocks,) if vec else None
 
-        return super().prepare(p, t, device_id, arch, plan, extra)
+        def extra(vec: bool, q: int, k: int, v: int, stream):
+            if not vec:
+                return ()
+            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream)
+
+        return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

@@ -108,11 +108,6 @@ __device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
 __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
-// One arrival once every cp.async this thread issued so far has landed (the
-// thread itself goes on at once).
-__device__ __forceinline__ void cp_async_mbarrier_arrive(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
-}
 __device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
   asm volatile(
       "{.reg .pred done;\n"
