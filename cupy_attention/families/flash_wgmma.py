@@ -4,11 +4,12 @@ Takes the problems flash_mma takes except dense masks, on compute capability 9.0
 only, for head dims that are multiples of 8 from 64 to 256 (smaller ones stay with
 flash_mma). Q K^T steps over the head dim rounded up to 16 (k16), P V computes
 exactly D columns, the shared tiles hold whole 64-column swizzle blocks. The kernel needs
-16-byte aligned base pointers and strides, and K and V load through tensor maps
+16-byte aligned base pointers and strides, and Q, K and V load through tensor maps
 (TMA, ``cupy_attention/tma.py``), which need positive row strides and head and
 batch strides that are not negative; those are properties of the arrays, not of
 the Problem, so a launch whose arrays do not qualify runs flash_mma's kernel
-instead.
+instead. The kernel is persistent: one block per SM claims work tiles from a
+counter per stream (:func:`tile_counter`).
 """
 
 from __future__ import annotations
