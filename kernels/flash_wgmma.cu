@@ -479,6 +479,27 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     const int tile = tile_slot[done & 1];
     if (tile < 0) break;
     start_tile(tile);
+    if (q0 + 64 * c >= p.seqlen_q) {
+      // All of this consumer's rows lie past the last query (the last tile of a
+      // length that is not a multiple of BLOCK_M): nothing to compute or store. It
+      // still takes its turns, and hands each buffer back once it has landed (a
+      // release before that would count toward the buffer's previous use).
+      for (int j = 0; n_blocks > 0 && j <= n_blocks; ++j) {  // n_blocks + 1 turns, as below
+        if (j < n_blocks) {
+          k_ready(j);
+          release_k(j);
+        }
+        if (j > 0) {
+          v_ready(j - 1);
+          release_v(j - 1);
+        }
+        my_turn();
+        pass_turn();
+      }
+      if (lane == 0) mbarrier_arrive(q_empty + 8 * c);
+      kv += n_blocks;
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < K::D_TILES * 4; ++i) acc[i] = 0.f;
     row[0].init();
