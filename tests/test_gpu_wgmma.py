@@ -158,3 +158,46 @@ def test_work_tile_counter_per_stream(device_cc):
         same, _ = plain_attention(q, k, v, causal=causal, precision="bfloat16")
         check_attention(as_float(out), ref, same, "bfloat16",
                         log=dict(kernel=NAME, part="wgmma-streams", launch=n))
+
+
+@pytest.mark.parametrize("warm_stream", [False, True])
+def test_cuda_graph_capture(warm_stream, device_cc):
+    """A call captured into a CUDA graph (torch.cuda.graph) replays correctly. In a
+    stream that has run flash_wgmma before, the graph keeps that stream's work tile
+    counter; in one that has not, nothing is allocated during the capture and the
+    kernel takes its tiles in the fixed order instead."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    import cupy_attention as ca
+
+    from cupy_attention.families import flash_wgmma
+
+    shape = dict(batch=2, heads_q=24, heads_kv=8, seqlen_q=700, seqlen_k=700, head_dim=128,
+                 dtype="bfloat16", layout="bhsd")
+    reason = FAMILIES[NAME].check(problem_for(**shape), device_cc)
+    if reason:
+        pytest.skip(reason)
+    gen = torch.Generator(device="cuda").manual_seed(seed_for(NAME, "graph", warm_stream))
+    q, k, v = (torch.randn(2, h, 700, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h in (24, 8, 8))
+    stream = torch.cuda.Stream()
+    ca.attention(q, k, v, causal=True, kernel=NAME)  # compile and load outside the capture
+    if warm_stream:
+        with torch.cuda.stream(stream):
+            ca.attention(q, k, v, causal=True, kernel=NAME)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = ca.attention(q, k, v, causal=True, kernel=NAME)
+    has_counter = (torch.cuda.current_device(), stream.cuda_stream) in flash_wgmma._counters
+    assert has_counter == warm_stream
+    for rep in range(3):  # new inputs in the captured buffers each replay
+        for x in (q, k, v):
+            x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        qc, kc, vc, oc = (cupy.from_dlpack(x.detach()) for x in (q, k, v, out))
+        ref, _ = plain_attention(qc, kc, vc, causal=True)
+        same, _ = plain_attention(qc, kc, vc, causal=True, precision="bfloat16")
+        check_attention(as_float(oc), ref, same, "bfloat16",
+                        log=dict(kernel=NAME, part="wgmma-graph", warm=warm_stream, replay=rep))

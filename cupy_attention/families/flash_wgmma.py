@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from .. import jit, tma
 from ..device import multiprocessor_count
 from ..problem import Problem
@@ -121,6 +123,9 @@ def _tile_maps(geometry) -> tma.TileMaps:
 _counters: dict = {}
 
 
+_NO_COUNTER = np.uint64(0)  # a null pointer: the kernel's fixed tile order
+
+
 def tile_counter(device_id: int, stream):
     """The work tile counter of launches on ``stream`` (a uint32 in device memory).
 
@@ -128,10 +133,15 @@ def tile_counter(device_id: int, stream):
     back to 0, so launches in one stream (which run one after another) share it;
     launches in two streams, which may overlap, each have their own. Zeroed once, in
     that stream, before its first launch; kept for the life of the process (one
-    small allocation a stream)."""
+    small allocation a stream). A stream that is being captured into a CUDA graph
+    and has no counter yet gets none (allocating there could fail the capture): the
+    kernel then takes its tiles in a fixed order, which is slower only under the
+    causal mask at long sequences."""
     key = (device_id, stream.ptr)
     counter = _counters.get(key)
     if counter is None:
+        if stream.is_capturing():
+            return _NO_COUNTER
         import cupy
 
         with cupy.cuda.Device(device_id), stream:
