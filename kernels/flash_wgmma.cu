@@ -189,7 +189,6 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     // u % S once use u - S is released.
     setmaxnreg_dec<K::PRODUCER_REGS>();
     if (threadIdx.x == 0) {
-      // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
       auto load = [&](const TmaMap& map, int hc, int bc, u32 buf, u32 full, u32 empty, int u,
                       int row) {
         const int s = u % S;
@@ -218,6 +217,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
         start_tile(tile);
         const WorkTile w = cur();
         const int h = w.h, b = w.b, h_kv = h / p.group;
+        // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
         const int q_h = p.q_head_stride ? h : 0, q_b = p.q_batch_stride ? b : 0;
         const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? b : 0;
         const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? b : 0;
