@@ -120,9 +120,7 @@ def _tile_maps(geometry) -> tma.TileMaps:
     return tma.TileMaps(geometry)
 
 
-_counters: dict = {}
-
-
+_counters: dict = {}  # (device, stream handle) -> counter
 _NO_COUNTER = np.uint64(0)  # a null pointer: the kernel's fixed tile order
 
 
