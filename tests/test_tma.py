@@ -1,8 +1,10 @@
 """Tensor-map geometry (cupy_attention/tma.py) on the host: which K/V views get a
-map, and the dims, byte strides and box the driver is asked to encode."""
+map, and the dims, byte strides and box the driver is asked to encode; and
+flash_wgmma's work tile counter while a stream is being captured."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cupy_attention import tma
@@ -84,3 +86,21 @@ def test_a_refused_encoding_raises_a_typed_error(monkeypatch):
     monkeypatch.setattr(tma, "_encode", lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
     with pytest.raises(DriverError, match="cuTensorMapEncodeTiled failed"):
         tma.TileMaps(GEOMETRY)(256)
+
+
+def test_no_work_tile_counter_is_allocated_during_a_capture():
+    """flash_wgmma's launches take a work tile counter per stream; a stream being
+    captured into a CUDA graph that has none yet gets a null pointer (the kernel's
+    fixed tile order) and nothing is allocated or remembered for it."""
+    from cupy_attention.families import flash_wgmma
+
+    class CapturingStream:
+        ptr = 0x5EED
+
+        def is_capturing(self):
+            return True
+
+    counter = flash_wgmma.tile_counter(0, CapturingStream())
+    assert counter is flash_wgmma._NO_COUNTER
+    assert counter.dtype == np.uint64 and int(counter) == 0
+    assert (0, CapturingStream.ptr) not in flash_wgmma._counters
