@@ -162,9 +162,11 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   int tile_now = 0, q0 = 0, n_blocks = 0;
   auto start_tile = [&](int tile) {
     tile_now = tile;
-    q0 = work_tile<CausalT>(p, m_blocks, tile).m_block * K::BLOCK_M;
+    const WorkTile w = work_tile<CausalT>(p, m_blocks, tile);
+    q0 = w.m_block * K::BLOCK_M;
     const int q_last = cmin(q0 + K::BLOCK_M, p.seqlen_q) - 1;
     n_blocks = ceil_div(CausalT::k_end(q_last, p.seqlen_k, p.causal_offset), K::BLOCK_N);
+    return w;
   };
   auto cur = [&]() { return work_tile<CausalT>(p, m_blocks, tile_now); };
 
@@ -215,8 +217,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
           }
           break;
         }
-        start_tile(tile);
-        const WorkTile w = cur();
+        const WorkTile w = start_tile(tile);
         const int h = w.h, b = w.b, h_kv = h / p.group;
         // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
         const int q_h = p.q_head_stride ? h : 0, q_b = p.q_batch_stride ? b : 0;
@@ -321,6 +322,11 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     return k0 + K::BLOCK_N > p.seqlen_k ||
            CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
   };
+  // The first masked column of key tile j in this thread's row r (causal bound
+  // and end of the keys).
+  auto col_end = [&](int r, int j) {
+    return CausalT::k_end(q0 + row0 + g + 8 * r, p.seqlen_k, p.causal_offset) - j * K::BLOCK_N;
+  };
   // Row r of the tile: p = exp2(s * scale - ref) in place; returns this thread's
   // part of the row sum.
   auto exp_row = [&](int r, float scale, float neg_ref) {
@@ -341,7 +347,6 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   // would be the wrong end). The max is lazy (SoftmaxRow::rescale_lazy) unless
   // `exact`.
   auto softmax = [&](int j, bool exact) {
-    const int k0 = j * K::BLOCK_N;
     float scale = p.scale_log2;
     if (needs_mask(j) || scale < 0.f) {
 #pragma unroll
@@ -349,13 +354,12 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
       scale = 1.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = q0 + row0 + g + 8 * r;
-        const int col_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset) - k0;
+        const int end = col_end(r, j);
 #pragma unroll
         for (int nt = 0; nt < K::N_TILES; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            if (nt * 8 + 2 * t + e >= col_end) s[nt * 4 + 2 * r + e] = -CA_INF;
+            if (nt * 8 + 2 * t + e >= end) s[nt * 4 + 2 * r + e] = -CA_INF;
       }
     }
 #pragma unroll
@@ -383,8 +387,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (CausalT::enabled && masked) {
-        const int col_end =
-            CausalT::k_end(q0 + row0 + g + 8 * r, p.seqlen_k, p.causal_offset) - j * K::BLOCK_N;
+        const int end = col_end(r, j);
         sum[r] = 0.f;
 #pragma unroll
         for (int nt = 0; nt < K::N_TILES; ++nt)
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
           for (int e = 0; e < 2; ++e) {
             float& x = s[nt * 4 + 2 * r + e];
             const float pe = fast_exp2(fmaf(x, p.scale_log2, -row[r].m_i));
-            x = nt * 8 + 2 * t + e < col_end ? pe : 0.f;
+            x = nt * 8 + 2 * t + e < end ? pe : 0.f;
             sum[r] += x;
           }
       } else {
