@@ -102,7 +102,12 @@ struct WgmmaTraits {
 // tile from a counter in global memory (atomicAdd), so a block that drew light
 // tiles takes more of them and the blocks finish together. (A fixed order, block x
 // taking every G-th tile, ran 0.61-0.85x at S >= 8k under the causal mask; it
-// remains the fallback where there is no counter.)
+// remains the fallback where there is no counter.) Block m starts at query row
+// m * BLOCK_M - q_shift: with 0 < q_shift <= m_blocks * BLOCK_M - seqlen_q (the host
+// picks it, under the causal mask only) the partial block of a length that is not
+// a multiple of BLOCK_M comes first, where the causal mask leaves the fewest keys,
+// instead of last, with the most. Its rows before row 0 are zeros from the copy
+// engine and never stored; a consumer whose 64 rows all lie there sits the tile out.
 struct WorkTile {
   int m_block, h, b;
 };
@@ -135,7 +140,7 @@ template <class K, class CausalT>
 __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
                     const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
-                    u32* tile_counter) {
+                    u32* tile_counter, int q_shift) {
   using T = typename K::T;
   constexpr int S = K::STAGES;
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   auto start_tile = [&](int tile) {
     tile_now = tile;
     const WorkTile w = work_tile<CausalT>(p, m_blocks, tile);
-    q0 = w.m_block * K::BLOCK_M;
+    q0 = w.m_block * K::BLOCK_M - q_shift;
     const int q_last = cmin(q0 + K::BLOCK_M, p.seqlen_q) - 1;
     n_blocks = ceil_div(CausalT::k_end(q_last, p.seqlen_k, p.causal_offset), K::BLOCK_N);
     return w;
@@ -514,11 +519,11 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     const int tile = tile_slot[done & 1];
     if (tile < 0) break;
     start_tile(tile);
-    if (q0 + 64 * c >= p.seqlen_q) {
-      // All of this consumer's rows lie past the last query (the last tile of a
-      // length that is not a multiple of BLOCK_M): nothing to compute or store. It
-      // still takes its turns, and hands each buffer back once it has landed (a
-      // release before that would count toward the buffer's previous use).
+    if (q0 + 64 * c >= p.seqlen_q || q0 + 64 * (c + 1) <= 0) {
+      // All of this consumer's rows lie past the last query or before the first
+      // (a partial block): nothing to compute or store. It still takes its turns,
+      // and hands each buffer back once it has landed (a release before that would
+      // count toward the buffer's previous use).
       for (int j = 0; n_blocks > 0 && j <= n_blocks; ++j) {  // n_blocks + 1 turns, as below
         if (j < n_blocks) {
           k_ready(j);
@@ -625,10 +630,10 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
           x[k] = MmaType<T>::pack(acc[dt * 4 + 2 * r] * inv_l, acc[dt * 4 + 2 * r + 1] * inv_l);
         }
         quad_transpose(x, t);
-        if (i < p.seqlen_q && dt0 + t < K::D_TILES)
+        if (i >= 0 && i < p.seqlen_q && dt0 + t < K::D_TILES)
           *reinterpret_cast<uint4*>(o_row + (dt0 + t) * 8) = make_uint4(x[0], x[1], x[2], x[3]);
       }
-      if (p.lse && t == 0 && i < p.seqlen_q)
+      if (p.lse && t == 0 && i >= 0 && i < p.seqlen_q)
         p.lse[w.b * p.lse_batch_stride + w.h * p.lse_head_stride + i] = row[r].lse();
     }
     kv += n_blocks;

@@ -94,6 +94,33 @@ def test_views_and_tensor_maps(D, how, which, device_cc):
                     log=dict(kernel=NAME, dtype=dtype, D=D, view=f"{which}-{how}", part="wgmma-views"))
 
 
+@pytest.mark.parametrize("shift", [1, 40, 64, 100, "overhang"])
+@pytest.mark.parametrize("Sq, Sk", [(450, 700), (450, 300), (70, 900)])
+@pytest.mark.parametrize("D", [64, 72])
+def test_causal_query_blocks_start_anywhere(D, Sq, Sk, shift, monkeypatch, device_cc):
+    """Under the causal mask the host may start the query blocks up to the last
+    block's overhang before row 0 (query_shift). Whatever it picks, the rows
+    before 0 are never stored, a consumer with none of the real rows sits its tile
+    out, and a warp that straddles row 0 (shifts 1, 40, 100) mixes rows that exist
+    with rows that do not. Sk > Sq: rows before 0 still see keys; Sk < Sq: the
+    first real rows see none (out 0, lse -inf)."""
+    from cupy_attention.families import flash_wgmma
+
+    shape = dict(batch=2, heads_q=6, heads_kv=2, seqlen_q=Sq, seqlen_k=Sk, head_dim=D,
+                 dtype="bfloat16", layout="bhsd", causal=True)
+    reason = FAMILIES[NAME].check(problem_for(**shape), device_cc)
+    if reason:
+        pytest.skip(reason)
+    block_m = 64 * flash_wgmma.tiles_for(D, True)[0]
+    overhang = -(-Sq // block_m) * block_m - Sq
+    value = overhang if shift == "overhang" else shift
+    if value > overhang:
+        pytest.skip(f"{Sq} rows in blocks of {block_m} overhang by {overhang} < {value}")
+    monkeypatch.setattr(flash_wgmma, "query_shift", lambda *_: value)
+    run_and_check(NAME, seed=seed_for(NAME, "shift", D, Sq, Sk, shift),
+                  meta=dict(part="wgmma-query-shift"), **shape)
+
+
 @pytest.mark.parametrize("variant", ["square", "square-causal", "q-long-causal", "big-logits"])
 @pytest.mark.parametrize("D", [64, 72, 128, 256])
 def test_many_work_tiles_per_block(D, variant, device_cc):

@@ -120,6 +120,33 @@ def _tile_maps(geometry) -> tma.TileMaps:
     return tma.TileMaps(geometry)
 
 
+def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int:
+    """Where the causal kernel's query blocks start: block m at row
+    ``m * block_m - shift``, 0 <= shift <= the rows the last block overhangs.
+
+    A shift moves the partial block of a length that is not a multiple of BLOCK_M
+    from the end, where the causal mask gives it the most key tiles, to the start,
+    where it gets the fewest, but it also moves where every block ends against the
+    key tiles. The choice minimizes sum over blocks of (key tiles) x (1 + consumers
+    with rows in it): MMA rounds plus MMAs, equal weights, which orders an A/B of
+    shift 0 against the largest shift the way the H200 did at S = 512..8k
+    (2026-11-22; e.g. D = 64, S = 1k: 1.07x measured, 1.06x modelled; D = 96, S =
+    2k, BLOCK_N = 96: 0.96x both, so there it stays 0). Ties keep the smaller shift.
+    """
+    m_blocks = -(-seqlen_q // block_m)
+    excess = m_blocks * block_m - seqlen_q
+    if excess == 0:
+        return 0
+    shifts = np.array(sorted(set(range(0, excess, 16)) | {excess}))[:, None]
+    q0 = np.arange(m_blocks)[None, :] * block_m - shifts
+    k_end = np.clip(np.minimum(q0 + block_m, seqlen_q) + (seqlen_k - seqlen_q), 0, seqlen_k)
+    key_tiles = -(-k_end // block_n)
+    rows = q0[..., None] + 64 * np.arange(block_m // 64)
+    consumers = ((rows < seqlen_q) & (rows + 64 > 0)).sum(axis=-1)
+    cost = (key_tiles * (1 + consumers)).sum(axis=1)
+    return int(shifts[int(np.argmin(cost)), 0])
+
+
 _counters: dict = {}  # (device, stream handle) -> counter
 _NO_COUNTER = np.uint64(0)  # a null pointer: the kernel's fixed tile order
 
@@ -182,6 +209,7 @@ class FlashWgmma(FlashMma):
             for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
         tiles = -(-p.seqlen_q // (64 * cfg[0])) * p.heads_q * p.batch
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
+        shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, 64 * cfg[0], cfg[1]) if p.causal else 0)
 
         def plan(vec: bool):
             return _plan(p.head_dim, p.dtype, p.causal) if vec else mma_plan(False)
@@ -192,7 +220,7 @@ class FlashWgmma(FlashMma):
         def extra(vec: bool, q: int, k: int, v: int, stream):
             if not vec:
                 return ()
-            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream)
+            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream), shift
 
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
