@@ -1,10 +1,14 @@
-"""flash_wgmma's choice of where its causal query blocks start (query_shift), on
-the host: which rows a partial block gets, and that the choice stays in range."""
+"""flash_wgmma's host-side plan: where its causal query blocks start
+(query_shift), and the shared memory it asks for (smem_bytes), which must equal
+what the kernel lays out: NVRTC compiles a probe that static_asserts
+WgmmaTraits::SMEM_BYTES against the host's figure for every tile config."""
 
 from __future__ import annotations
 
 import pytest
 
+from cupy_attention import jit
+from cupy_attention.families import flash_wgmma
 from cupy_attention.families.flash_wgmma import query_shift
 
 
@@ -40,3 +44,44 @@ def test_shift_keeps_every_row_in_a_block(block_m, block_n):
             overhang = -(-seqlen_q // block_m) * block_m - seqlen_q
             shift = query_shift(seqlen_q, seqlen_k, block_m, block_n)
             assert 0 <= shift <= overhang, (seqlen_q, seqlen_k, shift)
+
+
+def smem_probe(cases, lie: bool = False) -> str:
+    """static_asserts of WgmmaTraits::SMEM_BYTES against the host's smem_bytes."""
+    lines = ['#include "flash_wgmma.cu"']
+    for i, (d, cfg) in enumerate(cases):
+        consumers, block_n, min_blocks, stages = cfg
+        traits = f"WgmmaTraits<{d}, {consumers}, {block_n}, bf16, {min_blocks}, {stages}>"
+        smem = flash_wgmma.smem_bytes(d, cfg) + (8 if lie and i == 0 else 0)
+        lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, "SMEM_BYTES D={d} {cfg}");')
+    return "\n".join(lines) + "\n"
+
+
+def nvrtc_compile(src: str) -> tuple[bool, str]:
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(src, "smem_probe.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(jit.options_for("sm_90a")))
+            ok = True
+        except nvrtc.NVRTCError:
+            ok = False
+        return ok, nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+SHIPPED = sorted({(d, flash_wgmma.tiles_for(d, causal))
+                  for d in range(64, 257, 8) for causal in (False, True)})
+
+
+def test_host_shared_memory_matches_the_kernel():
+    assert len(SHIPPED) >= len(flash_wgmma.TILES)
+    ok, log = nvrtc_compile(smem_probe(SHIPPED))
+    assert ok, f"flash_wgmma.py and WgmmaTraits disagree:\n{log}"
+
+
+def test_smem_probe_catches_a_wrong_size():
+    ok, log = nvrtc_compile(smem_probe(SHIPPED[:1], lie=True))
+    assert not ok and "SMEM_BYTES D=" in log, log
