@@ -516,7 +516,9 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   // softmax is done, so the next tile's Q lands while this one finishes).
   for (int done = 0;; ++done) {  // work tiles finished
     mbarrier_wait(q_full + 8 * c, done & 1);
-    const int tile = tile_slot[done & 1];
+    // Lane 0 reads the slot for the warp: the producer rewrites it once lane 0's
+    // release of this tile's Q (below) has come, which orders only lane 0's own read.
+    const int tile = __shfl_sync(0xffffffffu, lane == 0 ? tile_slot[done & 1] : 0, 0);
     if (tile < 0) break;
     start_tile(tile);
     if (q0 + 64 * c >= p.seqlen_q || q0 + 64 * (c + 1) <= 0) {

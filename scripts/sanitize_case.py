@@ -8,7 +8,9 @@ a multiple of 8, lengths off every tile, causal with Sq > Sk and Sq < Sk, GQA, a
 dense mask where the family takes one, a 16-byte-aligned case for the vector
 path; for flash_wgmma three consumer warpgroups at D = 64, 72 and 160, two at
 128 under the causal mask; keys whose scores climb steadily or leap, for
-flash_wgmma's max-free softmax and the two ways it recovers). Inputs come from the
+flash_wgmma's max-free softmax and the two ways it recovers; and, for flash_wgmma
+alone, problems with a few work tiles per block, whose Q buffers and work tile
+slots change hands between its warpgroups). Inputs come from the
 host (NumPy), so nothing but our kernels and CuPy's copies runs on the device. Each
 result is checked against the float64 reference; the exit status is 1 if any
 result is wrong. Then each backward kernel
@@ -38,6 +40,11 @@ CASES = (
     (1, 2, 2, 70, 250, 160, False, None),
     (1, 3, 1, 250, 700, 72, False, "keys-rise"),
     (1, 3, 1, 250, 700, 72, True, "keys-jump"),
+)
+# flash_wgmma is persistent: these give each of up to 132 blocks about three work tiles
+PERSISTENT_CASES = (
+    (3, 40, 8, 450, 450, 64, True, None),
+    (3, 40, 8, 300, 300, 128, False, None),
 )
 BACKWARD_KERNELS = ("flash_wgmma", "flash_mma", "flash")
 
@@ -78,7 +85,8 @@ def main(argv=None) -> int:
     for name in args.families or list(FAMILIES):
         family = FAMILIES[name]
         dtype = "float16" if "float16" in family.dtypes else family.dtypes[0]
-        for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in CASES:
+        cases = CASES + (PERSISTENT_CASES if name == "flash_wgmma" else ())
+        for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in cases:
             q, k, v = host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D)
             mask = None
             if mask_kind == "bool":
