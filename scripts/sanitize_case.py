@@ -9,7 +9,7 @@ dense mask where the family takes one, a 16-byte-aligned case for the vector
 path; for flash_wgmma three consumer warpgroups at D = 64, 72 and 160, two at
 128 under the causal mask; keys whose scores climb steadily or leap, for
 flash_wgmma's max-free softmax and the two ways it recovers; and, for flash_wgmma
-alone, problems with a few work tiles per block, whose Q buffers and work tile
+alone, problems with a few work tiles per block, whose Q rows and work tile
 slots change hands between its warpgroups). Inputs come from the
 host (NumPy), so nothing but our kernels and CuPy's copies runs on the device. Each
 result is checked against the float64 reference; the exit status is 1 if any

@@ -15,6 +15,9 @@ The plain attention below is written from the definition, independently of both
 ``precision="float64"`` gives the TESTING.md ``ref``; ``precision=<dtype>`` gives
 ``same``: inputs rounded to the dtype, scores and softmax in fp32, probabilities
 rounded to the dtype before P@V (fp32 accumulation), output rounded to the dtype.
+
+``nvrtc_probe`` compiles a source with NVRTC and reports whether it compiled: the
+CPU tests use it for probes that static_assert host figures against the kernels'.
 """
 
 from __future__ import annotations
@@ -543,3 +546,19 @@ def prewarm(cases, workers=None) -> int:
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_into_cache, jobs))
     return len(jobs)
+
+
+def nvrtc_probe(src: str, options) -> tuple[bool, str]:
+    """Compile ``src`` with NVRTC (no GPU needed): (compiled, the compiler's log)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(src, "probe.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+            ok = True
+        except nvrtc.NVRTCError:
+            ok = False
+        return ok, nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)

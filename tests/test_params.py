@@ -11,6 +11,8 @@ import pytest
 
 from cupy_attention import jit, params
 
+from helpers import nvrtc_probe
+
 
 def struct_dtypes():
     """(C struct name, NumPy dtype) for every ``*_DTYPE`` in params.py: FWD_DTYPE -> FwdParams."""
@@ -51,18 +53,7 @@ def probe_source(struct: str, dt: np.dtype, lie: bool = False) -> str:
 
 
 def nvrtc_compile(src: str) -> tuple[bool, str]:
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(src, "params_probe.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, ["-std=c++17", f"-I{jit.kernels_dir()}", "-arch=sm_80"])
-            ok = True
-        except nvrtc.NVRTCError:
-            ok = False
-        return ok, nvrtc.getProgramLog(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    return nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", "-arch=sm_80"])
 
 
 STRUCTS = struct_dtypes()

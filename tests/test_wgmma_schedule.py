@@ -11,6 +11,8 @@ from cupy_attention import jit
 from cupy_attention.families import flash_wgmma
 from cupy_attention.families.flash_wgmma import query_shift
 
+from helpers import nvrtc_probe
+
 
 @pytest.mark.parametrize("seqlen, block_m", [(192, 192), (384, 192), (1536, 192), (512, 128),
                                              (4096, 128)])
@@ -58,18 +60,7 @@ def smem_probe(cases, lie: bool = False) -> str:
 
 
 def nvrtc_compile(src: str) -> tuple[bool, str]:
-    from cupy_backends.cuda.libs import nvrtc
-
-    prog = nvrtc.createProgram(src, "smem_probe.cu", [], [])
-    try:
-        try:
-            nvrtc.compileProgram(prog, list(jit.options_for("sm_90a")))
-            ok = True
-        except nvrtc.NVRTCError:
-            ok = False
-        return ok, nvrtc.getProgramLog(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    return nvrtc_probe(src, jit.options_for("sm_90a"))
 
 
 SHIPPED = sorted({(d, flash_wgmma.tiles_for(d, causal))
