@@ -87,12 +87,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ float exact_exp2(float x) { return exp2f(x); }
 __device__ __forceinline__ float exact_log2(float x) { return log2f(x); }
 
-__device__ __forceinline__ float fast_log2(float x) {
-  float r;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
 template <int A, int B> struct CeilDiv { static constexpr int value = (A + B - 1) / B; };
 template <int A, int B> struct RoundUp { static constexpr int value = CeilDiv<A, B>::value * B; };
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
