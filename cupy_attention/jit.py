@@ -149,30 +149,37 @@ def _read_source(name: str) -> str:
     return (kernels_dir() / name).read_text()
 
 
+def compile_source(src: str, filename: str, exprs, arch: str):
+    """NVRTC for ``arch`` on a source text (include path ``kernels/``) with these
+    name expressions: ``(cubin, {expr: lowered name}, log)``, or ``(None, {}, log)``
+    if it does not compile. Needs no GPU."""
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(src, filename, [], [])
+    try:
+        for expr in exprs:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, list(options_for(arch)))
+        except nvrtc.NVRTCError:
+            return None, {}, nvrtc.getProgramLog(prog)
+        log = nvrtc.getProgramLog(prog)
+        lowered = {expr: nvrtc.getLoweredName(prog, expr) for expr in exprs}
+        return _complete_elf(nvrtc.getCUBIN(prog)), lowered, log
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
 def compile_spec(spec: KernelSpec, arch: str) -> Compiled:
     """Compile one instantiation with NVRTC for ``arch`` (e.g. ``"sm_90a"``).
 
     Needs no GPU. Raises :class:`CompileError` with the NVRTC log on failure.
     """
-    nvrtc = _nvrtc()
     src = _read_source(spec.source)
-    opts = options_for(arch)
-    prog = nvrtc.createProgram(src, spec.source, [], [])
-    try:
-        nvrtc.addNameExpression(prog, spec.expr)
-        try:
-            nvrtc.compileProgram(prog, list(opts))
-        except nvrtc.NVRTCError:
-            log = nvrtc.getProgramLog(prog)
-            _dump(spec, arch, src, opts, log)
-            raise CompileError(spec.name, log) from None
-        log = nvrtc.getProgramLog(prog)
-        lowered = nvrtc.getLoweredName(prog, spec.expr)
-        cubin = _complete_elf(nvrtc.getCUBIN(prog))
-    finally:
-        nvrtc.destroyProgram(prog)
-    _dump(spec, arch, src, opts, log)
-    return Compiled(spec, arch, cubin, lowered, log, parse_resources(log))
+    cubin, lowered, log = compile_source(src, spec.source, [spec.expr], arch)
+    _dump(spec, arch, src, options_for(arch), log)
+    if cubin is None:
+        raise CompileError(spec.name, log)
+    return Compiled(spec, arch, cubin, lowered[spec.expr], log, parse_resources(log))
 
 
 def _complete_elf(cubin: bytes) -> bytes:

@@ -55,28 +55,18 @@ MIX_SMEM = 4 * 64 * 256 + 112 * 256 + 4 * 64 * 256 + 1024
 
 
 def compile_all(arch="sm_90a"):
-    """NVRTC for every instantiation: (expression -> (lowered name), cubin, resources)."""
-    nvrtc = jit._nvrtc()
+    """NVRTC for every instantiation: ({expression: lowered name}, cubin, resources)."""
     exprs = [shape_expr(*s) for s in SHAPES] + [mix_expr(*m) for m in MIXES]
-    prog = nvrtc.createProgram(SOURCE.read_text(), SOURCE.name, [], [])
-    try:
-        for e in exprs:
-            nvrtc.addNameExpression(prog, e)
-        try:
-            nvrtc.compileProgram(prog, list(jit.options_for(arch)))
-        except nvrtc.NVRTCError:
-            raise RuntimeError(nvrtc.getProgramLog(prog)) from None
-        log = nvrtc.getProgramLog(prog)
-        names = {e: nvrtc.getLoweredName(prog, e) for e in exprs}
-        cubin = jit._complete_elf(nvrtc.getCUBIN(prog))
-    finally:
-        nvrtc.destroyProgram(prog)
+    cubin, names, log = jit.compile_source(SOURCE.read_text(), SOURCE.name, exprs, arch)
+    if cubin is None:
+        raise RuntimeError(f"{SOURCE.name} does not compile:\n{log}")
     return names, cubin, jit.parse_resources(log)
 
 
 def run(names, cubin, progress):
     import cupy as cp
     import numpy as np
+    from cupy.cuda import driver
 
     mod = cp.cuda.function.Module()
     mod.load(cubin)
@@ -87,8 +77,6 @@ def run(names, cubin, progress):
     iters = cp.zeros(sms * 8, cp.int32)
 
     def launch(expr, threads, smem, *args):
-        from cupy.cuda import driver
-
         fn = mod.get_function(names[expr])
         driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         for _ in range(2):  # the first launch warms up clocks and caches
