@@ -24,8 +24,8 @@ SIDE_OPS = {0: "ex2 (f32)", 1: "FFMA", 2: "softmax per score (FFMA, ex2, FADD)",
             4: "ex2.bf16x2"}
 SIDE_PER_ITER = {0: 1, 1: 1, 2: 1, 3: 2, 4: 2}  # results per instruction (chain step)
 WORKS = {0: "Q K^T", 1: "P V (A in registers)", 2: "Q K^T + P V", 3: "Q K^T + P V (A in shared)"}
-WORK_FLOPS = {0: 2 * 64 * 112 * 80, 1: 2 * 64 * 80 * 112, 2: 4 * 64 * 112 * 80,
-              3: 4 * 64 * 112 * 80}  # per warpgroup per iteration (K = 80 and K = 112)
+PRODUCT_FLOPS = 2 * 64 * 112 * 80  # one of Q K^T (K = 80) or P V (K = 112), per warpgroup
+WORK_FLOPS = {0: PRODUCT_FLOPS, 1: PRODUCT_FLOPS, 2: 2 * PRODUCT_FLOPS, 3: 2 * PRODUCT_FLOPS}
 
 # (N, k16 steps, kind): Q K^T shapes (kind 0, N = BLOCK_N, K = D rounded to 16) and
 # P V shapes (kind 1, N = D, K = BLOCK_N) of the shipped configs.
@@ -67,6 +67,15 @@ def run(names, cubin, progress):
     import cupy as cp
     import numpy as np
     from cupy.cuda import driver
+
+    from cupy_attention import device
+    from cupy_attention.errors import UnsupportedError
+
+    device.require_device()
+    if device.compute_capability(0) != 90:
+        raise UnsupportedError(f"the pipe microbenchmarks use wgmma (sm_90a); device 0 is "
+                               f"{device.device_name(0)}, compute capability "
+                               f"{device.compute_capability(0)}")
 
     mod = cp.cuda.function.Module()
     mod.load(cubin)
@@ -120,9 +129,15 @@ def main(argv=None):
 
     from cupy_attention import bench
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task("pipes", total=len(SHAPES) + len(MIXES))
-        rows = run(names, cubin, lambda: bar.advance(task))
+    from cupy_attention.errors import AttentionError
+
+    try:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("pipes", total=len(SHAPES) + len(MIXES))
+            rows = run(names, cubin, lambda: bar.advance(task))
+    except AttentionError as exc:
+        print(f"pipes: {exc}", file=sys.stderr)
+        return 2
     table = Table(title="per SM per clock")
     for col in ("test", "MMA WGs: work", "side WGs: op", "tensor flops/clk", "side results/clk"):
         table.add_column(col)
