@@ -16,8 +16,8 @@
 //      tiles (BLOCK_M rows) of every query head of the KV head's group, from the
 //      first tile that sees key n0 (causal); the next tile's Q, dout, lse and delta
 //      are copied (cp.async, two buffers) while this one is computed. Per tile:
-//        issue S^T  = K_w Q^T       wgmma ss, both K-major, N = BLOCK_M
-//        issue dP^T = V_w dout^T    wgmma ss, both K-major, N = BLOCK_M
+//        issue S^T  = K_w Q^T       wgmma ss, both K-major, N = BLOCK_M, over D_K
+//        issue dP^T = V_w dout^T    wgmma ss, both K-major, N = BLOCK_M, over D_K
 //        wait for S^T; P^T in registers (lse per column) while dP^T runs
 //        issue dV_w += P^T dout     wgmma rs: P^T rounded to 16 bits is the A
 //                                   fragment, dout MN-major, N = D
@@ -26,8 +26,12 @@
 //        (ATOMIC_DQ) dS^T to sdS [key][query]; one barrier of the block, then
 //        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
 //                                   B = K (MN-major), K = the block's 128 keys.
-//                                   BLOCK_M = 64: warpgroup w computes the columns
-//                                   w D/2..; BLOCK_M = 128: the queries 64w..
+//                                   BLOCK_M = 64: warpgroup w computes the 64
+//                                   columns of sK's block w and keeps those
+//                                   below D (an MN-major B operand starts on a
+//                                   block; one N for both warpgroups keeps ptxas
+//                                   from serializing the wgmma of a divergent
+//                                   path); BLOCK_M = 128: the queries 64w..
 //        wait for everything
 //      and at the start of the next tile, after its proxy fence and barrier, dQ /
 //      scale is added into dq_accum with fp32 reductions (red.global.add.v2.f32;
@@ -45,8 +49,10 @@
 //      and are bitwise reproducible.
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
 //      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
-// Shared memory (16-bit swizzled tiles, SwizzledTile of wgmma.cuh):
-//   sK, sV [BLOCK_N][D]   sQ, sdO [2][BLOCK_M][D]   sdS [BLOCK_N][BLOCK_M]
+// Shared memory (16-bit swizzled tiles, SwizzledTile of wgmma.cuh; rows of D_K, D
+// rounded up to 16, columns D..D_K zero-filled for the k16 steps, and the tiles
+// themselves take whole 64-column blocks):
+//   sK, sV [BLOCK_N][D_K]   sQ, sdO [2][BLOCK_M][D_K]   sdS [BLOCK_N][BLOCK_M]
 //   sStats [2][2][BLOCK_M] fp32 (lse, then delta, per buffer)
 // Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
 // fence_proxy_async() before the barrier that publishes them.
@@ -56,9 +62,9 @@
 // sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
 // read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
 // multiplied, where P = 0, so NaN in a masked-out V stays out.
-// Constraints: D = 64 or 128 (the dK, dV accumulators take D registers per
-// thread); 16-byte aligned base pointers and strides of q, k, v, dout (the host
-// runs flash_mma_bwd otherwise). No dense masks.
+// Constraints: D a multiple of 8 from 64 to 128 (the dK, dV accumulators take D
+// registers per thread); 16-byte aligned base pointers and strides of q, k, v, dout
+// (the host runs flash_mma_bwd otherwise). No dense masks.
 #include "common/bwd_tiles.cuh"
 #include "common/wgmma.cuh"
 
@@ -66,18 +72,20 @@ template <int D_, int BLOCK_M_, class T_>
 struct WgmmaBwdTraits {
   using T = T_;
   static constexpr int D = D_;
+  static constexpr int D_K = (D + 15) / 16 * 16;  // K of the K Q^T and V dout^T steps
   static constexpr int BLOCK_M = BLOCK_M_;        // queries per tile
   static constexpr int BLOCK_N = 128;             // keys per block, 64 per warpgroup
   static constexpr int THREADS = 256;
   static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
-  static constexpr int QK_STEPS = D / 16;         // k16 steps of K Q^T and V dout^T
+  static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
   static constexpr int DQ_STEPS = BLOCK_N / 16;   // k16 steps of dS K
-  // dQ = dS K is one m64 wgmma per warpgroup: 64 queries x DQ_N columns.
+  // dQ = dS K is one m64 wgmma per warpgroup: 64 queries x DQ_N columns, all D, or
+  // the columns of one 64-column block of sK (warpgroup 1's past D are dropped).
   static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
-  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D / 2;
-  using KVTile = SwizzledTile<BLOCK_N, D>;
-  using QTile = SwizzledTile<BLOCK_M, D>;
+  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : 64;
+  using KVTile = SwizzledTile<BLOCK_N, D_K>;
+  using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
   static constexpr int SMEM_KV = KVTile::BYTES;
   static constexpr int SMEM_Q = QTile::BYTES;     // one buffer of sQ or of sdO
@@ -87,32 +95,37 @@ struct WgmmaBwdTraits {
   static constexpr int SMEM_BYTES = 2 * SMEM_KV + 4 * SMEM_Q + SMEM_DS + 2 * SMEM_STATS + 1024;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
-  static_assert(D == 64 || D == 128, "dK, dV take D registers per thread: D = 64 or 128");
+  static_assert(D % 8 == 0 && D >= 64 && D <= 128,
+                "dK, dV take D registers per thread: D a multiple of 8 from 64 to 128");
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
   static_assert(2 * BLOCK_M <= THREADS, "one thread per lse/delta value");
 };
 
 // Copy rows [0, ROWS) of a tile of D columns (row stride `stride`) into the
-// swizzled tile at shared address `s`, zero-filling rows outside [row_lo, row_hi).
-// `head` is any valid address of the tensor, read by nothing (cp.async with 0
-// source bytes). Each thread copies one chunk column at rows r0, r0 + PASS_ROWS,
-// ...; those rows agree mod 8, so the swizzled destination advances by a constant.
+// swizzled tile at shared address `s`, zero-filling rows outside [row_lo, row_hi)
+// and columns D..D_K. `head` is any valid address of the tensor, read by nothing
+// (cp.async with 0 source bytes). Each thread takes one chunk slot (8 columns; 8 or
+// 16 slots a row, those past D_K idle) at rows r0, r0 + PASS_ROWS, ...; those rows
+// agree mod 8, so the swizzled destination advances by a constant.
 // (flash_wgmma.cu's producer copies the same layout with 128 threads and partly
 // unrolled loops; this kernel at 241-252 registers measured 12% slower at D = 64
 // with that loop shape, so each kernel keeps its own.)
 template <class K, class Tile, int ROWS>
 __device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 stride, int row_lo,
                                           int row_hi, const typename K::T* head) {
-  constexpr int CHUNKS = K::D / 8;
-  constexpr int PASS_ROWS = K::THREADS / CHUNKS;
+  constexpr int CHUNKS = K::D / 8, K_CHUNKS = K::D_K / 8;
+  constexpr int SLOTS = K_CHUNKS <= 8 ? 8 : 16;
+  constexpr int PASS_ROWS = K::THREADS / SLOTS;
   static_assert(ROWS % PASS_ROWS == 0 && PASS_ROWS % 8 == 0, "whole passes of 8-row groups");
-  const int r0 = threadIdx.x / CHUNKS, chunk = threadIdx.x % CHUNKS;
+  const int r0 = threadIdx.x / SLOTS, chunk = threadIdx.x % SLOTS;
+  if (chunk >= K_CHUNKS) return;
+  const bool data = chunk < CHUNKS;
   const u32 dst = s + Tile::offset(r0, chunk);
-  const typename K::T* src = g + r0 * stride + chunk * 8;
+  const typename K::T* src = g + r0 * stride + (data ? chunk * 8 : 0);
 #pragma unroll
   for (int i = 0; i < ROWS / PASS_ROWS; ++i) {
     const int r = r0 + i * PASS_ROWS;
-    const bool ok = r >= row_lo && r < row_hi;
+    const bool ok = data && r >= row_lo && r < row_hi;
     cp_async_16(dst + i * PASS_ROWS * 128, ok ? src + i * PASS_ROWS * stride : head, ok);
   }
 }
@@ -185,8 +198,9 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
 
   // dQ operands: rows (queries) or columns (head dim) of this warpgroup.
   const u32 dq_a = sdS + (K::DQ_SPLIT_ROWS ? wg * K::BLOCK_N * 128 : 0);  // 64-column block wg
-  const int dq_col0 = K::DQ_SPLIT_ROWS ? 0 : wg * K::DQ_N;
-  const u32 dq_b = sK + (dq_col0 / 64) * (K::BLOCK_N * 128) + (dq_col0 % 64) * 2;
+  const int dq_col0 = K::DQ_SPLIT_ROWS ? 0 : 64 * wg;
+  const int dq_cols = K::DQ_SPLIT_ROWS ? K::D : wg ? K::D - 64 : 64;  // the columns kept
+  const u32 dq_b = sK + (dq_col0 / 64) * (K::BLOCK_N * 128);
   const int dq_row0 = (K::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
 
   // dq_accum += dQ of tile it (dq_accum holds dQ / scale). dq[dt * 4 + 2 r + c]:
@@ -200,8 +214,9 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
       if (m0 + row < f.seqlen_q) {
 #pragma unroll
         for (int dt = 0; dt < K::DQ_N / 8; ++dt)
-          red_add_f32x2(dq_tile + row * K::D + dq_col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
-                        dq[dt * 4 + 2 * r + 1]);
+          if (8 * dt < dq_cols)
+            red_add_f32x2(dq_tile + row * K::D + dq_col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
+                          dq[dt * 4 + 2 * r + 1]);
       }
     }
   };

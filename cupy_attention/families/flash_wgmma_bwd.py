@@ -11,8 +11,9 @@ problem. Launch sequence on the caller's stream (the row kernels come from
 3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
    ``deterministic=True`` flash_mma_bwd's ``flash_mma_bwd_dq``.
 
-Head dims 64 and 128 (the dK and dV accumulators take D registers per thread);
-other head dims, dense masks and other devices are declined by :func:`check`. It
+Head dims that are multiples of 8 from 64 to 128 (the dK and dV accumulators take D
+registers per thread; K Q^T and V dout^T step over D rounded up to 16); other head
+dims, dense masks and other devices are declined by :func:`check`. It
 beat flash_mma_bwd at every measured shape (1.5-1.8x, bf16, H200, S = 2k-16k), so
 ``auto`` takes it wherever :func:`check` accepts the problem. The
 kernel needs 16-byte aligned q, k, v and dout (base pointers and strides): those
@@ -34,19 +35,25 @@ _KB = 1024
 BLOCK_N = 128     # keys per block: 64 per warpgroup
 THREADS = 256     # two warpgroups
 
-# Query-tile rows per head dim. Registers per thread: dK, dV D; S^T, dP^T BLOCK_M;
-# dQ 32; P^T and dS^T as 16-bit A fragments BLOCK_M / 4 each. One 8-warp block per
-# SM either way. Figures: bf16, TFLOPs non-causal / causal, H200, 2026-11-22
-# (benchmarks/results/h200-wgmma-backward.json; FA2 = torch SDPA flash).
-#   (D, BLOCK_M, reason)
+# Query-tile rows per head dim: the first row whose bound covers it. Registers per
+# thread: dK, dV D; S^T, dP^T BLOCK_M; dQ 32 (D/2 with BLOCK_M = 128); P^T and dS^T
+# as 16-bit A fragments BLOCK_M / 4 each. One 8-warp block per SM either way.
+# Figures: bf16, TFLOPs non-causal / causal, H200, 2026-11-22; [1]
+# benchmarks/results/h200-wgmma-backward.json (FA2 = torch SDPA flash), [2]
+# h200-wgmma-backward-head-dims.json (B*S = 16k, H = 2048 // D, S = 4096 then 16384).
+#   (max head dim, BLOCK_M, reason)
 TILES = (
-    (64, 128, "S^T, dP^T 64 registers each (246 in all, no spills), dQ split by rows: one "
-              "m64 tile per warpgroup; 131 KB. S=4096: 299 / 211-218 (FA2 257 / 216); with "
-              "an earlier schedule 278 / 224 against 249 / 175 at BLOCK_M = 64 (dQ split "
-              "by columns)"),
-    (128, 64, "dK, dV take 128 registers, so 64-query tiles (~240 registers, no spills); "
+    (80, 128, "[1] D=64: S^T, dP^T 64 registers each (246 in all, no spills), dQ split by "
+              "rows: one m64 tile per warpgroup; 131 KB. S=4096: 299 / 211-218 (FA2 257 / "
+              "216); with an earlier schedule 278 / 224 against 249 / 175 at BLOCK_M = 64 "
+              "(dQ split by columns). [2] D=72: 306 / 273, 321 / 318 against 274 / 241, "
+              "287 / 276 at BLOCK_M = 64; D=80: 334 / 287, 343 / 328 against 291 / 253, "
+              "306 / 285 (254-255 registers, no spills; rows of D_K padded to 128 columns: "
+              "227 KB). D=88 spills 104 bytes"),
+    (128, 64, "[1] dK, dV take 128 registers, so 64-query tiles (~240 registers, no spills); "
               "146 KB. S=4096: 318-328 / 246-265 (FA2 278 / 239); S=16384: 377 / 361 "
-              "(FA2 301 / 301)"),
+              "(FA2 301 / 301). [2] D=96: 320 / 278, 337 / 312; D=112: 334 / 282, "
+              "354 / 341 (flash_mma_bwd: 206 / 173, 218 / 191 and 209 / 180, 221 / 212)"),
 )
 
 
@@ -58,15 +65,18 @@ class Config:
     @property
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
-        (16-bit), two buffers of lse and delta (fp32), 1 KB for the alignment."""
-        d, bm = self.head_dim, self.block_m
+        (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
+        1 KB for the alignment."""
+        d, bm = -(-self.head_dim // 64) * 64, self.block_m
         return (2 * BLOCK_N * d + 4 * bm * d + BLOCK_N * bm) * 2 + 4 * bm * 4 + 1024
 
 
 def config(head_dim: int) -> Config | None:
-    for d, bm, _reason in TILES:
-        if head_dim == d:
-            return Config(d, bm)
+    if head_dim % 8 or head_dim < 64:
+        return None
+    for bound, bm, _reason in TILES:
+        if head_dim <= bound:
+            return Config(head_dim, bm)
     return None
 
 
@@ -98,8 +108,8 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
         return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
     c = config(p.head_dim)
     if c is None:
-        return (f"the flash_wgmma backward takes head dims "
-                f"{', '.join(str(d) for d, _, _ in TILES)}, not {p.head_dim}")
+        return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
+                f"to {TILES[-1][0]}, not {p.head_dim}")
     if p.mask_kind != "none":
         return "the flash_wgmma backward takes no dense mask (causal is fine)"
     if c.smem > smem_limit:
@@ -127,11 +137,11 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
 
 
 def ci_specs() -> list[jit.KernelSpec]:
-    """Every shipped dK/dV instantiation (both head dims, dtypes, causal or not, both
-    dQ modes), which CI compiles for sm_90a; the other kernels of a launch are
+    """Every shipped dK/dV instantiation (every head dim, both dtypes, causal or not,
+    both dQ modes), which CI compiles for sm_90a; the other kernels of a launch are
     flash_bwd's and flash_mma_bwd's, compiled with their families."""
     out = []
-    for d, _, _ in TILES:
+    for d in range(64, TILES[-1][0] + 1, 8):
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 for atomic in (True, False):
