@@ -28,7 +28,7 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from . import flash_bwd, flash_mma_bwd
+from . import flash_bwd, flash_mma_bwd, flash_wgmma
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
 
 _KB = 1024
@@ -67,7 +67,7 @@ class Config:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
         (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
         1 KB for the alignment."""
-        d, bm = -(-self.head_dim // 64) * 64, self.block_m
+        d, bm = flash_wgmma.d_pad(self.head_dim), self.block_m
         return (2 * BLOCK_N * d + 4 * bm * d + BLOCK_N * bm) * 2 + 4 * bm * 4 + 1024
 
 
