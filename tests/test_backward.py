@@ -376,7 +376,7 @@ def test_heuristics_fit_their_devices():
         mma = flash_mma_bwd.config(d, 163 * 1024)                   # sm_80
         assert mma is not None and max(mma.smem, mma.dq_smem) <= 163 * 1024
         wg = flash_wgmma_bwd.config(d)                              # sm_90a
-        assert (wg is not None) == (d % 8 == 0 and 64 <= d <= 128)
+        assert (wg is not None) == (d % 8 == 0 and 64 <= d <= 256)
         assert wg is None or wg.smem <= 227 * 1024
 
 
@@ -384,11 +384,12 @@ def test_heuristics_fit_their_devices():
     (dict(), 90, None),
     (dict(causal=True, heads_q=4, heads_kv=1), 90, None),
     (dict(), 80, "compute capability 9.0"),
-    (dict(head_dim=136), 90, "multiples of 8 from 64 to 128"),
-    (dict(head_dim=100), 90, "multiples of 8 from 64 to 128"),
+    (dict(head_dim=256), 90, None),
+    (dict(head_dim=56), 90, "multiples of 8 from 64 to 256"),
+    (dict(head_dim=100), 90, "multiples of 8 from 64 to 256"),
     (dict(dtype="float32"), 90, "float32"),
     (dict(mask=np.ones((1, 1, 100, 100), dtype=bool)), 90, "dense mask"),
-], ids=["plain", "causal-gqa", "sm80", "head-dim", "odd-head-dim", "dtype", "mask"])
+], ids=["plain", "causal-gqa", "sm80", "wide", "head-dim", "odd-head-dim", "dtype", "mask"])
 def test_wgmma_backward_check(change, cc, word):
     """What flash_wgmma's backward accepts, and the reasons it gives otherwise."""
     shape = dict(batch=2, heads_q=2, heads_kv=2, seqlen_q=100, seqlen_k=100, head_dim=64,
@@ -463,10 +464,12 @@ MMA_GRID = [
     dict(dtype="bfloat16", D=256, Sq=1023, Sk=1024, Hq=2, Hkv=2, layout="bshd"),
 ]
 
-# The wgmma kernel's grid (fp16/bf16, D = 64-128 in steps of 8, 16-byte aligned
+# The wgmma kernels' grid (fp16/bf16, D = 64-256 in steps of 8, 16-byte aligned
 # arrays): causal with both orders of Sq != Sk, lengths off every tile, MHA / GQA /
 # MQA, both layouts, packed views, both dQ modes, large-magnitude cases; every head
-# dim between 64 and 128 (72, 88, 104, 120 with K Q^T's k16 steps padded).
+# dim between 64 and 128 (72, 88, 104, 120 with K Q^T's k16 steps padded), and past
+# 128 (the wide kernel) 136 and 200 (padded k16 steps; with 136 to 192 one dQ
+# block of warpgroup 1 is dropped), 160, 192, 248 and 256.
 WGMMA_GRID = [
     dict(dtype="bfloat16", D=64, Sq=17, Sk=33, Hq=2, Hkv=2),
     dict(dtype="float16", D=64, Sq=1, Sk=147, Hq=6, Hkv=2, deterministic=True),
@@ -495,6 +498,17 @@ WGMMA_GRID = [
     dict(dtype="float16", D=104, Sq=1, Sk=147, Hq=6, Hkv=2, deterministic=True),
     dict(dtype="bfloat16", D=112, Sq=300, Sk=517, causal=True, Hq=6, Hkv=1, layout="bshd"),
     dict(dtype="float16", D=120, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, magnitude=3.0),
+    dict(dtype="bfloat16", D=136, Sq=239, Sk=300, causal=True, Hq=6, Hkv=2),
+    dict(dtype="float16", D=160, Sq=108, Sk=256, layout="bshd", view="packed"),
+    dict(dtype="bfloat16", D=160, Sq=799, Sk=3, causal=True, deterministic=True),
+    dict(dtype="float16", D=192, Sq=1024, Sk=1023, causal=True, Hq=4, Hkv=2),
+    dict(dtype="bfloat16", D=192, Sq=1, Sk=147, Hq=6, Hkv=2),
+    dict(dtype="float16", D=200, Sq=127, Sk=513, causal=True, Hq=4, Hkv=1, magnitude=3.0),
+    dict(dtype="bfloat16", D=248, Sq=300, Sk=517, Hq=2, Hkv=1, layout="bshd",
+         deterministic=True),
+    dict(dtype="bfloat16", D=256, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=2),
+    dict(dtype="float16", D=256, Sq=17, Sk=33, Hq=2, Hkv=2, magnitude=3.0),
+    dict(dtype="float16", D=256, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, deterministic=True),
 ]
 
 KERNELS = ("flash", "flash_mma", "flash_wgmma")
@@ -801,7 +815,7 @@ def test_wgmma_unaligned_arrays_run_flash_mma(warm_kernels):
 @pytest.mark.gpu
 def test_auto_picks_the_tensor_core_backward(warm_kernels):
     """kernel="auto": flash_wgmma on compute capability 9.0 for fp16/bf16 at D = 64,
-    72, ..., 128 without a dense mask, else flash_mma for fp16/bf16 without a dense
+    72, ..., 256 without a dense mask, else flash_mma for fp16/bf16 without a dense
     mask, flash for fp32 and dense masks; kernel="flash_mma" or "flash_wgmma" with a
     dense mask, and "flash_wgmma" at another head dim, are clear errors."""
     import cupy
@@ -814,7 +828,9 @@ def test_auto_picks_the_tensor_core_backward(warm_kernels):
     for dtype, d, mask_kind, want in (("bfloat16", 64, None, tensor_core),
                                       ("float16", 128, None, tensor_core),
                                       ("bfloat16", 80, None, tensor_core),
-                                      ("bfloat16", 160, None, "flash_mma_bwd_dkdv"),
+                                      ("bfloat16", 160, None, tensor_core + "_wide"
+                                       if hopper else tensor_core),
+                                      ("bfloat16", 100, None, "flash_mma_bwd_dkdv"),
                                       ("bfloat16", 64, "bool", "flash_bwd_dkdv"),
                                       ("float32", 64, None, "flash_bwd_dkdv")):
         c = dict(dtype=dtype, D=d, Sq=100, Sk=100, causal=True, mask=mask_kind)
@@ -827,7 +843,7 @@ def test_auto_picks_the_tensor_core_backward(warm_kernels):
                 with pytest.raises(UnsupportedError, match="dense mask" if hopper else kernel):
                     ca.attention_backward(dout, q, k, v, out, lse, causal=True, mask=mask,
                                           kernel=kernel)
-        if d == 160:
+        if d == 100:
             with pytest.raises(UnsupportedError, match="kernel='flash_mma'"):
                 ca.attention_backward(dout, q, k, v, out, lse, causal=True, kernel="flash_wgmma")
 

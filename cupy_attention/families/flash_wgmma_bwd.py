@@ -6,16 +6,17 @@ problem. Launch sequence on the caller's stream (the row kernels come from
 ``flash_bwd.cu``, the deterministic dQ kernel from ``flash_mma_bwd.cu``):
 
 1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``);
-2. ``flash_wgmma_bwd_dkdv``: dK, dV per block of 128 keys on wgmma (and, unless
-   deterministic, dQ / scale added into ``dq_accum`` with fp32 reductions);
+2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block) or
+   ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256, 64 keys a block, one warpgroup
+   holding dV and the other dK): dK, dV on wgmma (and, unless deterministic, dQ /
+   scale added into ``dq_accum`` with fp32 reductions);
 3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
    ``deterministic=True`` flash_mma_bwd's ``flash_mma_bwd_dq``.
 
-Head dims that are multiples of 8 from 64 to 128 (the dK and dV accumulators take D
-registers per thread; K Q^T and V dout^T step over D rounded up to 16); other head
-dims, dense masks and other devices are declined by :func:`check`. It
-beat flash_mma_bwd at every measured shape (1.5-1.8x, bf16, H200, S = 2k-16k), so
-``auto`` takes it wherever :func:`check` accepts the problem. The
+Head dims that are multiples of 8 from 64 to 256 (K Q^T and V dout^T step over D
+rounded up to 16); other head dims, dense masks and other devices are declined by
+:func:`check`. ``auto`` takes it wherever :func:`check` accepts the problem (it beat
+flash_mma_bwd at every measured shape, bf16, H200: see TILES). The
 kernel needs 16-byte aligned q, k, v and dout (base pointers and strides): those
 are properties of the arrays, not of the Problem, so a launch whose arrays are
 not aligned runs flash_mma_bwd's unaligned kernels instead.
@@ -32,12 +33,14 @@ from . import flash_bwd, flash_mma_bwd, flash_wgmma
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
 
 _KB = 1024
-BLOCK_N = 128     # keys per block: 64 per warpgroup
 THREADS = 256     # two warpgroups
 
-# Query-tile rows per head dim: the first row whose bound covers it. Registers per
-# thread: dK, dV D; S^T, dP^T BLOCK_M; dQ 32 (D/2 with BLOCK_M = 128); P^T and dS^T
-# as 16-bit A fragments BLOCK_M / 4 each. One 8-warp block per SM either way.
+# Query-tile rows per head dim: the first row whose bound covers it. Up to D = 128
+# (flash_wgmma_bwd_dkdv, 128 keys a block, 64 per warpgroup), registers per thread:
+# dK, dV D; S^T, dP^T BLOCK_M; dQ 32 (D/2 with BLOCK_M = 128); P^T and dS^T as 16-bit
+# A fragments BLOCK_M / 4 each. Past it (flash_wgmma_bwd_dkdv_wide, 64 keys a block,
+# one warpgroup with dV and S^T, the other with dK and dP^T): D/2 + 32 + 16 + 32.
+# One 8-warp block per SM either way.
 # Figures: bf16, TFLOPs non-causal / causal, H200, 2026-11-22; [1]
 # benchmarks/results/h200-wgmma-backward.json (FA2 = torch SDPA flash), [2]
 # h200-wgmma-backward-head-dims.json (B*S = 16k, H = 2048 // D, S = 4096 then 16384).
@@ -54,6 +57,9 @@ TILES = (
               "146 KB. S=4096: 318-328 / 246-265 (FA2 278 / 239); S=16384: 377 / 361 "
               "(FA2 301 / 301). [2] D=96: 320 / 278, 337 / 312; D=112: 334 / 282, "
               "354 / 341 (flash_mma_bwd: 206 / 173, 218 / 191 and 209 / 180, 221 / 212)"),
+    (256, 64, "the wide kernel: dK and dV of 64 keys take D registers, past 128 too many "
+              "for one warpgroup, so one warpgroup holds each (D/2 + ~80 registers); 64 keys "
+              "a block, P^T handed over in shared memory (16 KB; 219 KB in all at D = 256)"),
 )
 
 
@@ -63,12 +69,23 @@ class Config:
     block_m: int
 
     @property
+    def wide(self) -> bool:
+        """``WgmmaBwdTraits::WIDE``: flash_wgmma_bwd_dkdv_wide's split by role."""
+        return self.head_dim > 128
+
+    @property
+    def block_n(self) -> int:
+        """Keys per block: 64 per warpgroup, or 64 shared by both (wide)."""
+        return 64 if self.wide else 128
+
+    @property
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
-        (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
-        1 KB for the alignment."""
-        d, bm = flash_wgmma.d_pad(self.head_dim), self.block_m
-        return (2 * BLOCK_N * d + 4 * bm * d + BLOCK_N * bm) * 2 + 4 * bm * 4 + 1024
+        (16-bit; rows of whole 64-column blocks), sP (wide: fp32), two buffers of lse
+        and delta (fp32), 1 KB for the alignment."""
+        d, bm, bn = flash_wgmma.d_pad(self.head_dim), self.block_m, self.block_n
+        p = bn * bm * 4 if self.wide else 0
+        return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + p + 4 * bm * 4 + 1024
 
 
 def config(head_dim: int) -> Config | None:
@@ -82,9 +99,10 @@ def config(head_dim: int) -> Config | None:
 
 def dkdv_spec(c: Config, dtype: str, causal: bool, atomic_dq: bool) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
-    expr = (f"flash_wgmma_bwd_dkdv<{traits}, {'Causal' if causal else 'NoCausal'}, "
+    kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
+    expr = (f"{kernel}<{traits}, {'Causal' if causal else 'NoCausal'}, "
             f"{'true' if atomic_dq else 'false'}>")
-    name = (f"flash_wgmma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={BLOCK_N},"
+    name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}"
             f"{',atomic-dq' if atomic_dq else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
@@ -132,7 +150,7 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
         return
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.causal, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
-    flash_mma_bwd.launch_passes(p, t, stream, kernels, (BLOCK_N, THREADS, c.smem), dq,
+    flash_mma_bwd.launch_passes(p, t, stream, kernels, (c.block_n, THREADS, c.smem), dq,
                                 deterministic)
 
 
