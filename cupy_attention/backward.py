@@ -32,7 +32,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         deterministic either way.
     kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"``, ``"flash"`` or ``"reference"``.
         ``"flash_wgmma"`` is the Hopper backward on wgmma (float16/bfloat16,
-        compute capability 9.0, head dims 64, 72, ..., 128, causal or not, no dense
+        compute capability 9.0, head dims 64, 72, ..., 256, causal or not, no dense
         ``mask``; arrays that are not 16-byte aligned run ``"flash_mma"``'s kernels);
         ``"flash_mma"`` the tensor-core backward on mma.sync (float16/bfloat16,
         compute capability 8.0+, head dims 1..256, causal or not, no dense

@@ -43,7 +43,9 @@ THREADS = 256     # two warpgroups
 # One 8-warp block per SM either way.
 # Figures: bf16, TFLOPs non-causal / causal, H200, 2026-11-22; [1]
 # benchmarks/results/h200-wgmma-backward.json (FA2 = torch SDPA flash), [2]
-# h200-wgmma-backward-head-dims.json (B*S = 16k, H = 2048 // D, S = 4096 then 16384).
+# h200-wgmma-backward-head-dims.json (B*S = 16k, H = 2048 // D, S = 4096 then 16384);
+# [3] h200-bf16-backward-wide.json (S = 2k-16k) and [4]
+# h200-wgmma-backward-wide-variants.json.
 #   (max head dim, BLOCK_M, reason)
 TILES = (
     (80, 128, "[1] D=64: S^T, dP^T 64 registers each (246 in all, no spills), dQ split by "
@@ -58,8 +60,12 @@ TILES = (
               "(FA2 301 / 301). [2] D=96: 320 / 278, 337 / 312; D=112: 334 / 282, "
               "354 / 341 (flash_mma_bwd: 206 / 173, 218 / 191 and 209 / 180, 221 / 212)"),
     (256, 64, "the wide kernel: dK and dV of 64 keys take D registers, past 128 too many "
-              "for one warpgroup, so one warpgroup holds each (D/2 + ~80 registers); 64 keys "
-              "a block, P^T handed over in shared memory (16 KB; 219 KB in all at D = 256)"),
+              "for one warpgroup, so one warpgroup holds each (172-255 registers, no "
+              "spills); 64 keys a block, P^T handed over in shared memory (16 KB; 218 KB "
+              "at D = 256). [3] D=160: 207-219 / 157-188 (FA2 180-200 / 157-206); D=192: "
+              "221-239 / 175-210 (FA2 225-258 / 199-270); D=256: 254-272 / 200-246 (FA2 "
+              "229-261 / 188-255); flash_mma_bwd 131-173. Bound by the dQ reductions "
+              "([4]: 1.5-1.8x faster without them)"),
 )
 
 
