@@ -62,10 +62,10 @@
 //              arrive
 //        issue acc += X^T C         wg 0: dV += P^T dout; wg 1: dK += dS^T Q
 //                                   (rs, C MN-major, N = D)
-//        (ATOMIC_DQ) wg 0 waits for sdS; then dQ = dS K in 64-column blocks,
-//        warpgroup w taking blocks w, w + 2, ... (the same N and count for both:
-//        with an odd number of blocks warpgroup 1's last is past D, computed and
-//        dropped), each block's wgmma waited for and its dQ / scale added into
+//        (ATOMIC_DQ) wg 0 waits for sdS; then dQ = dS K, each warpgroup about
+//        half of the columns (WgmmaBwdTraits::DQ_N: D = 136-192 in one round of
+//        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
+//        w + 2), each round's wgmma waited for and its dQ / scale added into
 //        dq_accum right away.
 //
 //      Then dK * scale and dV are staged through sK, sV and written with 16-byte
@@ -105,12 +105,31 @@ struct WgmmaBwdTraits {
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
   static constexpr int DQ_STEPS = BLOCK_N / 16;   // k16 steps of dS K
-  // dQ = dS K is one m64 wgmma per warpgroup: 64 queries x DQ_N columns, all D, or
-  // the columns of one 64-column block of sK (warpgroup 1's past D are dropped).
-  // The wide kernel takes DQ_ROUNDS such blocks per warpgroup, one after another.
+  // dQ = dS K is m64 wgmmas of DQ_N columns per warpgroup, DQ_ROUNDS of them one
+  // after another. BLOCK_M = 128: warpgroup w takes all D columns of queries 64w..
+  // Otherwise both take the tile's 64 queries and split the columns; an MN-major B
+  // operand starts on one of sK's 64-column blocks, and both warpgroups run one N
+  // (ptxas serializes the wgmma of a divergent path), so with up to three blocks
+  // warpgroup w computes DQ_N = max(64, D - 64) columns from 64w (past D = 128 the
+  // two ranges overlap) and keeps those below DQ_SPLIT (w = 0, about half of D) or
+  // from it on (w = 1); with four blocks, warpgroup w takes blocks w and w + 2.
   static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
-  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : 64;
-  static constexpr int DQ_ROUNDS = ((D + 63) / 64 + 1) / 2;
+  static constexpr int D_BLOCKS = (D + 63) / 64;
+  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D_BLOCKS == 4 ? 64 : (D > 128 ? D - 64 : 64);
+  static constexpr int DQ_ROUNDS = D_BLOCKS == 4 ? 2 : 1;
+  static constexpr int DQ_HALF = D / 16 * 8;  // D / 2, rounded down to a multiple of 8
+  static constexpr int DQ_SPLIT = DQ_HALF < 64 ? 64 : DQ_HALF > DQ_N ? DQ_N : DQ_HALF;
+  // Round `round` of warpgroup w: its first column col0, and the columns it keeps,
+  // col0 + [skip, cols).
+  __device__ static constexpr int dq_col0(int round, int w) {
+    return DQ_SPLIT_ROWS ? 0 : 64 * (DQ_ROUNDS * round + w);
+  }
+  __device__ static constexpr int dq_skip(int w) {
+    return DQ_SPLIT_ROWS || DQ_ROUNDS > 1 || w == 0 ? 0 : DQ_SPLIT - 64;
+  }
+  __device__ static constexpr int dq_cols(int round, int w) {
+    return DQ_SPLIT_ROWS ? D : DQ_ROUNDS > 1 || w == 1 ? D - dq_col0(round, w) : DQ_SPLIT;
+  }
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
@@ -225,10 +244,10 @@ struct DkdvBlock {
 
   // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
   // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
-  // columns from col0 + cols on are dropped.
+  // only columns col0 + [skip, cols) are added.
   template <int N>
   __device__ __forceinline__ void add_dq(int it, const float (&dq)[N / 2], int row0, int col0,
-                                         int cols, int g, int t) const {
+                                         int skip, int cols, int g, int t) const {
     const FwdParams& f = p.fwd;
     const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
@@ -238,7 +257,7 @@ struct DkdvBlock {
       if (m0 + row < f.seqlen_q) {
 #pragma unroll
         for (int dt = 0; dt < N / 8; ++dt)
-          if (8 * dt < cols)
+          if (8 * dt >= skip && 8 * dt < cols)
             red_add_f32x2(dq_tile + row * K::D + col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
                           dq[dt * 4 + 2 * r + 1]);
       }
@@ -372,8 +391,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
 
   // dQ operands: rows (queries) or columns (head dim) of this warpgroup.
   const u32 dq_a = blk.sdS + (K::DQ_SPLIT_ROWS ? wg * K::BLOCK_N * 128 : 0);  // 64-column block wg
-  const int dq_col0 = K::DQ_SPLIT_ROWS ? 0 : 64 * wg;
-  const int dq_cols = K::DQ_SPLIT_ROWS ? K::D : wg ? K::D - 64 : 64;  // the columns kept
+  const int dq_col0 = K::dq_col0(0, wg), dq_cols = K::dq_cols(0, wg);
   const u32 dq_b = blk.sK + (dq_col0 / 64) * (K::BLOCK_N * 128);
   const int dq_row0 = (K::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
 
@@ -388,7 +406,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
     fence_proxy_async();
     __syncthreads();
     if constexpr (ATOMIC_DQ) {
-      if (it > 0) blk.template add_dq<K::DQ_N>(it - 1, dq, dq_row0, dq_col0, dq_cols, g, t);
+      if (it > 0) blk.template add_dq<K::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
 
     wgmma_fence();  // s, dp, dq were read by ordinary code
@@ -442,7 +460,8 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
     if constexpr (ATOMIC_DQ) fence_regs(dq);
   }
   if constexpr (ATOMIC_DQ) {
-    if (n_iters > 0) blk.template add_dq<K::DQ_N>(n_iters - 1, dq, dq_row0, dq_col0, dq_cols, g, t);
+    if (n_iters > 0)
+      blk.template add_dq<K::DQ_N>(n_iters - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
@@ -475,7 +494,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const
   for (int i = 0; i < K::D / 2; ++i) acc[i] = 0.f;
   float x[K::BLOCK_M / 2];   // warpgroup 0: S^T, then P^T; 1: dP^T, then dS^T
   u32 xa[K::KV_STEPS][4];    // x in 16 bits: the A operand of acc's wgmma
-  float dq[32];              // one 64-column block of the tile's dQ
+  float dq[K::DQ_N / 2];     // one round's columns of the tile's dQ
   const u32 x_a = wg ? blk.sV : blk.sK;
   // P^T handed from warpgroup 0 to 1, float4 i of a thread at slot i * 128 + thread:
   // both warpgroups' accumulators of one shape, so thread k of each holds the same
@@ -534,17 +553,18 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const
       if (wg == 0) named_barrier_sync(BAR_DS, K::THREADS);
 #pragma unroll
       for (int round = 0; round < K::DQ_ROUNDS; ++round) {
-        const int col0 = 64 * (2 * round + wg);
+        const int col0 = K::dq_col0(round, wg);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < K::DQ_STEPS; ++ks)
-          Wgmma<64>::template ss<1, 1>(dq, DsTile::mnmajor(blk.sdS, ks),
-                                       KVTile::mnmajor(blk.sK + (col0 / 64) * KVTile::BLOCK_BYTES, ks),
-                                       ks > 0, T{});
+          Wgmma<K::DQ_N>::template ss<1, 1>(
+              dq, DsTile::mnmajor(blk.sdS, ks),
+              KVTile::mnmajor(blk.sK + (col0 / 64) * KVTile::BLOCK_BYTES, ks), ks > 0, T{});
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(dq);
-        blk.template add_dq<64>(it, dq, key0, col0, K::D - col0, g, t);
+        blk.template add_dq<K::DQ_N>(it, dq, key0, col0, K::dq_skip(wg), K::dq_cols(round, wg), g,
+                                     t);
       }
     }
     wgmma_wait<0>();

@@ -468,8 +468,9 @@ MMA_GRID = [
 # arrays): causal with both orders of Sq != Sk, lengths off every tile, MHA / GQA /
 # MQA, both layouts, packed views, both dQ modes, large-magnitude cases; every head
 # dim between 64 and 128 (72, 88, 104, 120 with K Q^T's k16 steps padded), and past
-# 128 (the wide kernel) 136 and 200 (padded k16 steps; with 136 to 192 one dQ
-# block of warpgroup 1 is dropped), 160, 192, 248 and 256.
+# 128 (the wide kernel) 136 and 200 (padded k16 steps), 152, 168 and 184 (from 136
+# to 192 each warpgroup's dQ wgmma spans D - 64 columns, the two ranges overlap and
+# split at D / 2 rounded down to 8), 160, 192, 248 and 256.
 WGMMA_GRID = [
     dict(dtype="bfloat16", D=64, Sq=17, Sk=33, Hq=2, Hkv=2),
     dict(dtype="float16", D=64, Sq=1, Sk=147, Hq=6, Hkv=2, deterministic=True),
@@ -499,7 +500,10 @@ WGMMA_GRID = [
     dict(dtype="bfloat16", D=112, Sq=300, Sk=517, causal=True, Hq=6, Hkv=1, layout="bshd"),
     dict(dtype="float16", D=120, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, magnitude=3.0),
     dict(dtype="bfloat16", D=136, Sq=239, Sk=300, causal=True, Hq=6, Hkv=2),
+    dict(dtype="float16", D=152, Sq=300, Sk=517, causal=True, Hq=6, Hkv=2),
     dict(dtype="float16", D=160, Sq=108, Sk=256, layout="bshd", view="packed"),
+    dict(dtype="bfloat16", D=168, Sq=512, Sk=256, causal=True, Hq=4, Hkv=1, magnitude=3.0),
+    dict(dtype="float16", D=184, Sq=1023, Sk=1024, Hq=2, Hkv=2, layout="bshd"),
     dict(dtype="bfloat16", D=160, Sq=799, Sk=3, causal=True, deterministic=True),
     dict(dtype="float16", D=192, Sq=1024, Sk=1023, causal=True, Hq=4, Hkv=2),
     dict(dtype="bfloat16", D=192, Sq=1, Sk=147, Hq=6, Hkv=2),
