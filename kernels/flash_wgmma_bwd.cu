@@ -115,10 +115,10 @@ struct WgmmaBwdTraits {
   // from it on (w = 1); with four blocks, warpgroup w takes blocks w and w + 2.
   static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
   static constexpr int D_BLOCKS = (D + 63) / 64;
-  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D_BLOCKS == 4 ? 64 : (D > 128 ? D - 64 : 64);
+  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D_BLOCKS == 3 ? D - 64 : 64;
   static constexpr int DQ_ROUNDS = D_BLOCKS == 4 ? 2 : 1;
-  static constexpr int DQ_HALF = D / 16 * 8;  // D / 2, rounded down to a multiple of 8
-  static constexpr int DQ_SPLIT = DQ_HALF < 64 ? 64 : DQ_HALF > DQ_N ? DQ_N : DQ_HALF;
+  // D / 2 rounded down to a multiple of 8 (in 64..D - 64 for three blocks)
+  static constexpr int DQ_SPLIT = D_BLOCKS == 3 ? D / 16 * 8 : 64;
   // Round `round` of warpgroup w: its first column col0, and the columns it keeps,
   // col0 + [skip, cols).
   __device__ static constexpr int dq_col0(int round, int w) {
