@@ -29,8 +29,9 @@ FWD_FIELDS = [
     ("lse_batch_stride", _I64), ("lse_head_stride", _I64),
     ("batch", _I32), ("heads_q", _I32), ("heads_kv", _I32), ("group", _I32),
     ("seqlen_q", _I32), ("seqlen_k", _I32), ("head_dim", _I32),
-    ("causal_offset", _I32),
+    ("band_lo", _I32), ("band_hi", _I32),
     ("scale", _F32), ("scale_log2", _F32), ("scale_log2_lo", _F32),
+    ("softcap_scale", _F32), ("softcap_log2", _F32),
 ]
 
 FWD_DTYPE = np.dtype(FWD_FIELDS, align=True)

@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError
+from .variant import Variant
 
 DTYPES = ("float32", "float16", "bfloat16")
 LAYOUTS = ("bhsd", "bshd")
@@ -81,6 +82,12 @@ class Problem:
     mask_kind: str        # "none" | "bool" | "add"
     scale: float
     device: object
+    window: tuple | None = None   # (left, right), -1 = unbounded (variant.py)
+    softcap: float = 0.0          # 0 = off
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.causal, self.window, self.softcap, self.mask_kind)
 
     @property
     def group(self) -> int:

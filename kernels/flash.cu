@@ -26,7 +26,7 @@
 // exactly Traits::SMEM_BYTES (cupy_attention/families/flash.py computes the same).
 // Constraints: D is a compile-time constant 1..256; no alignment is assumed for
 // global rows (element loads), padding lives only in shared memory and registers.
-#include "common/mask.cuh"
+#include "common/variant.cuh"
 #include "common/softmax.cuh"
 
 template <int D_, int BLOCK_M_, int BLOCK_N_, int THREADS_, class T_>
@@ -266,7 +266,7 @@ __device__ __forceinline__ void tile_qk(float (&s)[Tr::TM][Tr::TN], const float*
   }
 }
 
-template <class Tr, class CausalT, class DenseT>
+template <class Tr, class VT>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const FwdParams p) {
   using T = typename Tr::T;
   constexpr int TM = Tr::TM, TN = Tr::TN;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
 
   const int tx = threadIdx.x % Tr::THREADS_N, ty = threadIdx.x / Tr::THREADS_N;
   const int q0 = blockIdx.x * Tr::BLOCK_M, h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
-  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k, offset = p.causal_offset;
+  const int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
   }
 
   const int q_last = min(q0 + Tr::BLOCK_M, seqlen_q) - 1;
-  const int k_end = CausalT::k_end(q_last, seqlen_k, offset);
-  for (int k0 = 0; k0 < k_end; k0 += Tr::BLOCK_N) {
+  const int k_end = VT::kv_end(p, q_last);
+  for (int k0 = VT::kv_begin(p, q0) / Tr::BLOCK_N * Tr::BLOCK_N; k0 < k_end; k0 += Tr::BLOCK_N) {
     __syncthreads();  // the previous tile's P V is done with sKV and sP (first pass: nothing)
     fill_transposed<Tr, Tr::BLOCK_N>(sKV, Tr::LDK, k, p.k_row_stride, k0, seqlen_k);
     __syncthreads();
@@ -310,9 +310,8 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     float s[TM][TN];
     tile_qk<Tr>(s, sQ, sKV, tx, ty);
 
-    // Block-uniform: only tiles crossing Sk or the causal diagonal need an element test.
-    const bool edge = k0 + Tr::BLOCK_N > seqlen_k ||
-                      CausalT::needs_mask(q0, k0 + Tr::BLOCK_N - 1, offset);
+    // Block-uniform: only tiles crossing Sk or a band edge need an element test.
+    const bool edge = VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1);
 #pragma unroll
     for (int r = 0; r < TM; ++r) {
       const int i = q0 + ty * TM + r;
@@ -320,10 +319,11 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
 #pragma unroll
       for (int c = 0; c < TN; ++c) {
         const int j = k0 + tx * TN + c;
-        const bool kept = !edge || (j < seqlen_k && CausalT::keep(i, j, offset));
+        const bool kept = !edge || VT::keep(p, i, j);
         // Selected, not multiplied: Inf/NaN from masked-out K stays out.
-        float s2 = kept ? exp2_score(p, s[r][c]) : -CA_INF;
-        if (DenseT::enabled && kept && i < seqlen_q) s2 = DenseT::apply(p, b, h, i, j, s2);
+        float s2 = -CA_INF;
+        if (kept) s2 = i < seqlen_q ? VT::template score<true>(p, b, h, i, j, s[r][c])
+                                    : VT::Logits::template s2<true>(p, s[r][c]);
         s[r][c] = s2;
         tile_max = fmaxf(tile_max, s2);
       }

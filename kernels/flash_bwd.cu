@@ -51,7 +51,7 @@
 // Constraints: D is a compile-time constant 1..256; no alignment is assumed for
 // global rows (element loads). cupy_attention/families/flash_bwd.py mirrors
 // SMEM_BYTES; the tile kernels trap if launched with less.
-#include "common/mask.cuh"
+#include "common/variant.cuh"
 #include "common/softmax.cuh"
 
 template <int D_, int BLOCK_M_, int BLOCK_N_, class T_>
@@ -155,7 +155,7 @@ __device__ __forceinline__ void load_row_stats(const BwdParams& p, float* sLse, 
 }
 
 // P and dS of the tile (queries m0.., keys n0..) into sP (if NEED_P) and sdS.
-template <class Tr, class CausalT, class DenseT, bool NEED_P>
+template <class Tr, class VT, bool NEED_P>
 __device__ __forceinline__ void tile_p_ds(const BwdParams& p, const float* sQ, const float* sdO,
                                           const float* sK, const float* sV, const float* sLse,
                                           const float* sDelta, float* sP, float* sdS, int b,
@@ -187,8 +187,8 @@ __device__ __forceinline__ void tile_p_ds(const BwdParams& p, const float* sQ, c
     }
   }
   // Block-uniform: only tiles crossing Sq, Sk or the causal diagonal need an element test.
-  const bool edge = m0 + Tr::BLOCK_M > f.seqlen_q || n0 + Tr::BLOCK_N > f.seqlen_k ||
-                    CausalT::needs_mask(m0, n0 + Tr::BLOCK_N - 1, f.causal_offset);
+  const bool edge = m0 + Tr::BLOCK_M > f.seqlen_q ||
+                    VT::partial(f, m0, m0 + Tr::BLOCK_M - 1, n0, n0 + Tr::BLOCK_N - 1);
 #pragma unroll
   for (int r = 0; r < TM; ++r) {
     const int m = ty + r * Tr::THREADS_M, i = m0 + m;
@@ -197,9 +197,9 @@ __device__ __forceinline__ void tile_p_ds(const BwdParams& p, const float* sQ, c
     for (int c = 0; c < TN; ++c) {
       const int n = tx + c * Tr::THREADS_N, j = n0 + n;
       const bool kept =
-          !edge || (i < f.seqlen_q && j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+          !edge || (i < f.seqlen_q && VT::keep(f, i, j));
       float s2 = s[r][c] * f.scale_log2;
-      if (DenseT::enabled && kept) s2 = DenseT::apply(f, b, h, i, j, s2);
+      if (VT::Dense::enabled && kept) s2 = VT::Dense::apply(f, b, h, i, j, s2);
       const float pij = kept ? fast_exp2(s2 - lse2) : 0.f;
       // Selected, not multiplied: dP is NaN where a masked-out V holds NaN.
       const float dsij = pij == 0.f ? 0.f : pij * (dp[r][c] - delta);
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
 }
 
 // Grid: x = key block, y = KV head, z = batch.
-template <class Tr, class CausalT, class DenseT, bool ATOMIC_DQ>
+template <class Tr, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dkdv(const BwdParams p) {
   using T = typename Tr::T;
   extern __shared__ float4 smem[];
@@ -304,19 +304,19 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dkdv(co
   const bool k_nonfinite = __syncthreads_or(k_probe);
 
   float dk[Tr::ROWS_N][Tr::COLS] = {}, dv[Tr::ROWS_N][Tr::COLS] = {};
-  // Causal: query i sees key n0 first at i = n0 - offset; earlier query tiles see none.
-  const int m_begin =
-      CausalT::enabled ? max(0, n0 - f.causal_offset) / Tr::BLOCK_M * Tr::BLOCK_M : 0;
+  // The query tiles whose rows see one of the block's keys (the variant's band).
+  const int m_begin = VT::q_begin(f, n0) / Tr::BLOCK_M * Tr::BLOCK_M;
+  const int m_end = VT::q_end(f, n0 + Tr::BLOCK_N - 1);
   for (int h = h_kv * f.group; h < (h_kv + 1) * f.group; ++h) {
     const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
     const T* dout = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
-    for (int m0 = m_begin; m0 < f.seqlen_q; m0 += Tr::BLOCK_M) {
+    for (int m0 = m_begin; m0 < m_end; m0 += Tr::BLOCK_M) {
       __syncthreads();  // the previous tile is done with sQ, sdO, sP, sdS and the stats
       bool probe = load_tile<Tr, Tr::BLOCK_M>(sQ, q, f.q_row_stride, m0, f.seqlen_q);
       probe |= load_tile<Tr, Tr::BLOCK_M>(sdO, dout, p.dout_row_stride, m0, f.seqlen_q);
       load_row_stats<Tr>(p, sLse, sDelta, b, h, m0);
       const bool q_nonfinite = __syncthreads_or(probe);  // also: sK, sV, sQ, sdO complete
-      tile_p_ds<Tr, CausalT, DenseT, true>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, b, h, m0, n0);
+      tile_p_ds<Tr, VT, true>(p, sQ, sdO, sK, sV, sLse, sDelta, sP, sdS, b, h, m0, n0);
       __syncthreads();
       if (q_nonfinite) {
         tile_dkdv<Tr, true>(dk, dv, sQ, sdO, sP, sdS);
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const BwdParams p) {
 }
 
 // Deterministic dQ. Grid: x = query block, y = query head, z = batch.
-template <class Tr, class CausalT, class DenseT>
+template <class Tr, class VT>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dq(const BwdParams p) {
   using T = typename Tr::T;
   extern __shared__ float4 smem[];
@@ -405,13 +405,13 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dq(cons
 
   float dq[Tr::ROWS_M][Tr::COLS] = {};
   const int q_last = min(m0 + Tr::BLOCK_M, f.seqlen_q) - 1;
-  const int k_end = CausalT::k_end(q_last, f.seqlen_k, f.causal_offset);
-  for (int n0 = 0; n0 < k_end; n0 += Tr::BLOCK_N) {
+  const int k_end = VT::kv_end(f, q_last);
+  for (int n0 = VT::kv_begin(f, m0) / Tr::BLOCK_N * Tr::BLOCK_N; n0 < k_end; n0 += Tr::BLOCK_N) {
     __syncthreads();  // the previous tile is done with sK, sV, sdS (first pass: sQ... complete)
     const bool probe = load_tile<Tr, Tr::BLOCK_N>(sK, k, f.k_row_stride, n0, f.seqlen_k);
     load_tile<Tr, Tr::BLOCK_N>(sV, v, f.v_row_stride, n0, f.seqlen_k);
     const bool k_nonfinite = __syncthreads_or(probe);
-    tile_p_ds<Tr, CausalT, DenseT, false>(p, sQ, sdO, sK, sV, sLse, sDelta, nullptr, sdS, b, h,
+    tile_p_ds<Tr, VT, false>(p, sQ, sdO, sK, sV, sLse, sDelta, nullptr, sdS, b, h,
                                           m0, n0);
     __syncthreads();
     if (k_nonfinite) {

@@ -27,9 +27,9 @@
 // stays out; a NaN in a masked V still reaches the product (0 * NaN), as in
 // FlashAttention.
 #include "common/copy.cuh"
-#include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/softmax.cuh"
+#include "common/variant.cuh"
 
 template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, int STAGES_, class T_, bool VEC_>
 struct MmaTraits {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_tile(typename K::T* s, const typename K::T*
   copy_tile<ROWS, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(s, g, stride, 0, rows_valid, head);
 }
 
-template <class K, class CausalT, class DenseT>
+template <class K, class VT>
 __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   using T = typename K::T;
   constexpr int MT = K::M_TILES;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   T* sK = sQ + K::SMEM_Q;                   // STAGES buffers of BLOCK_N rows
   T* sV = sK + K::STAGES * K::SMEM_KV;
 
-  const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -93,14 +93,15 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
 
-  const int k_end = CausalT::k_end(q0 + q_rows - 1, p.seqlen_k, p.causal_offset);
-  const int n_blocks = ceil_div(k_end, K::BLOCK_N);
+  // Key tiles n_begin .. n_begin + n_blocks - 1: the band of the block's rows.
+  const int n_begin = VT::kv_begin(p, q0) / K::BLOCK_N;
+  const int n_blocks = ceil_div(VT::kv_end(p, q0 + q_rows - 1), K::BLOCK_N) - n_begin;
 
   // Tile j goes to buffer j % STAGES; one commit group per tile (empty past the end)
   // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 2>.
   auto load_kv = [&](int j) {
     if (j < n_blocks) {
-      const int k0 = j * K::BLOCK_N, rows = cmin(K::BLOCK_N, p.seqlen_k - k0);
+      const int k0 = (n_begin + j) * K::BLOCK_N, rows = cmin(K::BLOCK_N, p.seqlen_k - k0);
       const int buf = (j % K::STAGES) * K::SMEM_KV;
       load_tile<K, K::BLOCK_N>(sK + buf, k_head + k0 * p.k_row_stride, p.k_row_stride, rows, k_head);
       load_tile<K, K::BLOCK_N>(sV + buf, v_head + k0 * p.v_row_stride, p.v_row_stride, rows, v_head);
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
   constexpr u32 M_TILE_BYTES = 16 * K::SROW * 2;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
-    const int k0 = nb * K::BLOCK_N;
+    const int k0 = (n_begin + nb) * K::BLOCK_N;
     const u32 buf_bytes = (nb % K::STAGES) * K::SMEM_KV * 2;
     cp_async_wait<K::STAGES - 2>();
     __syncthreads();  // tile nb (and Q) visible; every warp is done with tile nb - 1
@@ -193,25 +194,26 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
       for (int nt = 0; nt < K::N_TILES; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
-    const bool edge = k0 + K::BLOCK_N > p.seqlen_k ||
-                      CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
-    if (edge || DenseT::enabled) {
+    const bool edge = VT::partial(p, q0 + row0, q0 + row0 + K::WARP_ROWS - 1, k0,
+                                  k0 + K::BLOCK_N - 1);
+    if (edge) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = q0 + row0 + 16 * mt + g + 8 * r;
-          const int col_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset) - k0;
+          const int col_begin = VT::Band::row_begin(p, i) - k0;
+          const int col_end = VT::Band::row_end(p, i) - k0;
 #pragma unroll
           for (int nt = 0; nt < K::N_TILES; ++nt)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const int jr = nt * 8 + 2 * t + c;
               float& x = s[mt][nt][2 * r + c];
-              if (jr >= col_end) {
+              if (jr >= col_end || (VT::Band::kLo && jr < col_begin)) {
                 x = -CA_INF;
-              } else if (DenseT::enabled && i < p.seqlen_q) {
-                x = DenseT::apply(p, b, h, i, k0 + jr, x);
+              } else if (VT::Dense::enabled && i < p.seqlen_q) {
+                x = VT::Dense::apply(p, b, h, i, k0 + jr, x);
               }
             }
         }

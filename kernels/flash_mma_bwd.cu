@@ -106,7 +106,7 @@ struct MmaBwdTraits {
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
-template <class K, class CausalT, bool ATOMIC_DQ>
+template <class K, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams p) {
   using T = typename K::T;
   const FwdParams& f = p.fwd;
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  const QueryTileWalk<K::BLOCK_M, CausalT> walk(f, n0);
+  const QueryTileWalk<K::BLOCK_M, K::BLOCK_N, VT> walk(f, n0);
   const int n_iters = walk.iters;
 
   // Tile `it` into buffer it % 2, as one cp.async group.
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
     // S^T over all query tiles, then dP^T: one operand's A fragments live at a time.
-#pragma unroll (K::P1_TIGHT ? (CausalT::enabled ? 1 : 2) : K::DB)
+#pragma unroll (K::P1_TIGHT ? (VT::kCausal ? 1 : 2) : K::DB)
     for (int ks = 0; ks < K::DB; ++ks) {
 #pragma unroll
       for (int op = 0; op < 2; ++op) {
@@ -235,8 +235,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
     // P^T and dS^T; element masks only where the warp's keys x QW tile crosses Sk or
     // the causal diagonal. Row g + 8 r of a C fragment is key j, column 2t + c query i.
     const int j0 = n0 + key1, i0 = m0 + sw1 * K::QW;
-    const bool edge = j0 + 16 * KM1 > f.seqlen_k ||
-                      CausalT::needs_mask(i0, j0 + 16 * KM1 - 1, f.causal_offset);
+    const bool edge = VT::partial(f, i0, i0 + K::QW - 1, j0, j0 + 16 * KM1 - 1);
 #pragma unroll
     for (int nt = 0; nt < K::Q_TILES; ++nt) {
       const int col = sw1 * K::QW + nt * 8 + 2 * t;
@@ -253,7 +252,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int j = j0 + 16 * km + g + 8 * r;
-            const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+            const bool kept = !edge || VT::keep(f, i, j);
             float& x = s[km][nt][2 * r + c];
             float& y = dp[km][nt][2 * r + c];
             const float pij = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
@@ -416,7 +415,7 @@ struct MmaBwdDqTraits {
 
 // Deterministic dQ. Grid: x = query block (heaviest first when causal), y = query
 // head, z = batch.
-template <class K, class CausalT>
+template <class K, class VT>
 __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p) {
   using T = typename K::T;
   const FwdParams& f = p.fwd;
@@ -426,7 +425,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
   T* sK = sdO + K::SMEM_Q;  // two buffers
   T* sV = sK + 2 * K::SMEM_KV;
 
-  const int m_block = CausalT::enabled ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / f.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -438,10 +437,11 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  const int k_end = CausalT::k_end(q0 + q_rows - 1, f.seqlen_k, f.causal_offset);
-  const int n_blocks = ceil_div(k_end, K::BLOCK_N);
+  // Key tiles n_begin .. n_begin + n_blocks - 1: the band of the block's rows.
+  const int n_begin = VT::kv_begin(f, q0) / K::BLOCK_N;
+  const int n_blocks = ceil_div(VT::kv_end(f, q0 + q_rows - 1), K::BLOCK_N) - n_begin;
   auto load_kv = [&](int nb) {
-    const int k0 = nb * K::BLOCK_N, rows = f.seqlen_k - k0;
+    const int k0 = (n_begin + nb) * K::BLOCK_N, rows = f.seqlen_k - k0;
     const int buf = (nb & 1) * K::SMEM_KV;
     copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
         sK + buf, k_head + k0 * f.k_row_stride, f.k_row_stride, 0, rows, k_head);
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
     cp_async_commit();
   };
   // Rows that attend nothing are zero-filled (see the header).
-  const int lo = CausalT::enabled ? cmax(0, -f.causal_offset - q0) : 0;
+  const int lo = cmax(0, VT::q_begin(f, 0) - q0);
   copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
       sQ, q_head + q0 * f.q_row_stride, f.q_row_stride, lo, q_rows, q_head);
   copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
@@ -494,7 +494,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
   const u32 k_x = smem_addr(sK + x_row * K::SROW + x_col);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
-    const int k0 = nb * K::BLOCK_N;
+    const int k0 = (n_begin + nb) * K::BLOCK_N;
     const u32 kv_buf = (nb & 1) * K::SMEM_KV * 2;  // bytes
     cp_async_wait<0>();
     __syncthreads();  // tile nb (and Q, dout) visible; every warp is done with tile nb - 1
@@ -523,8 +523,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
       }
     }
 
-    const bool edge = k0 + K::BLOCK_N > f.seqlen_k ||
-                      CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, f.causal_offset);
+    const bool edge = VT::partial(f, q0 + row0, q0 + row0 + 15, k0, k0 + K::BLOCK_N - 1);
 #pragma unroll
     for (int nt = 0; nt < K::N_TILES; ++nt)
 #pragma unroll
@@ -533,7 +532,7 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int j = k0 + nt * 8 + 2 * t + c;
-          const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+          const bool kept = !edge || VT::keep(f, i, j);
           const float pij = kept ? fast_exp2(fmaf(s[nt][2 * r + c], f.scale_log2, -lse2[r])) : 0.f;
           dp[nt][2 * r + c] = pij == 0.f ? 0.f : pij * (dp[nt][2 * r + c] - delta[r]);
         }

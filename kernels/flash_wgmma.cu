@@ -48,10 +48,10 @@
 // (SwizzledTile), so the tiles themselves take D rounded up to 64 columns.
 // Causal work tiles run heaviest first. Masked scores are selected to -inf; a NaN in a
 // masked V still reaches the product (0 * NaN), as in flash_mma and FlashAttention.
-#include "common/mask.cuh"
 #include "common/mma.cuh"
 #include "common/softmax.cuh"
 #include "common/tma.cuh"
+#include "common/variant.cuh"
 #include "common/wgmma.cuh"
 
 template <int D_, int CONSUMERS_, int BLOCK_N_, class T_, int MIN_BLOCKS_, int STAGES_>
@@ -112,10 +112,10 @@ struct WorkTile {
   int m_block, h, b;
 };
 
-template <class CausalT>
+template <class VT>
 __device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int m_blocks, int tile) {
   const int m = tile % m_blocks, hb = tile / m_blocks;
-  return {CausalT::enabled ? m_blocks - 1 - m : m, hb % p.heads_q, hb / p.heads_q};
+  return {VT::kCausal ? m_blocks - 1 - m : m, hb % p.heads_q, hb / p.heads_q};
 }
 
 // 4 x 4 transpose across a quad (t = lane % 4): afterwards x[j] is what lane j of
@@ -136,7 +136,7 @@ __device__ __forceinline__ void quad_transpose(u32 (&x)[4], int t) {
   x[3] = odd ? x[3] : b;
 }
 
-template <class K, class CausalT>
+template <class K, class VT>
 __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
                     const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
@@ -167,13 +167,13 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   int tile_now = 0, q0 = 0, n_blocks = 0;
   auto start_tile = [&](int tile) {
     tile_now = tile;
-    const WorkTile w = work_tile<CausalT>(p, m_blocks, tile);
+    const WorkTile w = work_tile<VT>(p, m_blocks, tile);
     q0 = w.m_block * K::BLOCK_M - q_shift;
     const int q_last = cmin(q0 + K::BLOCK_M, p.seqlen_q) - 1;
-    n_blocks = ceil_div(CausalT::k_end(q_last, p.seqlen_k, p.causal_offset), K::BLOCK_N);
+    n_blocks = ceil_div(VT::kv_end(p, q_last), K::BLOCK_N);
     return w;
   };
-  auto cur = [&]() { return work_tile<CausalT>(p, m_blocks, tile_now); };
+  auto cur = [&]() { return work_tile<VT>(p, m_blocks, tile_now); };
 
   if (threadIdx.x == 0) {
     for (int c = 0; c < K::CONSUMERS; ++c) {
@@ -324,13 +324,12 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
   // (one column limit per row covers both). Warp-uniform.
   auto needs_mask = [&](int j) {
     const int k0 = j * K::BLOCK_N;
-    return k0 + K::BLOCK_N > p.seqlen_k ||
-           CausalT::needs_mask(q0 + row0, k0 + K::BLOCK_N - 1, p.causal_offset);
+    return VT::partial(p, q0 + row0, q0 + row0 + 15, k0, k0 + K::BLOCK_N - 1);
   };
   // The first masked column of key tile j in this thread's row r (causal bound
   // and end of the keys).
   auto col_end = [&](int r, int j) {
-    return CausalT::k_end(q0 + row0 + g + 8 * r, p.seqlen_k, p.causal_offset) - j * K::BLOCK_N;
+    return VT::kv_end(p, q0 + row0 + g + 8 * r) - j * K::BLOCK_N;
   };
   // Row r of the tile: p = exp2(s * scale - ref) in place; returns this thread's
   // part of the row sum.
@@ -391,7 +390,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
     bool ok = true;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (CausalT::enabled && masked) {
+      if (VT::kCausal && masked) {
         const int end = col_end(r, j);
         sum[r] = 0.f;
 #pragma unroll
@@ -570,7 +569,7 @@ __global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
         release_k(j);
         const bool masked = needs_mask(j);
         const bool fast =
-            __all_sync(0xffffffffu, (CausalT::enabled || !masked) && p.scale_log2 >= 0.f &&
+            __all_sync(0xffffffffu, (VT::kCausal || !masked) && p.scale_log2 >= 0.f &&
                                         row[0].m_i != -CA_INF && row[1].m_i != -CA_INF);
         if (fast) {
           float sum[2];

@@ -181,14 +181,14 @@ __device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 str
 // What both dK/dV kernels share: the shared-memory layout, the block's place in the
 // problem, the copies of K, V and the query tiles, the dQ reductions and the
 // epilogue's stores.
-template <class K, class CausalT>
+template <class K, class VT>
 struct DkdvBlock {
   using T = typename K::T;
   const BwdParams& p;
   unsigned char* const smem;
   const u32 sK, sV, sQ, sdO, sdS, sP, sStats;  // sQ, sdO, sStats: two buffers each
   const int n0, h_kv, b;
-  const QueryTileWalk<K::BLOCK_M, CausalT> walk;
+  const QueryTileWalk<K::BLOCK_M, K::BLOCK_N, VT> walk;
 
   __device__ __forceinline__ DkdvBlock(const BwdParams& p_, unsigned char* smem_)
       : p(p_), smem(smem_), sK((smem_addr(smem_) + 1023) & ~1023u), sV(sK + K::SMEM_KV),
@@ -299,10 +299,10 @@ struct DkdvBlock {
 // P^T in place of S^T: s[nt * 4 + 2 r + c] is key j0 + g + 8 r, query m0 + 8 nt + 2 t
 // + c; element masks only where the warp's 16 keys x the tile cross Sk or the
 // causal diagonal.
-template <class K, class CausalT>
+template <class K, class VT>
 __device__ __forceinline__ void p_from_s(float (&s)[K::BLOCK_M / 2], const FwdParams& f,
                                          const float* s_lse, int m0, int j0, int g, int t) {
-  const bool edge = j0 + 16 > f.seqlen_k || CausalT::needs_mask(m0, j0 + 15, f.causal_offset);
+  const bool edge = VT::partial(f, m0, m0 + K::BLOCK_M - 1, j0, j0 + 15);
 #pragma unroll
   for (int nt = 0; nt < K::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
@@ -316,7 +316,7 @@ __device__ __forceinline__ void p_from_s(float (&s)[K::BLOCK_M / 2], const FwdPa
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
-        const bool kept = !edge || (j < f.seqlen_k && CausalT::keep(i, j, f.causal_offset));
+        const bool kept = !edge || VT::keep(f, i, j);
         float& x = s[nt * 4 + 2 * r + c];
         x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
       }
@@ -364,7 +364,7 @@ __device__ __forceinline__ void store_ds(unsigned char* ds_bytes, const u32 (&da
                               4 * t) = da[ks][e];
 }
 
-template <class K, class CausalT, bool ATOMIC_DQ>
+template <class K, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams p) {
   static_assert(!K::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   using T = typename K::T;
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   using DsTile = typename K::DsTile;
   const FwdParams& f = p.fwd;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const DkdvBlock<K, CausalT> blk(p, smem);
+  const DkdvBlock<K, VT> blk(p, smem);
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
 
     wgmma_wait<1>();
     fence_regs(s);
-    p_from_s<K, CausalT>(s, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
+    p_from_s<K, VT>(s, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
     pack_a<K>(pa, s);
     wgmma_fence();
 #pragma unroll
@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   blk.store_keys(dv, 1.f, blk.sV, blk.dv_head(), p.dv_row_stride, key0, lane);
 }
 
-template <class K, class CausalT, bool ATOMIC_DQ>
+template <class K, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams p) {
   static_assert(K::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
   using T = typename K::T;
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const
   using DsTile = typename K::DsTile;
   const FwdParams& f = p.fwd;
   extern __shared__ __align__(1024) unsigned char smem[];
-  const DkdvBlock<K, CausalT> blk(p, smem);
+  const DkdvBlock<K, VT> blk(p, smem);
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const
     fence_regs(x);
 
     if (wg == 0) {
-      p_from_s<K, CausalT>(x, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
+      p_from_s<K, VT>(x, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
 #pragma unroll
       for (int i = 0; i < K::BLOCK_M / 8; ++i)
         p_slots[i * 128] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);

@@ -10,14 +10,14 @@
 //   3. naive_pv       out[b,h,i,d] = sum_j p[i,j] * v[j,d]   (p = 0 terms skipped)
 // Grid: x covers the row (or row*col) index, y = query head, z = batch.
 // Constraints: any head dim (the loops run over D in global memory).
-#include "common/mask.cuh"
+#include "common/variant.cuh"
 #include "common/softmax.cuh"
 
 __device__ __forceinline__ i64 score_row(const FwdParams& p, int b, int h, int i) {
   return ((i64(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k;
 }
 
-template <class T, class CausalT, class DenseT>
+template <class T, class VT>
 __global__ void naive_scores(const FwdParams p) {
   const int h = blockIdx.y, b = blockIdx.z;
   const i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -26,10 +26,10 @@ __global__ void naive_scores(const FwdParams p) {
   const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride + i * p.q_row_stride;
   const T* k = static_cast<const T*>(p.k) + b * p.k_batch_stride + (h / p.group) * p.k_head_stride + j * p.k_row_stride;
   float s2 = -CA_INF;
-  if (CausalT::keep(i, j, p.causal_offset)) {
+  if (VT::keep(p, i, j)) {
     typename Accum<T>::type dot = 0;
     for (int d = 0; d < p.head_dim; ++d) dot += to_float(q[d]) * to_float(k[d]);
-    s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, float(dot)));
+    s2 = VT::template score<true>(p, b, h, i, j, float(dot));
   }
   p.scratch[score_row(p, b, h, i) + j] = s2;
 }
@@ -51,7 +51,7 @@ __global__ void naive_softmax(const FwdParams p) {
   if (p.lse) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 
-template <class T, class CausalT>
+template <class T, class VT>
 __global__ void naive_pv(const FwdParams p) {
   const int h = blockIdx.y, b = blockIdx.z;
   const i64 idx = i64(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -59,9 +59,9 @@ __global__ void naive_pv(const FwdParams p) {
   const int i = int(idx / p.head_dim), d = int(idx % p.head_dim);
   const float* prow = p.scratch + score_row(p, b, h, i);
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + (h / p.group) * p.v_head_stride + d;
-  const int k_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset);
+  const int k_end = VT::kv_end(p, i);
   typename Accum<T>::type acc = 0;
-  for (int j = 0; j < k_end; ++j) {
+  for (int j = VT::kv_begin(p, i); j < k_end; ++j) {
     const float pj = prow[j];
     if (pj != 0.f) acc += pj * to_float(v[j * p.v_row_stride]);
   }

@@ -20,7 +20,7 @@
 // Grid: y = query head, z = batch; x = query tile * key tiles + key tile (scores),
 // a block of WARPS rows (softmax), query tile * head-dim tiles + head-dim tile (pv).
 // Constraints: any head dim (D is walked TILE columns at a time, tails zero-filled).
-#include "common/mask.cuh"
+#include "common/variant.cuh"
 #include "common/softmax.cuh"
 
 template <int TILE_, int THREADS_>
@@ -44,7 +44,7 @@ __device__ __forceinline__ i64 tiled_score_row(const FwdParams& p, int b, int h,
   return ((i64(b) * p.heads_q + h) * p.seqlen_q + i) * p.seqlen_k;
 }
 
-template <class Tr, class T, class CausalT, class DenseT>
+template <class Tr, class T, class VT>
 __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
   __shared__ float sQ[Tr::TILE][Tr::LDS];
   __shared__ float sK[Tr::TILE][Tr::LDS];
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
   const int q_last = min(q0 + Tr::TILE, p.seqlen_q) - 1;
   float* out = p.scratch + tiled_score_row(p, b, h, q0);
 
-  if (k0 >= CausalT::k_end(q_last, p.seqlen_k, p.causal_offset)) {
+  if (k0 >= VT::kv_end(p, q_last) || k0 + Tr::TILE <= VT::kv_begin(p, q0)) {
     // Block-uniform: no row of this tile sees any of its keys.
 #pragma unroll
     for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) {
@@ -93,36 +93,36 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
     const int row = ty + r * Tr::ROW_STEP, i = q0 + row, j = k0 + tx;
     if (i >= p.seqlen_q || j >= p.seqlen_k) continue;
     float s2 = -CA_INF;
-    if (CausalT::keep(i, j, p.causal_offset)) s2 = DenseT::apply(p, b, h, i, j, exp2_score(p, float(dot[r])));
+    if (VT::keep(p, i, j)) s2 = VT::template score<true>(p, b, h, i, j, float(dot[r]));
     out[i64(row) * p.seqlen_k + j] = s2;
   }
 }
 
-template <class Tr, class CausalT>
+template <class Tr, class VT>
 __global__ void __launch_bounds__(Tr::THREADS) tiled_softmax(const FwdParams p) {
   const int h = blockIdx.y, b = blockIdx.z, lane = threadIdx.x % 32;
   const int i = blockIdx.x * Tr::WARPS + threadIdx.x / 32;
   if (i >= p.seqlen_q) return;  // warp-uniform: the shuffles below see full warps
   float* s = p.scratch + tiled_score_row(p, b, h, i);
-  // Keys at or past k_end hold -inf: read only up to it, write 0 beyond it.
-  const int k_end = CausalT::k_end(i, p.seqlen_k, p.causal_offset);
+  // Keys outside [k_begin, k_end) hold -inf: read only those, write 0 elsewhere.
+  const int k_begin = VT::kv_begin(p, i), k_end = VT::kv_end(p, i);
 
   float m = -CA_INF;
-  for (int j = lane; j < k_end; j += 32) m = fmaxf(m, s[j]);
+  for (int j = k_begin + lane; j < k_end; j += 32) m = fmaxf(m, s[j]);
   SoftmaxRow row;
   row.init();
   row.rescale(group_max<32>(m));
   const float ref = row.ref();
   double l = 0;  // the baseline sums in fp64 whatever the dtype
-  for (int j = lane; j < k_end; j += 32) l += exact_exp2(s[j] - ref);
+  for (int j = k_begin + lane; j < k_end; j += 32) l += exact_exp2(s[j] - ref);
   l = group_sum<32>(l);
   row.l_i = float(l);
   for (int j = lane; j < p.seqlen_k; j += 32)
-    s[j] = (j < k_end && l != 0) ? float(exact_exp2(s[j] - ref) / l) : 0.f;
+    s[j] = (j >= k_begin && j < k_end && l != 0) ? float(exact_exp2(s[j] - ref) / l) : 0.f;
   if (p.lse && lane == 0) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
 }
 
-template <class Tr, class T, class CausalT>
+template <class Tr, class T, class VT>
 __global__ void __launch_bounds__(Tr::THREADS) tiled_pv(const FwdParams p) {
   // Both tiles are read along a row (sP broadcast, sV one bank per lane): no padding.
   __shared__ float sP[Tr::TILE][Tr::TILE];
@@ -132,15 +132,15 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_pv(const FwdParams p) {
   const int q0 = (blockIdx.x / d_tiles) * Tr::TILE, d0 = (blockIdx.x % d_tiles) * Tr::TILE;
   const int tx = threadIdx.x % Tr::TILE, ty = threadIdx.x / Tr::TILE;
   const int q_last = min(q0 + Tr::TILE, p.seqlen_q) - 1;
-  // The softmax wrote p = 0 past each row's own causal end, so the block only has
-  // to stop at its last row's end.
-  const int k_end = CausalT::k_end(q_last, p.seqlen_k, p.causal_offset);
+  // The softmax wrote p = 0 outside each row's own band, so the block only has to
+  // cover its rows' union of bands.
+  const int k_end = VT::kv_end(p, q_last);
   const float* prob = p.scratch + tiled_score_row(p, b, h, q0);
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + (h / p.group) * p.v_head_stride;
 
   using acc_t = typename Accum<T>::type;
   acc_t acc[Tr::ROWS_PER_THREAD] = {};
-  for (int k0 = 0; k0 < k_end; k0 += Tr::TILE) {
+  for (int k0 = VT::kv_begin(p, q0) / Tr::TILE * Tr::TILE; k0 < k_end; k0 += Tr::TILE) {
 #pragma unroll
     for (int l = 0; l < Tr::LOADS_PER_THREAD; ++l) {
       const int e = threadIdx.x + l * Tr::THREADS, r = e / Tr::TILE, c = e % Tr::TILE;

@@ -54,8 +54,8 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
         "o_batch_stride": os_[0], "o_head_stride": os_[1], "o_row_stride": os_[2],
         "batch": p.batch, "heads_q": p.heads_q, "heads_kv": p.heads_kv, "group": p.group,
         "seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
-        "causal_offset": p.seqlen_k - p.seqlen_q,
         "scale": p.scale, "scale_log2": scale_log2, "scale_log2_lo": scale_log2_lo,
+        **p.variant.params(p.seqlen_q, p.seqlen_k, p.scale),
     }
     if t.lse is not None:
         ls = [x // 4 for x in t.lse.strides]

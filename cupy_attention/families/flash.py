@@ -12,7 +12,8 @@ import dataclasses
 
 from .. import jit
 from ..problem import Problem
-from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+from ..variant import Variant
+from .base import CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
 
 _KB = 1024
 
@@ -77,7 +78,7 @@ def config(head_dim: int, smem_limit: int = SM80_SMEM) -> Config | None:
 
 def spec(c: Config, dtype: str, causal: bool, mask_kind: str) -> jit.KernelSpec:
     traits = f"FlashTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.threads}, {CPP_DTYPE[dtype]}>"
-    expr = f"flash_fwd<{traits}, {'Causal' if causal else 'NoCausal'}, {CPP_DENSE[mask_kind]}>"
+    expr = f"flash_fwd<{traits}, {Variant(causal, dense=mask_kind).cpp()}>"
     name = (f"flash[D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}"
             f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}]")
     return jit.KernelSpec("flash.cu", expr, name)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 
 from .. import jit
+from ..variant import Variant
 from ..params import BWD_DTYPE, make_struct
 from ..problem import DTYPES, Problem
-from .base import (CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Tensors, bhs_strides,
+from .base import (CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Tensors, bhs_strides,
                    fwd_params, grid_check)
 
 _KB = 1024
@@ -84,7 +85,7 @@ def _tag(c: Config, dtype: str, causal: bool, mask_kind: str) -> str:
 
 
 def _policies(causal: bool, mask_kind: str) -> str:
-    return f"{'Causal' if causal else 'NoCausal'}, {CPP_DENSE[mask_kind]}"
+    return Variant(causal, dense=mask_kind).cpp()
 
 
 def dkdv_spec(c: Config, dtype: str, causal: bool, mask_kind: str,

@@ -6,7 +6,8 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors
+from ..variant import Variant
+from .base import CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -55,8 +56,7 @@ def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool,
     bm, bn, warps, stages = cfg or tiles_for(head_dim, mask_kind != "none")
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
-    expr = (f"flash_mma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}, "
-            f"{CPP_DENSE[mask_kind]}>")
+    expr = f"flash_mma_fwd<{traits}, {Variant(causal, dense=mask_kind).cpp()}>"
     name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},ST={stages},{SHORT_DTYPE[dtype]}"
             f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma.cu", expr, name)

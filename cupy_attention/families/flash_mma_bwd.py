@@ -22,6 +22,7 @@ import functools
 
 from .. import jit
 from ..problem import Problem
+from ..variant import Variant
 from . import flash_bwd
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
 from .flash_mma import vectorizable_arrays
@@ -103,7 +104,7 @@ def _flag(x: bool) -> str:
 def dkdv_spec(c: Config, dtype: str, causal: bool, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
               f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
-    expr = (f"flash_mma_bwd_dkdv<{traits}, {'Causal' if causal else 'NoCausal'}, "
+    expr = (f"flash_mma_bwd_dkdv<{traits}, {Variant(causal).cpp()}, "
             f"{_flag(atomic_dq)}>")
     name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}"
@@ -114,7 +115,7 @@ def dkdv_spec(c: Config, dtype: str, causal: bool, vec: bool, atomic_dq: bool) -
 def dq_spec(c: Config, dtype: str, causal: bool, vec: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, {CPP_DTYPE[dtype]}, "
               f"{_flag(vec)}>")
-    expr = f"flash_mma_bwd_dq<{traits}, {'Causal' if causal else 'NoCausal'}>"
+    expr = f"flash_mma_bwd_dq<{traits}, {Variant(causal).cpp()}>"
     name = (f"flash_mma_bwd_dq[D={c.head_dim},BN={c.dq_block_n},W={c.dq_warps},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)

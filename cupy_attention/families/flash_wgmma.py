@@ -21,6 +21,7 @@ import numpy as np
 from .. import jit, tma
 from ..device import multiprocessor_count
 from ..problem import Problem
+from ..variant import Variant
 from .base import CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
 from .flash_mma import FlashMma
 
@@ -99,7 +100,7 @@ def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
     consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, causal)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
-    expr = f"flash_wgmma_fwd<{traits}, {'Causal' if causal else 'NoCausal'}>"
+    expr = f"flash_wgmma_fwd<{traits}, {Variant(causal).cpp()}>"
     name = (f"flash_wgmma[D={head_dim},BM={64 * consumers},BN={block_n},S={stages},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]")
     return jit.KernelSpec("flash_wgmma.cu", expr, name)

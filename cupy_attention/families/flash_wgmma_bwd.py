@@ -29,6 +29,7 @@ import functools
 
 from .. import jit
 from ..problem import Problem
+from ..variant import Variant
 from . import flash_bwd, flash_mma_bwd, flash_wgmma
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
 
@@ -106,7 +107,7 @@ def config(head_dim: int) -> Config | None:
 def dkdv_spec(c: Config, dtype: str, causal: bool, atomic_dq: bool) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = (f"{kernel}<{traits}, {'Causal' if causal else 'NoCausal'}, "
+    expr = (f"{kernel}<{traits}, {Variant(causal).cpp()}, "
             f"{'true' if atomic_dq else 'false'}>")
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
             f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}"

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from .. import jit
 from ..problem import Problem
+from ..variant import Variant
 from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
 
 THREADS = 128
 
 
-def _causal(causal: bool) -> str:
-    return "Causal" if causal else "NoCausal"
-
-
 def specs(dtype: str, causal: bool, mask_kind: str) -> tuple[jit.KernelSpec, ...]:
-    t, c, m = CPP_DTYPE[dtype], _causal(causal), CPP_DENSE[mask_kind]
+    t, c, v = CPP_DTYPE[dtype], Variant(causal).cpp(), Variant(causal, dense=mask_kind).cpp()
     tag = f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}"
     return (
-        jit.KernelSpec("naive.cu", f"naive_scores<{t}, {c}, {m}>", f"naive_scores[{tag}]"),
+        jit.KernelSpec("naive.cu", f"naive_scores<{t}, {v}>", f"naive_scores[{tag}]"),
         jit.KernelSpec("naive.cu", "naive_softmax", "naive_softmax"),
         jit.KernelSpec("naive.cu", f"naive_pv<{t}, {c}>",
                        f"naive_pv[{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]"),

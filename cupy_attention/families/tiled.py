@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import jit
 from ..problem import Problem
+from ..variant import Variant
 from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
 
 TILE = 32       # output tile side (queries x keys, or queries x head-dim columns)
@@ -12,15 +13,11 @@ _WARPS = THREADS // 32
 _TRAITS = f"TiledTraits<{TILE}, {THREADS}>"
 
 
-def _causal(causal: bool) -> str:
-    return "Causal" if causal else "NoCausal"
-
-
 def specs(dtype: str, causal: bool, mask_kind: str) -> tuple[jit.KernelSpec, ...]:
-    t, c, m = CPP_DTYPE[dtype], _causal(causal), CPP_DENSE[mask_kind]
+    t, c, v = CPP_DTYPE[dtype], Variant(causal).cpp(), Variant(causal, dense=mask_kind).cpp()
     short, causal_tag = SHORT_DTYPE[dtype], ",causal" if causal else ""
     return (
-        jit.KernelSpec("tiled.cu", f"tiled_scores<{_TRAITS}, {t}, {c}, {m}>",
+        jit.KernelSpec("tiled.cu", f"tiled_scores<{_TRAITS}, {t}, {v}>",
                        f"tiled_scores[TILE={TILE},{short}{causal_tag}{MASK_SUFFIX[mask_kind]}]"),
         jit.KernelSpec("tiled.cu", f"tiled_softmax<{_TRAITS}, {c}>",
                        f"tiled_softmax[{'causal' if causal else 'full'}]"),

@@ -3,26 +3,27 @@
 // tile's lse and delta into shared memory.
 #pragma once
 #include "copy.cuh"
-#include "mask.cuh"
+#include "variant.cuh"
 
-// A block of keys from n0 meets every query head of its KV head's GQA group and,
-// per head, the BLOCK_M-row query tiles that reach key n0 (causal: query i sees key
-// n0 first at i = n0 - offset). Iteration `it` is tile first + it % tiles of query
+// A block of BLOCK_N keys from n0 meets every query head of its KV head's GQA group
+// and, per head, the BLOCK_M-row query tiles whose rows see one of its keys (the
+// variant's q_begin, q_end: causal, query i sees key n0 first at i = n0 - offset).
+// Iteration `it` is tile first + it % tiles of query
 // head h_kv * group + it / tiles; a tile's rows outside [row_lo, row_hi) attend no
 // key of the block or lie past the sequence.
-template <int BLOCK_M, class CausalT>
+template <int BLOCK_M, int BLOCK_N, class VT>
 struct QueryTileWalk {
   int first, tiles, iters;
   __device__ __forceinline__ QueryTileWalk(const FwdParams& f, int n0)
-      : first(CausalT::enabled ? cmax(0, n0 - f.causal_offset) / BLOCK_M : 0),
-        tiles(cmax(0, ceil_div(f.seqlen_q, BLOCK_M) - first)),
+      : first(VT::q_begin(f, n0) / BLOCK_M),
+        tiles(cmax(0, ceil_div(VT::q_end(f, n0 + BLOCK_N - 1), BLOCK_M) - first)),
         iters(f.group * tiles) {}
   __device__ __forceinline__ int head(int it, int h_kv, int group) const {
     return h_kv * group + it / tiles;
   }
   __device__ __forceinline__ int m0(int it) const { return (first + it % tiles) * BLOCK_M; }
   __device__ __forceinline__ static int row_lo(const FwdParams& f, int m0) {
-    return CausalT::enabled ? cmax(0, -f.causal_offset - m0) : 0;
+    return cmax(0, VT::q_begin(f, 0) - m0);
   }
   __device__ __forceinline__ static int row_hi(const FwdParams& f, int m0) {
     return f.seqlen_q - m0;

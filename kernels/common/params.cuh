@@ -31,13 +31,16 @@ struct FwdParams {
 
   i32 batch, heads_q, heads_kv, group;
   i32 seqlen_q, seqlen_k, head_dim;
-  // Bottom-right causal alignment: query i sees keys j <= i + causal_offset,
-  // causal_offset = seqlen_k - seqlen_q.
-  i32 causal_offset;
+  // The band of keys row i sees (common/variant.cuh): i + band_lo <= j <= i + band_hi,
+  // each bound read only by variants that have it. Causal, bottom-right aligned:
+  // band_hi = seqlen_k - seqlen_q; a window (left, right) adds -left and right.
+  i32 band_lo, band_hi;
 
   float scale;       // softmax scale (1/sqrt(D) by default)
   float scale_log2;     // scale * log2(e) rounded to fp32: scores live in the exp2 domain
   float scale_log2_lo;  // scale * log2(e) - scale_log2, so exp2_score rounds only once
+  float softcap_scale;  // Softcap variant: scale / cap
+  float softcap_log2;   // Softcap variant: cap * log2(e)
 };
 
 // dot * scale * log2(e) with a single rounding. The rounding of the constant alone

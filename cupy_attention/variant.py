@@ -1,0 +1,75 @@
+"""Attention variants on the host: the mirror of ``kernels/common/variant.cuh``.
+
+A :class:`Variant` says which keys a query row sees (the band: causal, a sliding
+window), what becomes of the logits (softcap) and whether a dense mask is read. It
+is the one place that turns those into the kernels' template argument
+(:meth:`Variant.cpp`), the spec-name suffix (:meth:`Variant.suffix`) and the band
+params (:meth:`Variant.band`), so no family spells them out itself.
+
+Conventions (FlashAttention's): query ``i`` and key ``j`` are aligned bottom-right,
+``offset = Sk - Sq``. ``causal`` keeps ``j <= i + offset``. ``window = (left,
+right)`` keeps ``i + offset - left <= j <= i + offset + right``, ``-1`` meaning
+unbounded on that side; with ``causal`` the right bound is ``min(right, 0)``.
+``softcap = c > 0`` replaces each score ``s`` by ``c * tanh(s / c)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+_DENSE_CPP = {"none": "NoDense", "bool": "BoolDense", "add": "AddDense"}
+_DENSE_SUFFIX = {"none": "", "bool": ",bool-mask", "add": ",add-mask"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    causal: bool = False
+    window: tuple | None = None    # (left, right), -1 = unbounded; None = no window
+    softcap: float = 0.0           # 0 = off
+    dense: str = "none"            # "none" | "bool" | "add"
+
+    @property
+    def band_flags(self) -> tuple[bool, bool]:
+        """(lower bound, upper bound) on the keys of a row, as ``Band<LO, HI>``."""
+        left, right = self.window if self.window is not None else (-1, -1)
+        return left >= 0, self.causal or right >= 0
+
+    def band(self, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+        """``FwdParams::band_lo``, ``band_hi``: row i sees keys i + band_lo .. i + band_hi."""
+        offset = seqlen_k - seqlen_q
+        left, right = self.window if self.window is not None else (-1, -1)
+        if self.causal:
+            right = 0 if right < 0 else min(right, 0)
+        return (offset - left if left >= 0 else 0), (offset + right if right >= 0 else 0)
+
+    def cpp(self) -> str:
+        """The C++ variant type, e.g. ``Variant<Band<false, true>, PlainLogits, NoDense>``."""
+        lo, hi = self.band_flags
+        logits = "Softcap" if self.softcap else "PlainLogits"
+        return (f"Variant<Band<{str(lo).lower()}, {str(hi).lower()}>, {logits}, "
+                f"{_DENSE_CPP[self.dense]}>")
+
+    def suffix(self) -> str:
+        """The spec-name suffix: ``,causal``, ``,window``, ``,softcap``, ``,bool-mask``..."""
+        lo, hi = self.band_flags
+        out = ",causal" if self.causal else ""
+        if self.window is not None and (lo or (hi and not self.causal)):
+            out += ",window"
+        if self.softcap:
+            out += ",softcap"
+        return out + _DENSE_SUFFIX[self.dense]
+
+    def params(self, seqlen_q: int, seqlen_k: int, scale: float) -> dict:
+        """The FwdParams fields this variant sets (band and softcap)."""
+        import math
+
+        lo, hi = self.band(seqlen_q, seqlen_k)
+        out = {"band_lo": lo, "band_hi": hi}
+        if self.softcap:
+            out["softcap_scale"] = scale / self.softcap
+            out["softcap_log2"] = self.softcap / math.log(2.0)
+        return out
+
+
+PLAIN = Variant()
+CAUSAL = Variant(causal=True)

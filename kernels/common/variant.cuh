@@ -1,0 +1,253 @@
+// Attention variants: which keys a query row sees, and what becomes of its logits.
+//
+// A variant is one type, Variant<BandT, LogitsT, DenseT>, chosen on the host and
+// instantiated into every kernel family; nothing of it exists at run time when it
+// is off. Coordinates are those of one (batch, head): query row i in [0, Sq), key j
+// in [0, Sk). Three independent parts:
+//   band     row i sees the keys [row_begin(i), row_end(i)): one interval per row,
+//            clipped to [0, Sk). Band<LO, HI> with each bound present or not; the
+//            host folds the causal alignment and a window (left, right) into two
+//            params: row i sees keys i + band_lo .. i + band_hi (FwdParams).
+//              NoBand     every key
+//              CausalBand j <= i + Sk - Sq            (band_hi = Sk - Sq)
+//              Band<1,1>  a sliding window, causal or not
+//   logits   the raw dot product q.k becomes the score s2 in the exp2 domain
+//            (s2 = s * log2 e, where s is the score softmax sees):
+//              PlainLogits  s2 = dot * scale * log2 e
+//              Softcap      s2 = c tanh(dot * scale / c) * log2 e    (Gemma 2)
+//   dense    a per-element mask or bias read from memory (NoDense, BoolDense,
+//            AddDense: mask.cuh), applied after the logits.
+//
+// What a kernel asks of a variant (all warp-uniform unless it names a row):
+//   kv_begin(p, q_first), kv_end(p, q_last)   the keys any row of [q_first, q_last]
+//                                             sees: the key-tile loop's bounds
+//   q_begin(p, k_first), q_end(p, k_last)     the query rows that see any key of
+//                                             [k_first, k_last]: the backward's walk
+//   partial(p, q_first, q_last, k_first, k_last)
+//                                             false when the tile needs no
+//                                             per-element work (every row sees every
+//                                             key, no dense mask, no key past Sk)
+//   kFastSoftmax                              the max-free softmax stays valid
+//   Scores<V>::map / map_t (below)            the one loop that applies band, logits
+//                                             and dense mask to a thread's scores
+// Hazards: a masked score is *selected* to a fill value (-inf before a softmax, 0
+// after an exp), never multiplied, so NaN/Inf in masked keys stays out.
+#pragma once
+#include "mask.cuh"
+
+// ---------------------------------------------------------------------------
+// Bands
+
+template <bool LO, bool HI>
+struct Band {
+  static constexpr bool kLo = LO, kHi = HI;
+  // First key row i sees (0 without a lower bound).
+  __device__ __forceinline__ static int row_begin(const FwdParams& p, int i) {
+    return LO ? cmax(i + p.band_lo, 0) : 0;
+  }
+  // One past the last key row i sees, in [0, Sk].
+  __device__ __forceinline__ static int row_end(const FwdParams& p, int i) {
+    if constexpr (HI) {
+      const int end = i + p.band_hi + 1;
+      return end < 0 ? 0 : (end < p.seqlen_k ? end : p.seqlen_k);
+    } else {
+      return p.seqlen_k;
+    }
+  }
+  // The query rows that see key j: [col_begin(j), col_end(j)) (not clipped to Sq).
+  __device__ __forceinline__ static int col_begin(const FwdParams& p, int j) {
+    return HI ? j - p.band_hi : -(1 << 30);
+  }
+  __device__ __forceinline__ static int col_end(const FwdParams& p, int j) {
+    return LO ? j - p.band_lo + 1 : (1 << 30);
+  }
+  // Every row of [q_first, q_last] sees every key of [k_first, k_last] (keys < Sk).
+  __device__ __forceinline__ static bool covers(const FwdParams& p, int q_first, int q_last,
+                                                int k_first, int k_last) {
+    return (!HI || k_last <= q_first + p.band_hi) && (!LO || k_first >= q_last + p.band_lo);
+  }
+};
+using NoBand = Band<false, false>;
+using CausalBand = Band<false, true>;
+
+// ---------------------------------------------------------------------------
+// Logits
+
+// s2(p, dot) and s2<true>(p, dot): EXACT rounds once (the fp32 CUDA-core kernels,
+// whose results must stay within a few ulps of an fp32 reference); the tensor-core
+// kernels take one multiplication, and fold even that into the FFMA of their exp2
+// on tiles that need no mask (p = exp2(dot * scale_log2 - m)).
+struct PlainLogits {
+  static constexpr bool kTransform = false;
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
+    return EXACT ? exp2_score(p, dot) : dot * p.scale_log2;
+  }
+  // d s / d dot: the backward's dS (with respect to s) times this is the gradient
+  // of the raw dot product, before the final multiplication by scale.
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float grad(const FwdParams&, float) { return 1.f; }
+};
+
+// tanh through the special-function unit (tanh.approx.f32, sm_75+): max relative
+// error about 2^-11, below bf16's rounding of the scores' consumers.
+__device__ __forceinline__ float fast_tanh(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// Logit softcapping (Gemma 2): s = c tanh(dot * scale / c). Params: softcap_scale =
+// scale / c, softcap_log2 = c * log2 e.
+struct Softcap {
+  static constexpr bool kTransform = true;
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
+    return tanh_of<EXACT>(dot * p.softcap_scale) * p.softcap_log2;
+  }
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float grad(const FwdParams& p, float dot) {
+    const float t = tanh_of<EXACT>(dot * p.softcap_scale);
+    return fmaf(-t, t, 1.f);
+  }
+
+ private:
+  template <bool EXACT>
+  __device__ __forceinline__ static float tanh_of(float x) {
+    return EXACT ? tanhf(x) : fast_tanh(x);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The variant
+
+template <class BandT, class LogitsT = PlainLogits, class DenseT = NoDense>
+struct Variant {
+  using Band = BandT;
+  using Logits = LogitsT;
+  using Dense = DenseT;
+  // The max-free softmax (flash_wgmma: softmax_fast) needs no property of the
+  // scores beyond being finite or -inf; every variant here keeps it valid.
+  static constexpr bool kFastSoftmax = true;
+  static constexpr bool kCausal = BandT::kHi;  // heaviest query tiles last: schedule them first
+
+  __device__ __forceinline__ static int kv_begin(const FwdParams& p, int q_first) {
+    return BandT::row_begin(p, q_first);
+  }
+  __device__ __forceinline__ static int kv_end(const FwdParams& p, int q_last) {
+    return BandT::row_end(p, q_last);
+  }
+  // Query rows [q_begin, q_end) that see a key of [k_first, k_last], clipped to [0, Sq].
+  __device__ __forceinline__ static int q_begin(const FwdParams& p, int k_first) {
+    return cmax(0, BandT::col_begin(p, k_first));
+  }
+  __device__ __forceinline__ static int q_end(const FwdParams& p, int k_last) {
+    return cmin(p.seqlen_q, BandT::col_end(p, k_last));
+  }
+  __device__ __forceinline__ static bool partial(const FwdParams& p, int q_first, int q_last,
+                                                 int k_first, int k_last) {
+    return DenseT::enabled || k_last >= p.seqlen_k ||
+           !BandT::covers(p, q_first, q_last, k_first, k_last);
+  }
+  // Key j lies in row i's band and below Sk (the dense mask is score's business).
+  __device__ __forceinline__ static bool keep(const FwdParams& p, int i, int j) {
+    return j < p.seqlen_k && (!BandT::kLo || j >= BandT::row_begin(p, i)) &&
+           (!BandT::kHi || j < BandT::row_end(p, i));
+  }
+  // The score in the exp2 domain of query i, key j (logits, then the dense mask;
+  // EXACT as PlainLogits says).
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float score(const FwdParams& p, int b, int h, int i, int j,
+                                                float dot) {
+    const float s2 = LogitsT::template s2<EXACT>(p, dot);
+    return DenseT::enabled ? DenseT::apply(p, b, h, i, j, s2) : s2;
+  }
+};
+
+// The variants of a kernel family without dense masks.
+using NoCausal = Variant<NoBand>;
+using Causal = Variant<CausalBand>;
+
+// ---------------------------------------------------------------------------
+// Applying a variant to the scores one thread holds
+
+// The scores of one thread: ROWS x COLS elements of a tile. Element (r, c) lies at
+// tile row row(r) and tile column col_lane + col(c), where col(c) is a compile-time
+// constant. Layouts:
+//   MmaFrag<N>   the C fragment of mma.m16n8 (and of wgmma m64nN, per warp) over
+//                N n8 column groups: x[nt * 4 + 2 r + e] is row g + 8 r, column
+//                8 nt + 2 t + e (g = lane / 4, t = lane % 4); ROWS = 2, COLS = 2 N
+//   GridFrag<TM, TN, SM, SN>  the CUDA-core kernels' grid: x[r][c] is row
+//                row_lane + SM r, column col_lane + SN c
+template <int N_TILES>
+struct MmaFrag {
+  static constexpr int ROWS = 2, COLS = 2 * N_TILES;
+  int row_lane, col_lane;  // g, 2t
+  __device__ __forceinline__ explicit MmaFrag(int lane) : row_lane(lane / 4), col_lane(2 * (lane % 4)) {}
+  __device__ __forceinline__ static constexpr int row(int r) { return 8 * r; }
+  __device__ __forceinline__ static constexpr int col(int c) { return 8 * (c / 2) + c % 2; }
+  // Index into a flat fragment (s[N_TILES * 4]).
+  __device__ __forceinline__ static constexpr int at(int r, int c) { return (c / 2) * 4 + 2 * r + c % 2; }
+};
+
+template <int TM, int TN, int SM, int SN>
+struct GridFrag {
+  static constexpr int ROWS = TM, COLS = TN;
+  int row_lane, col_lane;
+  __device__ __forceinline__ GridFrag(int row_lane_, int col_lane_)
+      : row_lane(row_lane_), col_lane(col_lane_) {}
+  __device__ __forceinline__ static constexpr int row(int r) { return SM * r; }
+  __device__ __forceinline__ static constexpr int col(int c) { return SN * c; }
+  __device__ __forceinline__ static constexpr int at(int r, int c) { return r * TN + c; }
+};
+
+template <class V>
+struct Scores {
+  // x(r, c) = partial && (r, c) is masked ? fill : op(x(r, c), r, c, i, j) for every
+  // element of fragment `f`, whose tile corner is query i0, key j0. With TRANSPOSED
+  // the fragment's rows are keys and its columns queries (the backward's S^T).
+  // `at(idx)` returns a reference to flat element idx = Frag::at(r, c); `op` maps
+  // the raw dot product (see score_op) and is called on kept elements only.
+  template <bool TRANSPOSED = false, class Frag, class At, class Op>
+  __device__ __forceinline__ static void map(const Frag& f, At&& at, const FwdParams& p, int i0,
+                                             int j0, bool partial, float fill, Op&& op) {
+    // A row of S^T (a key) has a lower bound on its queries where the band has an
+    // upper bound on keys, and the other way round.
+    constexpr bool kLower = TRANSPOSED ? V::Band::kHi : V::Band::kLo;
+#pragma unroll
+    for (int r = 0; r < Frag::ROWS; ++r) {
+      const int row = (TRANSPOSED ? j0 : i0) + f.row_lane + Frag::row(r);
+      // The row's kept columns, relative to the fragment's first column: [lo, hi).
+      int lo = 0, hi = 1 << 30;
+      if (partial) {
+        const int c0 = (TRANSPOSED ? i0 : j0) + f.col_lane;
+        if constexpr (TRANSPOSED) {
+          lo = V::Band::col_begin(p, row) - c0;
+          hi = (row < p.seqlen_k ? V::Band::col_end(p, row) : -(1 << 30)) - c0;
+        } else {
+          lo = V::Band::row_begin(p, row) - c0;
+          hi = V::Band::row_end(p, row) - c0;
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < Frag::COLS; ++c) {
+        const int cc = Frag::col(c);
+        float& x = at(Frag::at(r, c));
+        const int col = (TRANSPOSED ? i0 : j0) + f.col_lane + cc;
+        const int i = TRANSPOSED ? col : row, j = TRANSPOSED ? row : col;
+        const bool kept = !partial || ((!kLower || cc >= lo) && cc < hi);
+        x = kept ? op(x, r, c, i, j) : fill;
+      }
+    }
+  }
+};
+
+// Most callers want the score itself: s2 = V::score(dot) for query i, key j.
+template <class V>
+struct ScoreOp {
+  const FwdParams& p;
+  int b, h;
+  __device__ __forceinline__ float operator()(float dot, int, int, int i, int j) const {
+    return V::score(p, b, h, i, j, dot);
+  }
+};
