@@ -19,6 +19,7 @@ __constant__ u32 smem_bytes = KT::SMEM_BYTES;
 // The Storage at the first 1024-byte boundary of dynamic shared memory `smem`.
 template <class StorageT>
 __device__ __forceinline__ StorageT& storage_at(unsigned char* smem) {
-  const size_t base = reinterpret_cast<size_t>(smem);
+  // The shared-window address: what the swizzle and the copy engine see.
+  const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
   return *reinterpret_cast<StorageT*>(smem + ((SMEM_SLACK - base % SMEM_SLACK) % SMEM_SLACK));
 }
