@@ -72,3 +72,127 @@ __device__ __forceinline__ V group_sum(V x) {
   for (int off = WIDTH / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
   return x;
 }
+
+// The online softmax of the two rows (g and g + 8) one thread holds of an m16 C
+// fragment of N_TILES n8 column groups (common/variant.cuh: MmaFrag, element
+// s[nt * 4 + 2 r + e]), as flash_wgmma's consumers run it. Per key tile, one of:
+//   online(s, scale, exact)  scores s * scale (masked ones already -inf), a row max
+//                            (lazy unless exact), p = exp2(s * scale - m_i) in place;
+//                            alpha = the accumulator's rescale factors
+//   fast(s, scale, sum)      no max at all (SoftmaxRow::LAZY_BOUND): p = exp2(s * scale
+//                            - m_i) in place for rows whose m_i is finite, this
+//                            thread's row sums in `sum`; false if a sum fails the
+//                            bound, then settle(s, sum), else commit(sum)
+//   settle(s, sum)           a fast tile that failed its bound: each row's largest p
+//                            becomes its new reference; false if a p overflowed (the
+//                            scores are lost: the caller recomputes them and runs
+//                            online(.., exact = true))
+// then rescale(acc) before the next P V, and at the end finish() (row sums across the
+// quad), inv_l(r), lse(r).
+template <int N_TILES>
+struct FragSoftmax {
+  SoftmaxRow row[2];
+  float alpha[2];  // acc rescale factors of rows g, g + 8 for the current tile
+
+  __device__ __forceinline__ static float& at(float (&s)[N_TILES * 4], int r, int nt, int e) {
+    return s[nt * 4 + 2 * r + e];
+  }
+  __device__ __forceinline__ void init() {
+    row[0].init();
+    row[1].init();
+  }
+  // Row r: p = exp2(s * scale - ref) in place; returns this thread's part of the row sum.
+  __device__ __forceinline__ static float exp_row(float (&s)[N_TILES * 4], int r, float scale,
+                                                  float neg_ref) {
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt) {
+      at(s, r, nt, 0) = fast_exp2(fmaf(at(s, r, nt, 0), scale, neg_ref));
+      at(s, r, nt, 1) = fast_exp2(fmaf(at(s, r, nt, 1), scale, neg_ref));
+      sum += at(s, r, nt, 0) + at(s, r, nt, 1);
+    }
+    return sum;
+  }
+  __device__ __forceinline__ static float row_max(const float (&s)[N_TILES * 4], int r, float init) {
+    float mx = init;
+#pragma unroll
+    for (int nt = 0; nt < N_TILES; ++nt)
+      mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+    return group_max<4>(mx);
+  }
+
+  __device__ __forceinline__ void online(float (&s)[N_TILES * 4], float scale, bool exact) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float tile_max = row_max(s, r, -CA_INF) * scale;
+      alpha[r] = exact ? row[r].rescale(tile_max) : row[r].rescale_lazy(tile_max);
+      row[r].l_i += exp_row(s, r, scale, -row[r].ref());
+    }
+  }
+  __device__ __forceinline__ bool fast(float (&s)[N_TILES * 4], float scale, float (&sum)[2]) {
+    bool ok = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] = exp_row(s, r, scale, -row[r].m_i);
+      ok = ok && sum[r] <= SoftmaxRow::LAZY_BOUND;
+    }
+    return ok;
+  }
+  // fast()'s sums of a tile whose p were computed (and masked p selected to 0) by the caller.
+  __device__ __forceinline__ static bool sums(const float (&s)[N_TILES * 4], float (&sum)[2]) {
+    bool ok = true;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < N_TILES; ++nt) sum[r] += s[nt * 4 + 2 * r] + s[nt * 4 + 2 * r + 1];
+      ok = ok && sum[r] <= SoftmaxRow::LAZY_BOUND;
+    }
+    return ok;
+  }
+  __device__ __forceinline__ void commit(const float (&sum)[2]) {
+    row[0].l_i += sum[0];
+    row[1].l_i += sum[1];
+    alpha[0] = alpha[1] = 1.f;
+  }
+  // A row's largest p gives its new reference m_i + log2(p_max); its p, l_i and acc
+  // scale by 1 / p_max (alpha).
+  __device__ __forceinline__ bool settle(float (&s)[N_TILES * 4], float (&sum)[2]) {
+    float pmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) pmax[r] = row_max(s, r, 0.f);
+    if (__any_sync(0xffffffffu, pmax[0] == CA_INF || pmax[1] == CA_INF)) return false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float a = 1.f;
+      if (pmax[r] > SoftmaxRow::LAZY_BOUND) {
+        const float shift = exact_log2(pmax[r]);
+        a = exact_exp2(-shift);
+        row[r].m_i += shift;
+        sum[r] = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < N_TILES; ++nt) {
+          at(s, r, nt, 0) *= a;
+          at(s, r, nt, 1) *= a;
+          sum[r] += at(s, r, nt, 0) + at(s, r, nt, 1);
+        }
+      }
+      row[r].l_i = row[r].l_i * a + sum[r];
+      alpha[r] = a;
+    }
+    return true;
+  }
+  // acc *= alpha for an accumulator of D_TILES n8 groups (same fragment rows); skipped
+  // when no row of the warp moved its max.
+  template <int ACC>
+  __device__ __forceinline__ void rescale(float (&acc)[ACC]) const {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < ACC; ++i) acc[i] *= alpha[(i % 4) / 2];
+    }
+  }
+  __device__ __forceinline__ void finish() {
+    row[0].l_i = group_sum<4>(row[0].l_i);
+    row[1].l_i = group_sum<4>(row[1].l_i);
+  }
+};

@@ -16,10 +16,21 @@ constexpr int SMEM_SLACK = 1024;
 template <class KT>
 __constant__ u32 smem_bytes = KT::SMEM_BYTES;
 
-// The Storage at the first 1024-byte boundary of dynamic shared memory `smem`.
-template <class StorageT>
-__device__ __forceinline__ StorageT& storage_at(unsigned char* smem) {
-  // The shared-window address: what the swizzle and the copy engine see.
+// The shared-window address (what mbarriers, the copy engine and wgmma descriptors
+// take) of a Storage placed at the first 1024-byte boundary of dynamic shared memory
+// `smem`. Kernels keep this one 32-bit base and address fields with field_addr: a
+// generic 64-bit pointer to the struct would hold two more registers throughout.
+__device__ __forceinline__ u32 storage_base(const unsigned char* smem) {
   const u32 base = static_cast<u32>(__cvta_generic_to_shared(smem));
-  return *reinterpret_cast<StorageT*>(smem + ((SMEM_SLACK - base % SMEM_SLACK) % SMEM_SLACK));
+  return (base + SMEM_SLACK - 1) & ~u32(SMEM_SLACK - 1);
+}
+// The address of Storage field `field` at shared address `base`: base + the field's
+// offset, spelled as pointer arithmetic on the address (NVRTC takes no offsetof of
+// a type that depends on a template parameter); nothing is dereferenced.
+#define CA_FIELD(base, StorageT, field) \
+  u32(reinterpret_cast<size_t>(&reinterpret_cast<StorageT*>(size_t(base))->field))
+// A plain pointer to shared address `a`, through the kernel's dynamic shared array.
+template <class T>
+__device__ __forceinline__ T* shared_ptr(unsigned char* smem, u32 a) {
+  return reinterpret_cast<T*>(smem + (a - static_cast<u32>(__cvta_generic_to_shared(smem))));
 }

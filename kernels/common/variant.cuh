@@ -207,36 +207,55 @@ struct Scores {
   // element of fragment `f`, whose tile corner is query i0, key j0. With TRANSPOSED
   // the fragment's rows are keys and its columns queries (the backward's S^T).
   // `at(idx)` returns a reference to flat element idx = Frag::at(r, c); `op` maps
-  // the raw dot product (see score_op) and is called on kept elements only.
+  // the raw dot product (ScoreOp below). It runs on every element and the masked
+  // ones are selected away, except under a dense mask, whose op reads memory and
+  // runs on kept elements only.
   template <bool TRANSPOSED = false, class Frag, class At, class Op>
   __device__ __forceinline__ static void map(const Frag& f, At&& at, const FwdParams& p, int i0,
                                              int j0, bool partial, float fill, Op&& op) {
+    const int row_base = (TRANSPOSED ? j0 : i0) + f.row_lane;
+    const int col_base = (TRANSPOSED ? i0 : j0) + f.col_lane;
+    if (!partial) {  // a branch, so an unmasked tile runs no compare
+#pragma unroll
+      for (int r = 0; r < Frag::ROWS; ++r)
+#pragma unroll
+        for (int c = 0; c < Frag::COLS; ++c) {
+          float& x = at(Frag::at(r, c));
+          const int row = row_base + Frag::row(r), col = col_base + Frag::col(c);
+          x = op(x, r, c, TRANSPOSED ? col : row, TRANSPOSED ? row : col);
+        }
+      return;
+    }
     // A row of S^T (a key) has a lower bound on its queries where the band has an
     // upper bound on keys, and the other way round.
     constexpr bool kLower = TRANSPOSED ? V::Band::kHi : V::Band::kLo;
 #pragma unroll
     for (int r = 0; r < Frag::ROWS; ++r) {
-      const int row = (TRANSPOSED ? j0 : i0) + f.row_lane + Frag::row(r);
+      const int row = row_base + Frag::row(r);
       // The row's kept columns, relative to the fragment's first column: [lo, hi).
-      int lo = 0, hi = 1 << 30;
-      if (partial) {
-        const int c0 = (TRANSPOSED ? i0 : j0) + f.col_lane;
-        if constexpr (TRANSPOSED) {
-          lo = V::Band::col_begin(p, row) - c0;
-          hi = (row < p.seqlen_k ? V::Band::col_end(p, row) : -(1 << 30)) - c0;
-        } else {
-          lo = V::Band::row_begin(p, row) - c0;
-          hi = V::Band::row_end(p, row) - c0;
-        }
+      int lo, hi;
+      if constexpr (TRANSPOSED) {
+        lo = V::Band::col_begin(p, row) - col_base;
+        hi = (row < p.seqlen_k ? V::Band::col_end(p, row) : -(1 << 30)) - col_base;
+      } else {
+        lo = V::Band::row_begin(p, row) - col_base;
+        hi = V::Band::row_end(p, row) - col_base;
       }
 #pragma unroll
       for (int c = 0; c < Frag::COLS; ++c) {
         const int cc = Frag::col(c);
         float& x = at(Frag::at(r, c));
-        const int col = (TRANSPOSED ? i0 : j0) + f.col_lane + cc;
+        const int col = col_base + cc;
         const int i = TRANSPOSED ? col : row, j = TRANSPOSED ? row : col;
-        const bool kept = !partial || ((!kLower || cc >= lo) && cc < hi);
-        x = kept ? op(x, r, c, i, j) : fill;
+        const bool kept = (!kLower || cc >= lo) && cc < hi;
+        if constexpr (V::Dense::enabled) {
+          x = kept ? op(x, r, c, i, j) : fill;  // op reads the mask: in bounds only
+        } else {
+          // op computed for every element, then selected: no branch, and the same
+          // instruction stream as the unmasked tiles' (ptxas schedules it alike)
+          const float y = op(x, r, c, i, j);
+          x = kept ? y : fill;
+        }
       }
     }
   }

@@ -145,3 +145,28 @@ __device__ __forceinline__ void fence_regs(u32 (&r)[M][N]) {
 // generated into wgmma_ops.cuh by scripts/gen_wgmma.py.
 template <int N> struct Wgmma;
 #include "wgmma_ops.cuh"
+
+// Where a pipeline of STAGES shared buffers stands for one side (producer or
+// consumer): the buffer of the next tile and the parity of its mbarrier phase.
+// Both sides advance once per tile they load or consume, in the same order, so
+// which key tile that is (in order, paged, block-sparse) is no concern of theirs.
+template <int STAGES>
+struct PipelineState {
+  // index (the buffer of the next tile) and phase (the parity of its full phase for
+  // a consumer, of its empty phase from the second round on for a producer), packed
+  // as index * 2 + phase: one register where consumers have none to spare.
+  int bits = 0;
+  __device__ __forceinline__ int index() const { return bits >> 1; }
+  __device__ __forceinline__ int phase() const { return bits & 1; }
+  __device__ __forceinline__ void advance() {
+    bits += 2;
+    if (bits >> 1 == STAGES) bits = (bits & 1) ^ 1;
+  }
+  // The state one tile back: a consumer whose second operand lags one tile behind
+  // (flash_wgmma: V_{j-1} beside K_j) keeps one state, not two.
+  __device__ __forceinline__ PipelineState prev() const {
+    PipelineState s;
+    s.bits = bits >= 2 ? bits - 2 : (2 * (STAGES - 1)) | (bits ^ 1);
+    return s;
+  }
+};
