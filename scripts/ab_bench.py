@@ -1,0 +1,155 @@
+"""Same-run A/B timing of two checkouts of this package (a refactor must not slow anything).
+
+    python scripts/ab_bench.py --trees OLD_DIR NEW_DIR --rounds 2 --json out.json [--quick]
+
+Each round runs the grid once per tree, each tree in its own process (two copies of
+one package cannot share a process), alternating old, new, old, new, so drift of the
+machine hits both alike; the spread of a tree against itself over the rounds is the
+noise floor. The grid: the FlashAttention papers' shape (B*S = 16k, H*D = 2048),
+forward and backward, bf16 and fp16, D in {64, 128, 256, 72, 80, 96, 160}, S in
+{1k, 4k, 16k} (--quick: bf16 forward D in {64, 128, 256, 80, 160}), causal both,
+plus decode-like shapes (Sq = 1 against 8k keys). Timing: CUDA events around 20
+back-to-back calls after warm-up, median of 5 such batches, in TFLOPs (true D).
+Prints the new/old ratio per cell, the median ratio and the old-vs-old spread last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import statistics
+
+
+def grid(quick: bool):
+    cells = []
+    dtypes = ("bfloat16",) if quick else ("bfloat16", "float16")
+    dims = (64, 128, 256, 80, 160) if quick else (64, 128, 256, 72, 80, 96, 160)
+    for dtype in dtypes:
+        for d in dims:
+            for s in (1024, 4096, 16384):
+                for causal in (False, True):
+                    cells.append(dict(dir="fwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
+                                      b=16384 // s, h=2048 // d))
+                    if not quick and d in (64, 128, 256, 80, 160) and dtype == "bfloat16":
+                        cells.append(dict(dir="bwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
+                                          b=16384 // s, h=2048 // d))
+    for d in (64, 128):
+        for causal in (False, True):
+            cells.append(dict(dir="fwd", dtype="bfloat16", d=d, sq=1, sk=8192, causal=causal,
+                              b=8, h=32))
+    return cells
+
+
+def run_tree(cells, reps: int, batches: int):
+    """Runs in the child: time every cell with this tree's package."""
+    import cupy
+    import cupy_attention as ca
+
+    out = []
+    for c in cells:
+        rng = cupy.random.default_rng(0)
+        dt = getattr(cupy, c["dtype"]) if c["dtype"] != "bfloat16" else None
+        def mk(shape):
+            x = rng.standard_normal(shape, dtype=cupy.float32)
+            if c["dtype"] == "bfloat16":
+                import ml_dtypes  # noqa: F401
+                return x.astype("bfloat16")
+            return x.astype(dt)
+        q = mk((c["b"], c["h"], c["sq"], c["d"]))
+        k = mk((c["b"], c["h"], c["sk"], c["d"]))
+        v = mk((c["b"], c["h"], c["sk"], c["d"]))
+        flops = 4.0 * c["b"] * c["h"] * c["sq"] * c["sk"] * c["d"]
+        if c["causal"] and c["sq"] == c["sk"]:
+            flops /= 2
+        if c["dir"] == "fwd":
+            fn = lambda: ca.attention(q, k, v, causal=c["causal"])  # noqa: E731
+        else:
+            o, lse = ca.attention(q, k, v, causal=c["causal"], return_lse=True)
+            do = mk(o.shape)
+            flops *= 2.5
+            fn = lambda: ca.attention_backward(do, q, k, v, o, lse, causal=c["causal"])  # noqa: E731
+        try:
+            for _ in range(3):
+                fn()
+            cupy.cuda.get_current_stream().synchronize()
+            times = []
+            for _ in range(batches):
+                e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+                e0.record()
+                for _ in range(reps):
+                    fn()
+                e1.record()
+                e1.synchronize()
+                times.append(cupy.cuda.get_elapsed_time(e0, e1) / reps)
+            ms = statistics.median(times)
+            out.append(dict(c, ms=ms, tflops=flops / ms / 1e9))
+        except Exception as exc:  # a cell a tree cannot run is reported, not fatal
+            out.append(dict(c, error=f"{type(exc).__name__}: {exc}"[:200]))
+        del q, k, v
+        cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def key(c):
+    return (c["dir"], c["dtype"], c["d"], c["sq"], c["sk"], c["causal"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trees", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    cells = grid(a.quick)
+    if a.child:
+        json.dump(run_tree(cells, a.reps, a.batches), open(a.child, "w"))
+        return 0
+    results = {0: [], 1: []}
+    for rnd in range(a.rounds):
+        for side, tree in enumerate(a.trees):
+            path = f"/tmp/ab_{side}_{rnd}.json"
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(tree),
+                       CUPY_ATTENTION_CACHE_DIR=f"/tmp/ab-cache-{side}")
+            args = [sys.executable, os.path.abspath(__file__), "--child", path,
+                    "--reps", str(a.reps), "--batches", str(a.batches)] + (["--quick"] if a.quick else [])
+            subprocess.run(args, env=env, check=True, cwd="/tmp")
+            results[side].append({key(r): r for r in json.load(open(path))})
+            print(f"round {rnd} tree {side} done", flush=True)
+    rows, ratios, spreads = [], [], []
+    for c in cells:
+        k = key(c)
+        old = [r[k].get("tflops") for r in results[0]]
+        new = [r[k].get("tflops") for r in results[1]]
+        if None in old or None in new:
+            rows.append(dict(c, error=[r[k].get("error") for r in results[0] + results[1]]))
+            continue
+        ratio = statistics.median(new) / statistics.median(old)
+        spread = max(old) / min(old) - 1 if len(old) > 1 else 0.0
+        ratios.append(ratio)
+        spreads.append(spread)
+        rows.append(dict(c, old=old, new=new, ratio=ratio, old_spread=spread))
+    summary = dict(cells=len(rows), median_ratio=statistics.median(ratios) if ratios else None,
+                   min_ratio=min(ratios) if ratios else None, max_ratio=max(ratios) if ratios else None,
+                   median_old_spread=statistics.median(spreads) if spreads else None,
+                   max_old_spread=max(spreads) if spreads else None)
+    if a.json:
+        json.dump(dict(trees=a.trees, summary=summary, rows=rows), open(a.json, "w"), indent=1)
+    print(f"{'dir':4s} {'dtype':9s} {'D':>4s} {'Sq':>6s} {'Sk':>6s} {'causal':6s} {'old TF':>8s} {'new TF':>8s} {'new/old':>8s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['dir']:4s} {r['dtype']:9s} {r['d']:4d} {r['sq']:6d} {r['sk']:6d} {str(r['causal']):6s} ERROR {r['error']}")
+            continue
+        print(f"{r['dir']:4s} {r['dtype']:9s} {r['d']:4d} {r['sq']:6d} {r['sk']:6d} {str(r['causal']):6s} "
+              f"{statistics.median(r['old']):8.1f} {statistics.median(r['new']):8.1f} {r['ratio']:8.3f}")
+    print("SUMMARY", json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
