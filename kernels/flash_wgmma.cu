@@ -157,18 +157,32 @@ struct WorkTile {
 // host picks it, causal only) the partial block of a length that is not a multiple
 // of BLOCK_M comes first, where the causal band leaves the fewest keys. Its rows
 // before row 0 are zeros from the copy engine and never stored.
+// Order: with section = 0, head after head; with section = G > 0 (the host's choice:
+// how many heads' K and V fit in L2), the (head, batch) pairs go in sections of G,
+// and inside a section block by block, each block for all G heads (FlashAttention-3's
+// LPT order): tiles of one cost run together while those heads' K and V stay in L2.
 template <class KT, class VT>
 struct TileScheduler {
   const FwdParams& p;
   u32* const counter;
-  const int q_shift, m_blocks, tiles;
+  const int q_shift, section, m_blocks, tiles;
 
-  __device__ __forceinline__ TileScheduler(const FwdParams& p_, u32* counter_, int q_shift_)
-      : p(p_), counter(counter_), q_shift(q_shift_), m_blocks(ceil_div(p_.seqlen_q, KT::BLOCK_M)),
-        tiles(m_blocks * p_.heads_q * p_.batch) {}
+  __device__ __forceinline__ TileScheduler(const FwdParams& p_, u32* counter_, int q_shift_,
+                                           int section_)
+      : p(p_), counter(counter_), q_shift(q_shift_), section(section_),
+        m_blocks(ceil_div(p_.seqlen_q, KT::BLOCK_M)), tiles(m_blocks * p_.heads_q * p_.batch) {}
 
   __device__ __forceinline__ WorkTile work(int tile) const {
-    const int m = tile % m_blocks, hb = tile / m_blocks;
+    int m, hb;
+    if (section > 0) {
+      const int per = m_blocks * section, first = tile / per * section;
+      const int heads = cmin(section, p.heads_q * p.batch - first), r = tile % per;
+      m = r / heads;
+      hb = first + r % heads;
+    } else {
+      m = tile % m_blocks;
+      hb = tile / m_blocks;
+    }
     return {VT::kCausal ? m_blocks - 1 - m : m, hb % p.heads_q, hb / p.heads_q};
   }
   // First query row of the tile (negative rows: a shifted partial block).
@@ -637,9 +651,9 @@ template <class KT, class VT>
 __global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
     flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
                     const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
-                    u32* tile_counter, int q_shift) {
+                    u32* tile_counter, int q_shift, int section) {
   const Smem<KT> st{storage_base(wgmma_smem)};
-  const TileScheduler<KT, VT> sched(p, tile_counter, q_shift);
+  const TileScheduler<KT, VT> sched(p, tile_counter, q_shift, section);
   if (threadIdx.x == 0) {
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       mbarrier_init(st.q_full(c), 1);   // the producer's arrival with the byte count

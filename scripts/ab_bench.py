@@ -92,6 +92,32 @@ def run_tree(cells, reps: int, batches: int):
     return out
 
 
+def _warm_one(c):
+    """Compile (into the disk cache) the kernels of one cell, on a tiny problem."""
+    import cupy
+    import cupy_attention as ca
+
+    small = dict(c, sq=min(c["sq"], 256), sk=min(c["sk"], 256), b=1, h=2)
+    x = cupy.random.default_rng(0).standard_normal((1, 2, small["sq"], c["d"]), dtype=cupy.float32)
+    q = x.astype("bfloat16" if c["dtype"] == "bfloat16" else c["dtype"])
+    k = cupy.random.default_rng(1).standard_normal((1, 2, small["sk"], c["d"]), dtype=cupy.float32).astype(q.dtype)
+    o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True)
+    if c["dir"] == "bwd":
+        ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"])
+    cupy.cuda.get_current_stream().synchronize()
+    return True
+
+
+def prewarm(cells, workers: int = 12):
+    """Every kernel the grid needs, compiled in parallel before any timing."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    uniq = list({(c["dir"], c["dtype"], c["d"], c["causal"], c["sq"] == 1): c for c in cells}.values())
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_warm_one, uniq))
+
+
 def key(c):
     return (c["dir"], c["dtype"], c["d"], c["sq"], c["sk"], c["causal"])
 
@@ -104,10 +130,14 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--env-new", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable for the NEW tree's processes only")
+    ap.add_argument("--only", choices=("fwd", "bwd"), help="one direction only")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    cells = grid(a.quick)
+    cells = [c for c in grid(a.quick) if not a.only or c["dir"] == a.only]
     if a.child:
+        prewarm(cells)
         json.dump(run_tree(cells, a.reps, a.batches), open(a.child, "w"))
         return 0
     results = {0: [], 1: []}
@@ -116,8 +146,11 @@ def main() -> int:
             path = f"/tmp/ab_{side}_{rnd}.json"
             env = dict(os.environ, PYTHONPATH=os.path.abspath(tree),
                        CUPY_ATTENTION_CACHE_DIR=f"/tmp/ab-cache-{side}")
+            if side == 1:
+                env.update(kv.split("=", 1) for kv in a.env_new)
             args = [sys.executable, os.path.abspath(__file__), "--child", path,
-                    "--reps", str(a.reps), "--batches", str(a.batches)] + (["--quick"] if a.quick else [])
+                    "--reps", str(a.reps), "--batches", str(a.batches)] + (["--quick"] if a.quick else []) \
+                + (["--only", a.only] if a.only else [])
             subprocess.run(args, env=env, check=True, cwd="/tmp")
             results[side].append({key(r): r for r in json.load(open(path))})
             print(f"round {rnd} tree {side} done", flush=True)

@@ -15,6 +15,7 @@ counter per stream (:func:`tile_counter`).
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 
@@ -151,6 +152,23 @@ def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int
     return int(shifts[int(np.argmin(cost)), 0])
 
 
+L2_KV_BYTES = 40 * 2**20  # of the H100's and H200's 50 MB L2, what K and V may take
+
+
+def l2_section(p: Problem) -> int:
+    """The scheduler's section: 0 = head after head, G > 0 = (head, batch) pairs in
+    sections of G, block by block inside a section (the kernel's TileScheduler).
+    G is the largest power of two whose query heads' K and V fit in L2_KV_BYTES
+    (heads of one GQA group share theirs). ``CUPY_ATTENTION_WGMMA_SECTION`` overrides
+    it (an int; for timing experiments)."""
+    override = os.environ.get("CUPY_ATTENTION_WGMMA_SECTION", "0")
+    if override != "lpt":
+        return max(0, int(override))
+    per_head = 2 * p.seqlen_k * p.head_dim * 2 / p.group  # K and V, 16-bit, per query head
+    fit = max(1, int(L2_KV_BYTES // max(per_head, 1)))
+    return min(1 << (fit.bit_length() - 1), p.heads_q * p.batch)
+
+
 _counters: dict = {}  # (device, stream handle) -> counter
 _NO_COUNTER = np.uint64(0)  # a null pointer: the kernel's fixed tile order
 
@@ -214,6 +232,7 @@ class FlashWgmma(FlashMma):
         tiles = -(-p.seqlen_q // (64 * cfg[0])) * p.heads_q * p.batch
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
         shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, 64 * cfg[0], cfg[1]) if p.causal else 0)
+        section = np.int32(l2_section(p))
 
         def plan(vec: bool):
             return _plan(p.head_dim, p.dtype, p.causal) if vec else mma_plan(False)
@@ -224,7 +243,7 @@ class FlashWgmma(FlashMma):
         def extra(vec: bool, q: int, k: int, v: int, stream):
             if not vec:
                 return ()
-            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream), shift
+            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream), shift, section
 
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
