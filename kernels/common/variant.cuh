@@ -150,9 +150,12 @@ struct Variant {
            !BandT::covers(p, q_first, q_last, k_first, k_last);
   }
   // Key j lies in row i's band and below Sk (the dense mask is score's business).
+  // Unclipped bounds: j >= 0 always and j < Sk is tested once, so a causal element
+  // costs two compares (row_begin/row_end's clamps would add four instructions per
+  // element wherever a kernel selects without branching).
   __device__ __forceinline__ static bool keep(const FwdParams& p, int i, int j) {
-    return j < p.seqlen_k && (!BandT::kLo || j >= BandT::row_begin(p, i)) &&
-           (!BandT::kHi || j < BandT::row_end(p, i));
+    return j < p.seqlen_k && (!BandT::kLo || j >= i + p.band_lo) &&
+           (!BandT::kHi || j <= i + p.band_hi);
   }
   // The score in the exp2 domain of query i, key j (logits, then the dense mask;
   // EXACT as PlainLogits says).
