@@ -158,15 +158,27 @@ L2_KV_BYTES = 40 * 2**20  # of the H100's and H200's 50 MB L2, what K and V may 
 def l2_section(p: Problem) -> int:
     """The scheduler's section: 0 = head after head, G > 0 = (head, batch) pairs in
     sections of G, block by block inside a section (the kernel's TileScheduler).
-    G is the largest power of two whose query heads' K and V fit in L2_KV_BYTES
-    (heads of one GQA group share theirs). ``CUPY_ATTENTION_WGMMA_SECTION`` overrides
-    it (an int; for timing experiments)."""
-    override = os.environ.get("CUPY_ATTENTION_WGMMA_SECTION", "0")
+
+    Causal problems with at least CAUSAL_SECTION_MIN_KEYS keys take sections of
+    CAUSAL_SECTION: blocks of eight heads share the heaviest query blocks' turn, so the
+    long rows of several heads start together and their K and V stay in L2 between
+    them (H100, bf16, D = 64/128/256, S = 2k-16k: 0.99-1.13x the head-after-head order;
+    at S = 1k it lost 2.5% at D <= 128: benchmarks/results/notes-variant-ab.md). Others
+    keep 0. ``CUPY_ATTENTION_WGMMA_SECTION`` overrides it: an int, or ``lpt`` for the
+    largest power of two whose query heads' K and V fit in L2_KV_BYTES (heads of one
+    GQA group share theirs)."""
+    override = os.environ.get("CUPY_ATTENTION_WGMMA_SECTION")
+    if override is None:
+        return CAUSAL_SECTION if p.causal and p.seqlen_k >= CAUSAL_SECTION_MIN_KEYS else 0
     if override != "lpt":
         return max(0, int(override))
     per_head = 2 * p.seqlen_k * p.head_dim * 2 / p.group  # K and V, 16-bit, per query head
     fit = max(1, int(L2_KV_BYTES // max(per_head, 1)))
     return min(1 << (fit.bit_length() - 1), p.heads_q * p.batch)
+
+
+CAUSAL_SECTION = 8
+CAUSAL_SECTION_MIN_KEYS = 2048
 
 
 _counters: dict = {}  # (device, stream handle) -> counter
