@@ -128,15 +128,13 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
                     if paged else f"k_cache holds {capacity} rows per sequence")
             raise ShapeError(f"cache_seqlens[{where}] = {hi} exceeds the cache's capacity "
                              f"{capacity} ({room})")
-    if paged and table is not None and lengths is not None:
-        for b in range(B):
-            used = table[b, :-(-int(lengths[b]) // page_size)] if page_size else table[b, :0]
-            if used.size and (used.min() < 0 or used.max() >= num_pages):
-                bad = used[(used < 0) | (used >= num_pages)][0]
-                raise ShapeError(f"block_table[{b}] holds page id {int(bad)} outside "
-                                 f"[0, {num_pages}) among the pages of its "
-                                 f"{int(lengths[b])} keys")
-
+    if paged and table is not None and lengths is not None and table.size:
+        used = np.arange(table.shape[1])[None, :] < -(-lengths[:, None] // page_size)
+        bad = used & ((table < 0) | (table >= num_pages))
+        if bad.any():
+            b, slot = (int(x) for x in np.argwhere(bad)[0])
+            raise ShapeError(f"block_table[{b}] holds page id {int(table[b, slot])} outside "
+                             f"[0, {num_pages}) among the pages of its {int(lengths[b])} keys")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     else:
