@@ -64,10 +64,92 @@ def _check_index(x, name: str, shape: tuple, q_device) -> np.ndarray | None:
     return host
 
 
+def _check_new(k_new, v_new, ki, batch) -> int:
+    """k_new, v_new [B, S_new, Hkv, D] like the cache: returns S_new."""
+    if k_new is None or v_new is None:
+        raise ShapeError("pass both k_new and v_new, or neither")
+    kn, vn = describe(k_new, "k_new"), describe(v_new, "v_new")
+    want = (batch, None, ki.shape[2], ki.shape[3])
+    for name, info in (("k_new", kn), ("v_new", vn)):
+        if len(info.shape) != 4 or any(w is not None and w != g
+                                       for w, g in zip(want, info.shape)):
+            raise ShapeError(f"{name} must have shape [B={batch}, S_new, Hkv={ki.shape[2]}, "
+                             f"D={ki.shape[3]}], got {info.shape}")
+        if info.dtype != ki.dtype:
+            raise DTypeError(f"{name} must have the cache's dtype {ki.dtype}, got {info.dtype}")
+        if info.device != ki.device:
+            raise DeviceMismatchError(f"{name} is on device {info.device} but the cache is on "
+                                      f"{ki.device}")
+        if info.strides[-1] != 1 and info.shape[-1] > 1 and 0 not in info.shape:
+            raise LayoutError(f"{name} must have unit stride in its last axis, got strides "
+                              f"{info.strides}")
+    if kn.shape != vn.shape:
+        raise ShapeError(f"k_new and v_new must have the same shape, got {kn.shape} and "
+                         f"{vn.shape}")
+    return kn.shape[1]
+
+
+def validate_cache(ki, vi, B, device, *, cache_seqlens, block_table, k_new, v_new):
+    """The cache, its block table, lengths and appended tokens for a batch of B
+    (``ki``, ``vi``: described rank-4 caches of one shape). Returns (capacity,
+    page_size)."""
+    n0, n1 = ki.shape[:2]
+    if ki.device != vi.device:
+        raise DeviceMismatchError(f"k_cache and v_cache are on different devices ({ki.device}, "
+                                  f"{vi.device})")
+    paged = block_table is not None
+    if paged:
+        page_size, num_pages = n1, n0
+        if page_size == 0:
+            raise ShapeError(f"a paged k_cache needs pages of at least one row, got shape "
+                             f"{ki.shape}")
+        table = _check_index(block_table, "block_table", (B, None), device)
+        max_pages = describe(block_table if table is None else table, "block_table").shape[1]
+        capacity = max_pages * page_size
+        if cache_seqlens is None:
+            raise ShapeError("cache_seqlens is required with block_table (the keys each "
+                             "sequence holds)")
+    else:
+        if n0 != B:
+            raise ShapeError(f"a contiguous k_cache must have shape [B={B}, Sk, Hkv, D], got "
+                             f"{ki.shape}; pass block_table for a paged cache")
+        page_size, capacity, table = 0, n1, None
+    appended = _check_new(k_new, v_new, ki, B) if k_new is not None or v_new is not None \
+        else 0
+    if appended and cache_seqlens is None:
+        raise ShapeError("cache_seqlens is required with k_new and v_new (where they go)")
+    lengths = None
+    if cache_seqlens is not None:
+        lengths = _check_index(cache_seqlens, "cache_seqlens", (B,), device)
+    if lengths is not None and appended:
+        lengths = lengths + appended   # what the cache holds once the new tokens are in
+    if lengths is not None and len(lengths):
+        lo, hi = int(lengths.min()) - appended, int(lengths.max())
+        if lo < 0:
+            raise ShapeError(f"cache_seqlens must be >= 0, got {lo} at index "
+                             f"{int(np.argmin(lengths))}")
+        if hi > capacity:
+            where = int(np.argmax(lengths))
+            room = (f"block_table holds {capacity // max(page_size, 1)} pages of {page_size}"
+                    if paged else f"k_cache holds {capacity} rows per sequence")
+            plus = f" + {appended} appended" if appended else ""
+            raise ShapeError(f"cache_seqlens[{where}]{plus} = {hi} exceeds the cache's "
+                             f"capacity {capacity} ({room})")
+    if paged and table is not None and lengths is not None and table.size:
+        used = np.arange(table.shape[1])[None, :] < -(-lengths[:, None] // page_size)
+        bad = used & ((table < 0) | (table >= num_pages))
+        if bad.any():
+            b, slot = (int(x) for x in np.argwhere(bad)[0])
+            raise ShapeError(f"block_table[{b}] holds page id {int(table[b, slot])} outside "
+                             f"[0, {num_pages}) among the pages of its {int(lengths[b])} keys")
+    return capacity, page_size
+
+
 def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None,
-                    causal=True, scale=None, window=None, softcap=0.0):
+                    causal=True, scale=None, window=None, softcap=0.0, k_new=None, v_new=None):
     """Check every argument on the host (no GPU needed); returns (DecodeShape, scale,
-    page_size). Typed errors name the argument."""
+    page_size). Typed errors name the argument. With ``k_new``/``v_new`` the lengths
+    are those before the append, and the appended tokens must fit."""
     qi, ki, vi = describe(q, "q"), describe(k_cache, "k_cache"), describe(v_cache, "v_cache")
     for name, info, want in (("q", qi, "[B, Sq, Hq, D]"),
                              ("k_cache", ki, "[B, Sk, Hkv, D] or [pages, page_size, Hkv, D]"),
@@ -86,7 +168,7 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
         raise DeviceMismatchError(f"q, k_cache and v_cache are on different devices "
                                   f"({qi.device}, {ki.device}, {vi.device})")
     B, Sq, Hq, D = qi.shape
-    n0, n1, Hkv, Dk = ki.shape
+    Hkv, Dk = ki.shape[2:]
     if Dk != D:
         raise ShapeError(f"head dims differ: q has D={D}, k_cache has D={Dk}")
     if not 1 <= D <= 256:
@@ -100,41 +182,9 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
     if B > 65535 or Hkv > 65535:
         raise UnsupportedError(f"B={B} and Hkv={Hkv} must each be at most 65535 (grid limits)")
 
+    capacity, page_size = validate_cache(ki, vi, B, qi.device, cache_seqlens=cache_seqlens,
+                                         block_table=block_table, k_new=k_new, v_new=v_new)
     paged = block_table is not None
-    if paged:
-        page_size, num_pages = n1, n0
-        table = _check_index(block_table, "block_table", (B, None), qi.device)
-        max_pages = describe(block_table if table is None else table, "block_table").shape[1]
-        capacity = max_pages * page_size
-        if cache_seqlens is None:
-            raise ShapeError("cache_seqlens is required with block_table (the keys each "
-                             "sequence holds)")
-    else:
-        if n0 != B:
-            raise ShapeError(f"a contiguous k_cache must have shape [B={B}, Sk, Hkv, D], got "
-                             f"{ki.shape}; pass block_table for a paged cache")
-        page_size, capacity, table = 0, n1, None
-    lengths = None
-    if cache_seqlens is not None:
-        lengths = _check_index(cache_seqlens, "cache_seqlens", (B,), qi.device)
-    if lengths is not None and len(lengths):
-        lo, hi = int(lengths.min()), int(lengths.max())
-        if lo < 0:
-            raise ShapeError(f"cache_seqlens must be >= 0, got {lo} at index "
-                             f"{int(np.argmin(lengths))}")
-        if hi > capacity:
-            where = int(np.argmax(lengths))
-            room = (f"block_table holds {capacity // max(page_size, 1)} pages of {page_size}"
-                    if paged else f"k_cache holds {capacity} rows per sequence")
-            raise ShapeError(f"cache_seqlens[{where}] = {hi} exceeds the cache's capacity "
-                             f"{capacity} ({room})")
-    if paged and table is not None and lengths is not None and table.size:
-        used = np.arange(table.shape[1])[None, :] < -(-lengths[:, None] // page_size)
-        bad = used & ((table < 0) | (table >= num_pages))
-        if bad.any():
-            b, slot = (int(x) for x in np.argwhere(bad)[0])
-            raise ShapeError(f"block_table[{b}] holds page id {int(table[b, slot])} outside "
-                             f"[0, {num_pages}) among the pages of its {int(lengths[b])} keys")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     else:
@@ -161,7 +211,8 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
 
 
 def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal=True,
-                     scale=None, window=None, softcap=0.0, return_lse=False, num_splits=None):
+                     scale=None, window=None, softcap=0.0, return_lse=False, num_splits=None,
+                     k_new=None, v_new=None):
     """Attention of a few new query tokens per sequence against a KV cache.
 
     Parameters
@@ -176,7 +227,7 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     cache_seqlens : int32 [B], optional
         Keys each sequence holds, the Sq new tokens included. Required with
         ``block_table``; without it every sequence holds Sk_max keys. A length of 0
-        gives output 0 and LSE -inf.
+        gives output 0 and LSE -inf. With ``k_new``: the lengths before the append.
     block_table : int32 [B, max_pages], optional
         Page ids of each sequence's keys in order (page ``j // page_size`` holds key
         ``j``). Entries past a sequence's last page are never read. Where the table
@@ -196,6 +247,12 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     num_splits : int, optional
         Force the number of key splits per sequence (default: the heuristic of
         ``cupy_attention/families/decode.py``); results agree up to rounding.
+    k_new, v_new : arrays [B, S_new, Hkv, D], optional
+        New tokens written into the cache first, at positions ``cache_seqlens[b] +
+        t`` (as :func:`append_kv`; their pages must be in ``block_table``); the call
+        then attends over ``cache_seqlens[b] + S_new`` keys, as FlashAttention's
+        ``flash_attn_with_kvcache`` does. ``cache_seqlens`` itself is not changed:
+        advance it by S_new for the next step.
 
     Arrays may be CuPy arrays, torch CUDA tensors (results are torch tensors, on
     torch's current stream) or NumPy arrays (copied to the current device, results
@@ -207,7 +264,9 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     """
     s, scale, page_size = validate_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                           block_table=block_table, causal=causal, scale=scale,
-                                          window=window, softcap=softcap)
+                                          window=window, softcap=softcap, k_new=k_new,
+                                          v_new=v_new)
+    appended = 0 if k_new is None else describe(k_new, "k_new").shape[1]
     if num_splits is not None and (not isinstance(num_splits, (int, np.integer))
                                    or num_splits < 1):
         raise ShapeError(f"num_splits must be a positive integer, got {num_splits!r}")
@@ -222,21 +281,66 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         view = _viewer(ctx)
         qv, kv, vv = view(q, "q"), view(k_cache, "k_cache"), view(v_cache, "v_cache")
         out, lse, ov, lv = _results(ctx, q, qv, s, return_lse)
+        arch = _device.device_arch(ctx.device_id)
+        table = None if block_table is None else view(_as_int32(block_table), "block_table")
+        lengths = (None if cache_seqlens is None
+                   else view(_as_int32(cache_seqlens), "cache_seqlens"))
+        if appended:
+            fam.launch_append(kv, vv, view(k_new, "k_new"), view(v_new, "v_new"),
+                              seqlens=lengths, block_table=table, page_size=page_size,
+                              dtype=s.dtype, stream=ctx.stream, device_id=ctx.device_id,
+                              arch=arch)
+            lengths = interop.to_cupy(_as_int32(cache_seqlens), "cache_seqlens", ctx) \
+                + np.int32(appended)
         if s.batch and s.seqlen_q and s.heads_q:
-            table = None if block_table is None else view(_as_int32(block_table), "block_table")
-            lengths = (None if cache_seqlens is None
-                       else view(_as_int32(cache_seqlens), "cache_seqlens"))
             vec = fam.vectorizable_arrays(s.head_dim, (qv, kv, vv, ov))
             sms = _device.multiprocessor_count(ctx.device_id)
             pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits))
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
-            fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream, ctx.device_id,
-                              _device.device_arch(ctx.device_id), q=qv, k=kv, v=vv,
+            fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream, ctx.device_id, arch,
+                              q=qv, k=kv, v=vv,
                               q_strides=bsd(qv), k_strides=cache(kv), v_strides=cache(vv),
                               block_table=table, seqlens=lengths, page_size=page_size)
         out = _give(out, ctx)
         return (out, _give(lse, ctx)) if return_lse else out
+
+
+def append_kv(k_cache, v_cache, k_new, v_new, *, cache_seqlens, block_table=None):
+    """Write new tokens into a KV cache in place: ``k_new``, ``v_new`` [B, S_new,
+    Hkv, D] land at positions ``cache_seqlens[b] + t`` of each sequence (pages from
+    ``block_table`` for a paged cache; those pages must already be in the table).
+    ``cache_seqlens`` (int32 [B], the lengths before the append) is not changed:
+    advance it by S_new afterwards. Shapes and checks as :func:`attention_decode`."""
+    ki, vi = describe(k_cache, "k_cache"), describe(v_cache, "v_cache")
+    for name, info in (("k_cache", ki), ("v_cache", vi)):
+        if len(info.shape) != 4:
+            raise ShapeError(f"{name} must have rank 4 ([B, Sk, Hkv, D] or [pages, page_size, "
+                             f"Hkv, D]), got shape {info.shape}")
+    if ki.shape != vi.shape or ki.dtype != vi.dtype:
+        raise ShapeError(f"k_cache and v_cache must have the same shape and dtype, got "
+                         f"{ki.shape} {ki.dtype} and {vi.shape} {vi.dtype}")
+    if ki.dtype not in DTYPES:
+        raise DTypeError(f"k_cache has dtype {ki.dtype}; append_kv takes {', '.join(DTYPES)}")
+    if k_new is None or v_new is None:
+        raise ShapeError("append_kv needs both k_new and v_new")
+    kn = describe(k_new, "k_new")
+    if len(kn.shape) != 4:
+        raise ShapeError(f"k_new must have rank 4 ([B, S_new, Hkv, D]), got shape {kn.shape}")
+    _, page_size = validate_cache(ki, vi, kn.shape[0], ki.device, cache_seqlens=cache_seqlens,
+                                  block_table=block_table, k_new=k_new, v_new=v_new)
+    _device.require_device()
+    cupy = _device.require_cupy()
+    ctx = interop.context_for(k_cache)
+    with cupy.cuda.Device(ctx.device_id), ctx.stream:
+        view = _viewer(ctx)
+        fam.launch_append(view(k_cache, "k_cache"), view(v_cache, "v_cache"),
+                          view(k_new, "k_new"), view(v_new, "v_new"),
+                          seqlens=view(_as_int32(cache_seqlens), "cache_seqlens"),
+                          block_table=(None if block_table is None
+                                       else view(_as_int32(block_table), "block_table")),
+                          page_size=page_size, dtype=ki.dtype, stream=ctx.stream,
+                          device_id=ctx.device_id, arch=_device.device_arch(ctx.device_id))
 
 
 def _as_int32(x):

@@ -47,11 +47,12 @@ def _asserts(struct: str, dt: np.dtype) -> list[str]:
 
 
 STRUCTS = [("CacheParams", fam.CACHE_DTYPE), ("DecodeParams", fam.DECODE_DTYPE),
-           ("StateView", fam.STATE_DTYPE), ("MergeParams", fam.MERGE_DTYPE)]
+           ("StateView", fam.STATE_DTYPE), ("MergeParams", fam.MERGE_DTYPE),
+           ("AppendParams", fam.APPEND_DTYPE)]
 
 
 def test_structs_match_the_kernels():
-    lines = ['#include "decode.cu"', '#include "merge.cu"', OFFSETOF]
+    lines = ['#include "decode.cu"', '#include "merge.cu"', '#include "append.cu"', OFFSETOF]
     for struct, dt in STRUCTS:
         lines += _asserts(struct, dt)
     ok, log = _nvrtc("\n".join(lines) + "\n")
@@ -227,6 +228,35 @@ def test_errors_name_the_argument():
            cache_seqlens=LENS, scale="x")
     raises(ShapeError, r"num_splits must be a positive integer", Q, KP, KP, block_table=TABLE,
            cache_seqlens=LENS, num_splits=0)
+
+
+def test_append_errors_name_the_argument():
+    new = arr(B, 2, HKV, D)
+    raises(ShapeError, r"pass both k_new and v_new", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, k_new=new)
+    raises(ShapeError, r"k_new must have shape \[B=3, S_new, Hkv=2, D=64\]", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=arr(B, 2, 1, D), v_new=new)
+    raises(DTypeError, r"v_new must have the cache's dtype float16", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=new,
+           v_new=arr(B, 2, HKV, D, dtype="float32"))
+    raises(ShapeError, r"k_new and v_new must have the same shape", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=new, v_new=arr(B, 3, HKV, D))
+    # 48 + 2 appended tokens do not fit 3 pages of 16
+    raises(ShapeError, r"cache_seqlens\[1\] \+ 2 appended = 50 exceeds the cache's capacity 48",
+           Q, KP, KP, block_table=TABLE, cache_seqlens=LENS, k_new=new, v_new=new)
+    table = TABLE.copy()
+    table[0, 1] = -1      # sequence 0: 5 keys + 12 new need a second page
+    with pytest.raises(ShapeError, match=r"block_table\[0\] holds page id -1"):
+        ca.append_kv(KP, KP, arr(B, 12, HKV, D), arr(B, 12, HKV, D),
+                     cache_seqlens=np.array([5, 0, 0], dtype=np.int32), block_table=table)
+    with pytest.raises(ShapeError, match=r"cache_seqlens is required with k_new"):
+        ca.append_kv(arr(B, 50, HKV, D), arr(B, 50, HKV, D), new, new, cache_seqlens=None)
+    with pytest.raises(DTypeError, match=r"append_kv takes float16, bfloat16"):
+        ca.append_kv(arr(B, 50, HKV, D, dtype="float32"), arr(B, 50, HKV, D, dtype="float32"),
+                     new, new, cache_seqlens=LENS)
+    s, _, _ = validate_decode(Q, KP, KP, block_table=TABLE, cache_seqlens=[5, 46, 0], k_new=new,
+                              v_new=new)
+    assert s.capacity == 48
 
 
 def test_pages_past_a_sequence_end_are_not_checked():

@@ -366,3 +366,51 @@ def test_merge_many_and_bshd_layout():
     r2o, r2l = plain_attention(q, k[:, :120], v[:, :120], layout="bshd")
     assert float(abs(o2.swapaxes(1, 2) - r2o).max()) <= 1e-5 * float(abs(r2o).max())
     assert float(abs(l2 - r2l).max()) <= 1e-5 * max(1.0, float(abs(r2l).max()))
+
+
+# ---------------------------------------------------------------------------
+# Appending to the cache
+
+def _slots(b, positions, page, table_h):
+    """(batch or page ids, rows) of positions of sequence b, as device index arrays."""
+    import cupy
+
+    positions = np.asarray(positions)
+    if page is None:
+        return cupy.asarray(np.full(len(positions), b)), cupy.asarray(positions)
+    return (cupy.asarray(table_h[b, positions // page].astype(np.int64)),
+            cupy.asarray(positions % page))
+
+
+@pytest.mark.parametrize("page", [None, 1, 16])
+@pytest.mark.parametrize("through", ["append_kv", "attention_decode"])
+def test_appended_tokens_land_in_their_slots(page, through):
+    """Take the last S_new tokens of each sequence out of a full cache (their slots
+    become NaN) and put them back through append_kv or attention_decode(k_new=...):
+    the cache must come back bit for bit, and the decode must see them."""
+    import cupy
+
+    before, s_new, dtype = np.array([0, 5, 31], dtype=np.int32), 3, "bfloat16"
+    q, k, v, table, _, ks, vs = make_cache(seed_for("append", page, through), B=3, Hq=8, Hkv=2,
+                                           D=64, Sq=s_new, lengths=before + s_new, page=page,
+                                           dtype=dtype)
+    table_h = None if table is None else cupy.asnumpy(table)
+    k_new = cupy.stack([x[n:n + s_new].view(cupy.uint16) for x, n in zip(ks, before)]).view(k.dtype)
+    v_new = cupy.stack([x[n:n + s_new].view(cupy.uint16) for x, n in zip(vs, before)]).view(v.dtype)
+    k_full, v_full = k.copy(), v.copy()
+    for b, n in enumerate(before):
+        at = _slots(b, np.arange(n, n + s_new), page, table_h)
+        for cache in (k, v):
+            cache.view(cupy.uint16)[at] = 0x7FC0      # NaN
+    lens = cupy.asarray(before)
+    if through == "append_kv":
+        ca.append_kv(k, v, k_new, v_new, cache_seqlens=lens, block_table=table)
+    else:
+        out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                       k_new=k_new, v_new=v_new, return_lse=True)
+        ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype=dtype)
+        check_attention(as_float(out).swapaxes(1, 2), ref, same, dtype,
+                        lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+    assert bool((lens == cupy.asarray(before)).all()), "the lengths are the caller's to advance"
+    assert bool((k.view(cupy.uint16) == k_full.view(cupy.uint16)).all())
+    assert bool((v.view(cupy.uint16) == v_full.view(cupy.uint16)).all())

@@ -62,6 +62,14 @@ MERGE_DTYPE = np.dtype([("a", STATE_DTYPE), ("b", STATE_DTYPE), ("o", _PTR), ("l
                         ("o_stride", _I64, (3,)), ("lse_stride", _I64, (3,)), ("n0", _I32),
                         ("n1", _I32), ("n2", _I32), ("head_dim", _I32)], align=True)
 MERGE_WARPS = 4
+APPEND_DTYPE = np.dtype([("k_new", _PTR), ("v_new", _PTR), ("k_cache", _PTR), ("v_cache", _PTR),
+                         ("cache", CACHE_DTYPE)]
+                        + [(f"{x}_{w}_stride", _I64) for x in ("k_new", "v_new")
+                           for w in ("batch", "row", "head")]
+                        + [(f"{x}_{w}_stride", _I64) for x in ("k", "v")
+                           for w in ("page", "row", "head")]
+                        + [("seqlen_new", _I32), ("head_dim", _I32)], align=True)
+APPEND_THREADS = 64
 
 
 def _pow2_at_least(n: int) -> int:
@@ -147,6 +155,14 @@ def merge_spec(in_dtype: str, out_dtype: str, head_dim: int) -> jit.KernelSpec:
     expr = f"merge_states<{CPP_DTYPE[in_dtype]}, {CPP_DTYPE[out_dtype]}, {per_lane}>"
     name = f"merge[{SHORT_DTYPE[in_dtype]}->{SHORT_DTYPE[out_dtype]},D<={32 * per_lane}]"
     return jit.KernelSpec("merge.cu", expr, name)
+
+
+def append_spec(dtype: str, vec: bool, paged: bool) -> jit.KernelSpec:
+    expr = (f"append_kv<{CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
+            f"{'true' if paged else 'false'}>")
+    name = (f"append_kv[{SHORT_DTYPE[dtype]}{',paged' if paged else ''}"
+            f"{'' if vec else ',unaligned'}]")
+    return jit.KernelSpec("append.cu", expr, name)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -253,6 +269,32 @@ def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, st
     launch_merge(params, n, merge_spec("float32", s.dtype, s.head_dim), stream, device_id, arch)
 
 
+def launch_append(k_cache, v_cache, k_new, v_new, *, seqlens, block_table, page_size, dtype,
+                  stream, device_id: int, arch: str) -> None:
+    """Write k_new, v_new [B, S_new, Hkv, D] at positions seqlens[b] + t of the caches
+    ([B, Sk, Hkv, D] contiguous, or [pages, page_size, Hkv, D] with block_table)."""
+    B, s_new, hkv, d = k_new.shape
+    if not (B and s_new and hkv and d):
+        return
+    nk, nv, ck, cv = (_strides(x) for x in (k_new, v_new, k_cache, v_cache))
+    cache = {"block_table": _ptr(block_table), "seqlens": _ptr(seqlens), "page_size": page_size}
+    if block_table is not None:
+        cache.update(block_table_stride=_strides(block_table)[0], max_pages=block_table.shape[1])
+    values = {"k_new": _ptr(k_new), "v_new": _ptr(v_new), "k_cache": _ptr(k_cache),
+              "v_cache": _ptr(v_cache), "cache": make_struct(CACHE_DTYPE, cache),
+              "seqlen_new": s_new, "head_dim": d}
+    for name, st in (("k_new", nk), ("v_new", nv)):
+        values.update({f"{name}_batch_stride": st[0], f"{name}_row_stride": st[1],
+                       f"{name}_head_stride": st[2]})
+    for name, st in (("k", ck), ("v", cv)):
+        values.update({f"{name}_page_stride": st[0], f"{name}_row_stride": st[1],
+                       f"{name}_head_stride": st[2]})
+    vec = vectorizable_arrays(d, (k_new, v_new, k_cache, v_cache))
+    kernel = jit.get_function(append_spec(dtype, vec, block_table is not None), arch, device_id)
+    kernel.launch((s_new, hkv, B), (APPEND_THREADS,), (make_struct(APPEND_DTYPE, values),), 0,
+                  stream)
+
+
 class Decode(Family):
     name = "decode"
     summary = ("few query rows per sequence: GQA heads packed per block, split-KV with a "
@@ -303,4 +345,8 @@ class Decode(Family):
                 out.append(merge_spec("float32", dtype, d))
                 out.append(merge_spec(dtype, dtype, d))
         out.append(merge_spec("float32", "float32", 256))
+        for dtype in ("float16", "bfloat16"):
+            for vec in (False, True):
+                for paged in (False, True):
+                    out.append(append_spec(dtype, vec, paged))
         return list(dict.fromkeys(out))

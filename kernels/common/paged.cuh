@@ -39,17 +39,23 @@ struct KVCache {
   __device__ __forceinline__ static int seqlen(const FwdParams& p, const CacheParams& c, int b) {
     return c.seqlens != nullptr ? c.seqlens[b] : p.seqlen_k;
   }
-  // Key j (< seqlen) of sequence b, KV head hk. One block-table read when paged.
+  // The page (or batch row) and the row in it of key j (< seqlen) of sequence b.
+  // One block-table read when paged.
+  __device__ __forceinline__ static void locate(const CacheParams& c, int b, int j, i64& page,
+                                                i64& row) {
+    if constexpr (PAGED) {
+      page = c.block_table[b * c.block_table_stride + j / c.page_size];
+      row = j % c.page_size;
+    } else {
+      page = b;
+      row = j;
+    }
+  }
+  // Key j of sequence b, KV head hk, in caches strided as p.k / p.v.
   __device__ __forceinline__ static KVRow row(const FwdParams& p, const CacheParams& c, int b,
                                               int hk, int j) {
     i64 page, r;
-    if constexpr (PAGED) {
-      page = c.block_table[b * c.block_table_stride + j / c.page_size];
-      r = j % c.page_size;
-    } else {
-      page = b;
-      r = j;
-    }
+    locate(c, b, j, page, r);
     return {page * p.k_batch_stride + hk * p.k_head_stride + r * p.k_row_stride,
             page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
   }
