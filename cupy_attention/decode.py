@@ -92,7 +92,8 @@ def _check_new(k_new, v_new, ki, batch) -> int:
 def validate_cache(ki, vi, B, device, *, cache_seqlens, block_table, k_new, v_new):
     """The cache, its block table, lengths and appended tokens for a batch of B
     (``ki``, ``vi``: described rank-4 caches of one shape). Returns (capacity,
-    page_size)."""
+    page_size, the longest sequence once appended or None where the lengths are on
+    the device)."""
     n0, n1 = ki.shape[:2]
     if ki.device != vi.device:
         raise DeviceMismatchError(f"k_cache and v_cache are on different devices ({ki.device}, "
@@ -142,11 +143,13 @@ def validate_cache(ki, vi, B, device, *, cache_seqlens, block_table, k_new, v_ne
             b, slot = (int(x) for x in np.argwhere(bad)[0])
             raise ShapeError(f"block_table[{b}] holds page id {int(table[b, slot])} outside "
                              f"[0, {num_pages}) among the pages of its {int(lengths[b])} keys")
-    return capacity, page_size
+    longest = None if lengths is None else int(lengths.max(initial=0))
+    return capacity, page_size, longest
 
 
 def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None,
-                    causal=True, scale=None, window=None, softcap=0.0, k_new=None, v_new=None):
+                    causal=True, scale=None, window=None, softcap=0.0, k_new=None, v_new=None,
+                    max_seqlen=None):
     """Check every argument on the host (no GPU needed); returns (DecodeShape, scale,
     page_size). Typed errors name the argument. With ``k_new``/``v_new`` the lengths
     are those before the append, and the appended tokens must fit."""
@@ -182,8 +185,16 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
     if B > 65535 or Hkv > 65535:
         raise UnsupportedError(f"B={B} and Hkv={Hkv} must each be at most 65535 (grid limits)")
 
-    capacity, page_size = validate_cache(ki, vi, B, qi.device, cache_seqlens=cache_seqlens,
-                                         block_table=block_table, k_new=k_new, v_new=v_new)
+    capacity, page_size, longest = validate_cache(
+        ki, vi, B, qi.device, cache_seqlens=cache_seqlens, block_table=block_table, k_new=k_new,
+        v_new=v_new)
+    if max_seqlen is not None:
+        if not isinstance(max_seqlen, (int, np.integer)) or max_seqlen < 0:
+            raise ShapeError(f"max_seqlen must be an integer >= 0, got {max_seqlen!r}")
+        longest = int(max_seqlen) if longest is None else min(longest, int(max_seqlen))
+    # the split plan is made for the longest sequence where it is known (a shorter
+    # guess costs speed only: the last split runs to each sequence's end)
+    planned = capacity if longest is None or cache_seqlens is None else min(capacity, longest)
     paged = block_table is not None
     if scale is None:
         scale = 1.0 / math.sqrt(D)
@@ -206,13 +217,13 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
     if not (math.isfinite(softcap) and softcap >= 0):
         raise ShapeError(f"softcap must be >= 0 (0 = off), got {softcap}")
     variant = Variant(bool(causal), window, softcap)
-    shape = fam.DecodeShape(B, Hq, Hkv, Sq, capacity, D, qi.dtype, variant, paged)
+    shape = fam.DecodeShape(B, Hq, Hkv, Sq, planned, D, qi.dtype, variant, paged)
     return shape, scale, page_size
 
 
 def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal=True,
                      scale=None, window=None, softcap=0.0, return_lse=False, num_splits=None,
-                     k_new=None, v_new=None):
+                     k_new=None, v_new=None, max_seqlen=None):
     """Attention of a few new query tokens per sequence against a KV cache.
 
     Parameters
@@ -253,6 +264,12 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         then attends over ``cache_seqlens[b] + S_new`` keys, as FlashAttention's
         ``flash_attn_with_kvcache`` does. ``cache_seqlens`` itself is not changed:
         advance it by S_new for the next step.
+    max_seqlen : int, optional
+        The longest a sequence is in this call (new tokens included), for planning
+        the key splits when ``cache_seqlens`` is on the device (host lengths are
+        read directly). Default: the cache's capacity, which over-splits caches
+        sized far beyond their contents. A value too small costs speed, never
+        correctness.
 
     Arrays may be CuPy arrays, torch CUDA tensors (results are torch tensors, on
     torch's current stream) or NumPy arrays (copied to the current device, results
@@ -265,7 +282,7 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     s, scale, page_size = validate_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                           block_table=block_table, causal=causal, scale=scale,
                                           window=window, softcap=softcap, k_new=k_new,
-                                          v_new=v_new)
+                                          v_new=v_new, max_seqlen=max_seqlen)
     appended = 0 if k_new is None else describe(k_new, "k_new").shape[1]
     if num_splits is not None and (not isinstance(num_splits, (int, np.integer))
                                    or num_splits < 1):
@@ -327,8 +344,9 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, cache_seqlens, block_table=None
     kn = describe(k_new, "k_new")
     if len(kn.shape) != 4:
         raise ShapeError(f"k_new must have rank 4 ([B, S_new, Hkv, D]), got shape {kn.shape}")
-    _, page_size = validate_cache(ki, vi, kn.shape[0], ki.device, cache_seqlens=cache_seqlens,
-                                  block_table=block_table, k_new=k_new, v_new=v_new)
+    _, page_size, _ = validate_cache(ki, vi, kn.shape[0], ki.device,
+                                     cache_seqlens=cache_seqlens, block_table=block_table,
+                                     k_new=k_new, v_new=v_new)
     _device.require_device()
     cupy = _device.require_cupy()
     ctx = interop.context_for(k_cache)

@@ -10,7 +10,8 @@
 // the host passes the band for Sk = 0 and the block adds its sequence's length.
 //
 // Work split: grid (row blocks * splits, Hkv, B). Split s of a sequence covers keys
-// [s * split_keys, (s + 1) * split_keys); with one split the block writes o and lse,
+// [s * split_keys, (s + 1) * split_keys), the last one to the sequence's end (the
+// host plans for a length that may be short of it); with one split the block writes o and lse,
 // otherwise it writes fp32 o and lse partials that merge.cu combines.
 //
 // Threads: a key row of D elements is CHUNKS 16-byte chunks; LANES lanes (CHUNKS
@@ -142,7 +143,9 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
 
   // 1. the block's key range, then q into registers.
   int kv_lo = cmax(VT::kv_begin(p, r0 / group), split * dp.split_keys);
-  int kv_hi = cmin(VT::kv_end(p, r_last / group), (split + 1) * dp.split_keys);
+  // the last split runs to the sequence's end, whatever length the host planned for
+  const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
+  int kv_hi = cmin(VT::kv_end(p, r_last / group), split_end);
   kv_hi = cmax(kv_hi, kv_lo);
   p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
 

@@ -259,6 +259,20 @@ def test_append_errors_name_the_argument():
     assert s.capacity == 48
 
 
+def test_the_split_plan_follows_known_lengths():
+    big = arr(400, PAGE, HKV, D)
+    table = np.arange(3 * 100, dtype=np.int32).reshape(3, 100)
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=LENS)
+    assert s.capacity == 48                        # host lengths: the longest, not 1600
+    dev = _FakeDevice(LENS, "cpu")
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=dev)
+    assert s.capacity == 1600                      # device lengths: the capacity...
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=dev, max_seqlen=300)
+    assert s.capacity == 300                       # ...unless the caller says more
+    with pytest.raises(ShapeError, match=r"max_seqlen must be an integer >= 0"):
+        validate_decode(Q, big, big, block_table=table, cache_seqlens=LENS, max_seqlen=-1)
+
+
 def test_pages_past_a_sequence_end_are_not_checked():
     table = TABLE.copy()
     table[0, 1:] = -1        # sequence 0 holds 5 keys: one page

@@ -146,13 +146,13 @@ def reference(q, ks, vs, *, causal, dtype, window=None):
 
 
 def run_case(seed, *, B, Hq, Hkv, D, Sq, page, dtype, causal=True, splits=None, lengths=None,
-             window=None):
+             window=None, max_seqlen=None):
     q, k, v, table, lens, ks, vs = make_cache(seed, B=B, Hq=Hq, Hkv=Hkv, D=D, Sq=Sq,
                                               lengths=lengths or LENGTHS[B], page=page,
                                               dtype=dtype)
     out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
                                    causal=causal, return_lse=True, num_splits=splits,
-                                   window=window)
+                                   window=window, max_seqlen=max_seqlen)
     assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
     ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=causal, dtype=dtype,
                                              window=window)
@@ -197,6 +197,15 @@ def test_results_do_not_depend_on_the_split_count(page):
         floor = noise_floor(base_o, "bfloat16")
         assert float(abs(as_float(o) - base_o).max()) <= 2 * floor
         assert float(abs(l - base_l).max()) <= 1e-5 * max(1.0, float(abs(base_l).max()))
+
+
+@pytest.mark.parametrize("max_seqlen", [0, 100])
+def test_a_short_max_seqlen_costs_speed_not_correctness(max_seqlen):
+    """The split plan made for 0 or 100 keys; the last split runs to each end."""
+    run_case(seed_for("maxlen", max_seqlen), B=1, Hq=32, Hkv=8, D=128, Sq=1, page=16,
+             dtype="bfloat16", lengths=(5000,), max_seqlen=max_seqlen)
+    run_case(seed_for("maxlen-split", max_seqlen), B=1, Hq=32, Hkv=8, D=128, Sq=1, page=16,
+             dtype="bfloat16", lengths=(5000,), max_seqlen=max_seqlen, splits=4)
 
 
 @pytest.mark.parametrize("D", [72, 96, 160])

@@ -116,7 +116,9 @@ class DecodeShape:
     heads_q: int
     heads_kv: int
     seqlen_q: int
-    capacity: int     # most keys a sequence can hold: Sk of a contiguous cache, pages x page size
+    # the keys the split plan is made for: the longest sequence where the host knows
+    # it, else the cache's capacity (Sk of a contiguous cache, pages x page size)
+    capacity: int
     head_dim: int
     dtype: str
     variant: Variant
