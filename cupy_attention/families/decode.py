@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from ..params import FWD_DTYPE, make_struct
 from ..problem import Problem
 from ..variant import Variant
 from .base import CPP_DTYPE, LOG2E, SHORT_DTYPE, Family, Tensors, bhs_strides
-from .flash_mma import vectorizable_arrays
+from .flash_mma import strides_aligned, vectorizable_arrays
 
 WARPS = 4
 # ca.attention(kernel="auto") sends problems with at most this many query rows here.
@@ -192,10 +193,10 @@ def _strides(x) -> list:
 
 
 def decode_params(s: DecodeShape, scale: float, q, k, v, out, lse, *, q_strides, o_strides,
-                  k_strides, v_strides, block_table=None, seqlens=None, page_size=0,
-                  o_part=None, lse_part=None, p: Plan) -> np.void:
-    """The ``DecodeParams`` struct. ``*_strides``: (batch, head, row) of q and out in
-    elements, (page or batch, head, row) of the caches."""
+                  k_strides, v_strides, lse_strides=(0, 0, 0), block_table=None, seqlens=None,
+                  page_size=0, o_part=None, lse_part=None, p: Plan) -> np.void:
+    """The ``DecodeParams`` struct. ``*_strides``: (batch, head, row) of q, out and lse
+    in elements, (page or batch, head, row) of the caches."""
     scale_log2 = float(np.float32(scale * LOG2E))
     fwd = {
         "q": _ptr(q), "k": _ptr(k), "v": _ptr(v), "o": _ptr(out), "lse": _ptr(lse),
@@ -209,9 +210,7 @@ def decode_params(s: DecodeShape, scale: float, q, k, v, out, lse, *, q_strides,
         # the band for Sk = 0: the kernel adds each sequence's own length
         **s.variant.params(s.seqlen_q, 0, scale),
     }
-    if lse is not None:
-        ls = _strides(lse)
-        fwd.update(lse_batch_stride=ls[0], lse_head_stride=ls[1])
+    fwd.update(lse_batch_stride=lse_strides[0], lse_head_stride=lse_strides[1])
     cache = {"block_table": _ptr(block_table), "seqlens": _ptr(seqlens), "page_size": page_size}
     if block_table is not None:
         cache.update(block_table_stride=_strides(block_table)[0],
@@ -244,31 +243,90 @@ def launch_merge(params: np.void, rows: int, kspec: jit.KernelSpec, stream, devi
     kernel.launch((-(-rows // MERGE_WARPS),), (32 * MERGE_WARPS,), (params,), 0, stream)
 
 
+_POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of DecodeParams.fwd
+_PARTS = struct.Struct("<2Q")      # o_part, lse_part
+_PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
+# MergeParams: a.o, a.lse, o, lse
+_MERGE_AT = (MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["o"][1],
+             MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["lse"][1],
+             MERGE_DTYPE.fields["o"][1], MERGE_DTYPE.fields["lse"][1])
+
+
+class DecodeLaunch:
+    """One decode configuration with everything but the data pointers fixed.
+
+    ``run(q, k, v, out, lse, stream)`` patches the five pointers into a packed
+    DecodeParams, allocates the split partials (on ``stream``), launches the decode
+    and, with splits, the merge of the partials into out and lse. ``tensors``:
+    decode_params' keyword arguments (their pointers are placeholders, except the
+    block table and lengths, which stay fixed)."""
+
+    def __init__(self, s: DecodeShape, scale: float, p: Plan, o_strides, lse_strides,
+                 device_id: int, arch: str, **tensors):
+        self.s, self.p = s, p
+        self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
+                                      tensors.pop("v"), None, None, o_strides=o_strides,
+                                      lse_strides=lse_strides, p=p, **tensors).tobytes()
+        self.kernel = jit.get_function(p.spec, arch, device_id)
+        self.grid = p.grid(s)
+        if p.num_splits > 1:
+            rows = s.batch * s.heads_q * s.seqlen_q
+            o4 = (rows * s.head_dim, s.heads_q * s.seqlen_q * s.head_dim,
+                  s.seqlen_q * s.head_dim, s.head_dim)
+            l4 = (rows, s.heads_q * s.seqlen_q, s.seqlen_q, 1)
+            self.merge_template = merge_params(
+                ((None, None, o4, l4, p.num_splits),), None, o_strides, None, lse_strides,
+                (s.batch, s.heads_q, s.seqlen_q), s.head_dim).tobytes()
+            self.merge_kernel = jit.get_function(merge_spec("float32", s.dtype, s.head_dim),
+                                                 arch, device_id)
+            self.merge_grid = (-(-rows // MERGE_WARPS),)
+
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
+        import cupy
+
+        s, p = self.s, self.p
+        buf = bytearray(self.template)
+        _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
+        if p.num_splits == 1:
+            self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
+                               p.smem, stream)
+            return
+        with stream:   # the partials live on the launch stream (stream-ordered reuse)
+            o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
+                                dtype=cupy.float32)
+            lse_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q),
+                                  dtype=cupy.float32)
+        _PARTS.pack_into(buf, _PARTS_AT, o_part.data.ptr, lse_part.data.ptr)
+        self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
+                           p.smem, stream)
+        mbuf = bytearray(self.merge_template)
+        for at, ptr in zip(_MERGE_AT, (o_part.data.ptr, lse_part.data.ptr, o, lse)):
+            struct.pack_into("<Q", mbuf, at, ptr)
+        self.merge_kernel.launch(self.merge_grid, (32 * MERGE_WARPS,),
+                                 (np.frombuffer(mbuf, MERGE_DTYPE)[0],), 0, stream)
+
+
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
                   device_id: int, arch: str, **tensors) -> None:
     """Decode (and, with splits, the merge of its partials) on ``stream``.
-    ``tensors``: decode_params' keyword arguments; the partials are allocated here."""
-    import cupy
-
-    o_part = lse_part = None
-    if p.num_splits > 1:
-        o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
-                            dtype=cupy.float32)
-        lse_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q), dtype=cupy.float32)
-    args = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"), tensors.pop("v"),
-                         out, lse, o_strides=o_strides, o_part=o_part, lse_part=lse_part, p=p,
-                         **tensors)
-    kernel = jit.get_function(p.spec, arch, device_id)
-    kernel.launch(p.grid(s), (p.threads,), (args,), p.smem, stream)
-    if o_part is None:
-        return
-    n = s.batch * s.heads_q * s.seqlen_q
-    os_, ls_ = _strides(o_part), _strides(lse_part)
-    view = (o_part, lse_part, os_[:4], ls_, p.num_splits)
+    ``tensors``: decode_params' keyword arguments."""
     lse_strides = (0, 0, 0) if lse is None else (*_strides(lse)[:2], 1)
-    params = merge_params((view,), out, o_strides, lse, lse_strides,
-                          (s.batch, s.heads_q, s.seqlen_q), s.head_dim)
-    launch_merge(params, n, merge_spec("float32", s.dtype, s.head_dim), stream, device_id, arch)
+    q, k, v = (tensors[n].data.ptr for n in ("q", "k", "v"))
+    DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors).run(
+        q, k, v, out.data.ptr, _ptr(lse), stream)
+
+
+class HotDecode:
+    """What ``ca.attention``'s hot path repeats for new pointers (HotLaunch's
+    interface): the aligned or the element-copy launch, chosen per call."""
+
+    def __init__(self, make, strides_aligned: bool):
+        self.make = functools.lru_cache(maxsize=2)(make)
+        self.strides_aligned = strides_aligned
+
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
+        vec = self.strides_aligned and not ((q | k | v | o) & 15)
+        self.make(vec).run(q, k, v, o, lse, stream)
 
 
 def launch_append(k_cache, v_cache, k_new, v_new, *, seqlens, block_table, page_size, dtype,
@@ -316,16 +374,26 @@ class Decode(Family):
         return None
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
+        """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
+        self.prepare(p, t, device_id, arch).run(t.q.data.ptr, t.k.data.ptr, t.v.data.ptr,
+                                                t.out.data.ptr, _ptr(t.lse), stream)
+
+    def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotDecode:
         from ..device import multiprocessor_count
 
         s = DecodeShape(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
                         p.dtype, p.variant, False)
-        vec = vectorizable_arrays(p.head_dim, (t.q, t.k, t.v, t.out))
-        pl = plan(s, vec, multiprocessor_count(device_id))
-        launch_decode(s, p.scale, pl, t.out, t.lse, bhs_strides(t.out, p.layout), stream,
-                      device_id, arch, q=t.q, k=t.k, v=t.v,
-                      q_strides=bhs_strides(t.q, p.layout), k_strides=bhs_strides(t.k, p.layout),
-                      v_strides=bhs_strides(t.v, p.layout))
+        sms = multiprocessor_count(device_id)
+        o_strides = bhs_strides(t.out, p.layout)
+        lse_strides = (0, 0, 0) if t.lse is None else (*_strides(t.lse)[:2], 1)
+        strides = dict(q_strides=bhs_strides(t.q, p.layout), k_strides=bhs_strides(t.k, p.layout),
+                       v_strides=bhs_strides(t.v, p.layout))
+
+        def make(vec: bool) -> DecodeLaunch:
+            return DecodeLaunch(s, p.scale, plan(s, vec, sms), o_strides, lse_strides, device_id,
+                                arch, q=None, k=None, v=None, **strides)
+
+        return HotDecode(make, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)))
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
