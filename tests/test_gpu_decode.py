@@ -252,6 +252,37 @@ def test_unaligned_views_take_the_element_path():
                     lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
 
 
+def test_pages_past_2_31_elements():
+    """Page offsets beyond 2^31 elements (TESTING.md 8): a wrapped 32-bit offset would
+    read the NaN that fills every page but the sequence's own."""
+    import cupy
+
+    page, hkv, d = 16, 2, 128
+    n_pages = 2**31 // (page * hkv * d) + 64
+    need = 2 * n_pages * page * hkv * d * 2 + 2**28
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB free, device has {free / 2**30:.1f}")
+    k = nan_array((n_pages, page, hkv, d), "bfloat16", cupy)
+    v = nan_array((n_pages, page, hkv, d), "bfloat16", cupy)
+    n = 100
+    pages = np.random.default_rng(7).permutation(np.arange(n_pages - 40, n_pages))[:7]
+    table = cupy.asarray(pages[None].astype(np.int32))
+    at = (cupy.asarray(pages[np.arange(n) // page]), cupy.asarray(np.arange(n) % page))
+    for x, w in ((k, "k"), (v, "v")):
+        x.view(cupy.uint16)[at] = bits_of(normal(cupy, seed_for("big", w), (n, hkv, d)),
+                                          "bfloat16", cupy)
+    q = nan_array((1, 1, 8, d), "bfloat16", cupy)
+    fill(q, normal(cupy, seed_for("big", "q"), q.shape), "bfloat16")
+    ks, vs = [k.view(cupy.uint16)[at].view(k.dtype)], [v.view(cupy.uint16)[at].view(v.dtype)]
+    for splits in (1, 3):
+        out, lse = ca.attention_decode(q, k, v, cache_seqlens=cupy.asarray([n], cupy.int32),
+                                       block_table=table, return_lse=True, num_splits=splits)
+        ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="bfloat16")
+        check_attention(as_float(out).swapaxes(1, 2), ref, same, "bfloat16",
+                        lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+
+
 def test_host_table_and_lengths():
     import cupy
 
