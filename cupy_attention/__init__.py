@@ -10,6 +10,8 @@ __version__ = "0.1.0"
 
 from .api import attention  # noqa: E402
 from .backward import attention_backward  # noqa: E402
+from .decode import append_kv, attention_decode  # noqa: E402
+from .decode import merge_attention_states, merge_attention_states_many  # noqa: E402
 from .errors import (  # noqa: E402
     AttentionError,
     CompileError,
@@ -35,7 +37,8 @@ def kernels() -> dict:
 
 
 __all__ = [
-    "attention", "attention_backward", "attention_reference", "kernels", "AttentionError",
+    "append_kv", "attention", "attention_backward", "attention_decode", "merge_attention_states",
+    "merge_attention_states_many", "attention_reference", "kernels", "AttentionError",
     "CompileError", "DeviceMismatchError", "DriverError", "DTypeError", "LayoutError", "NoDeviceError",
     "ShapeError", "UnsupportedError", "__version__",
 ]

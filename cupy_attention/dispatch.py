@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .errors import UnsupportedError
 from .families.base import Family
+from .families.decode import Decode
 from .families.flash import Flash
 from .families.flash_mma import FlashMma
 from .families.flash_wgmma import FlashWgmma
@@ -17,7 +18,7 @@ from .families.tiled import Tiled
 from .problem import Problem
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (FlashWgmma(), FlashMma(), Flash(), Tiled(), Naive())}
+    f.name: f for f in (Decode(), FlashWgmma(), FlashMma(), Flash(), Tiled(), Naive())}
 HOST_KERNELS = ("reference",)
 
 

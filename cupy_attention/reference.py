@@ -118,3 +118,88 @@ def attention_backward_reference(dout, q, k, v, *, causal=False, scale=None, mas
 
     return (_to_bhsd(dq, layout), _to_bhsd(per_kv_head(dk), layout),
             _to_bhsd(per_kv_head(dv), layout))
+
+
+def gather_kv_cache(cache, cache_seqlens=None, block_table=None):
+    """The keys (or values) of each sequence of a KV cache, in order: a list of
+    float64 arrays [len_b, Hkv, D]. ``cache`` is [B, Sk, Hkv, D] (contiguous) or
+    [num_pages, page_size, Hkv, D] with ``block_table`` [B, max_pages]."""
+    cache = np.asarray(cache, dtype=np.float64)
+    if block_table is None:
+        B = cache.shape[0]
+        lengths = (np.full(B, cache.shape[1]) if cache_seqlens is None
+                   else np.asarray(cache_seqlens))
+        return [cache[b, :int(lengths[b])] for b in range(B)]
+    table = np.asarray(block_table)
+    page_size = cache.shape[1]
+    out = []
+    for b, n in enumerate(np.asarray(cache_seqlens)):
+        pages = table[b, :-(-int(n) // page_size)]
+        rows = cache[pages].reshape(-1, *cache.shape[2:]) if len(pages) else cache[:0, 0]
+        out.append(rows[:int(n)])
+    return out
+
+
+def attention_decode_reference(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None,
+                               causal=True, scale=None, window=None, softcap=0.0):
+    """Float64 (out [B, Sq, Hq, D], lse [B, Hq, Sq]) of ``attention_decode``: per
+    sequence b, the Sq queries are its last Sq tokens (query i is token
+    len_b - Sq + i); causal keeps j <= i + len_b - Sq, a window (left, right) keeps
+    i + len_b - Sq - left <= j <= i + len_b - Sq + right (-1 = unbounded), softcap
+    c > 0 maps each scaled score s to c tanh(s / c)."""
+    q = np.asarray(q, dtype=np.float64)
+    B, Sq, Hq, D = q.shape
+    ks = gather_kv_cache(k_cache, cache_seqlens, block_table)
+    vs = gather_kv_cache(v_cache, cache_seqlens, block_table)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    out = np.zeros((B, Sq, Hq, D))
+    lse = np.full((B, Hq, Sq), -np.inf)
+    for b in range(B):
+        k, v = ks[b], vs[b]
+        n, Hkv = k.shape[0], k.shape[1]
+        if n == 0:
+            continue
+        group = Hq // Hkv
+        k = np.repeat(k, group, axis=1)            # [n, Hq, D]
+        v = np.repeat(v, group, axis=1)
+        s = np.einsum("ihd,jhd->hij", q[b], k) * scale
+        if softcap:
+            s = softcap * np.tanh(s / softcap)
+        i = np.arange(Sq)[:, None] + (n - Sq)
+        j = np.arange(n)[None, :]
+        keep = np.ones((Sq, n), dtype=bool)
+        left, right = window if window is not None else (-1, -1)
+        if causal:
+            right = 0 if right < 0 else min(right, 0)
+        if left >= 0:
+            keep &= j >= i - left
+        if right >= 0:
+            keep &= j <= i + right
+        s = np.where(keep, s, -np.inf)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            m = s.max(axis=-1, keepdims=True)
+            ref = np.where(np.isneginf(m), 0.0, m)
+            e = np.exp(s - ref)
+            l_i = e.sum(axis=-1, keepdims=True)
+            p = np.where(l_i > 0, e / np.where(l_i > 0, l_i, 1.0), 0.0)
+            out[b] = _product("hij,jhd->ihd", p, v)
+            lse[b] = np.where(l_i > 0, np.log(np.where(l_i > 0, l_i, 1.0)) + ref, -np.inf)[..., 0]
+    return out, lse
+
+
+def merge_attention_states_reference(outs, lses):
+    """Float64 merge of attention states over disjoint key sets: ``outs`` a list of
+    [..., D] arrays, ``lses`` the matching [...] natural-log LSEs. A state with LSE
+    -inf contributes nothing; all -inf gives (0, -inf)."""
+    lses = [np.asarray(x, dtype=np.float64) for x in lses]
+    outs = [np.asarray(x, dtype=np.float64) for x in outs]
+    m = np.max(lses, axis=0)
+    ref = np.where(np.isneginf(m), 0.0, m)
+    w = [np.exp(x - ref) for x in lses]
+    total = np.sum(w, axis=0)
+    o = sum(np.where(wi[..., None] > 0, wi[..., None] * oi, 0.0) for wi, oi in zip(w, outs))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o = np.where(total[..., None] > 0, o / np.where(total > 0, total, 1.0)[..., None], 0.0)
+        lse = np.where(total > 0, np.log(np.where(total > 0, total, 1.0)) + ref, -np.inf)
+    return o, lse

@@ -1,0 +1,62 @@
+// Where key j of a sequence lives in a KV cache: contiguous, or paged through a
+// block table (vLLM / FlashInfer / flash_attn_with_kvcache conventions).
+//
+// Layouts (strides in elements, the last dimension contiguous; the k_* and v_*
+// strides of FwdParams, so one cache can be read by any family that takes them):
+//   contiguous  k, v [B, Sk_max, Hkv, D] (or [B, Hkv, Sk_max, D]): key j of
+//               sequence b, KV head hk at
+//                 b * k_batch_stride + hk * k_head_stride + j * k_row_stride
+//   paged       k, v [num_pages, page_size, Hkv, D], block_table int32
+//               [B, max_pages]: key j of sequence b lies in page
+//               block_table[b][j / page_size], row j % page_size, so
+//                 page * k_batch_stride + hk * k_head_stride + (j % page_size) * k_row_stride
+//               (k_batch_stride is the page stride). Any page size >= 1.
+// Sequence b holds seqlens[b] keys; with seqlens null every sequence holds
+// p.seqlen_k. Callers address rows below that length only, so block-table entries
+// past a sequence's last page are never read and may hold anything (-1, stale ids).
+// The host checks page ids where the table is on the host; a device table is
+// trusted (an id out of range reads out of bounds, as in every paged kernel).
+#pragma once
+#include "params.cuh"
+
+struct CacheParams {
+  const i32* block_table;   // [B, max_pages], row stride block_table_stride; null: contiguous
+  const i32* seqlens;       // [B] keys held by each sequence; null: p.seqlen_k for all
+  i64 block_table_stride;
+  i32 page_size;
+  i32 max_pages;
+};
+
+// Element offsets of one key row (one KV head) in k and in v.
+struct KVRow {
+  i64 k, v;
+};
+
+template <bool PAGED>
+struct KVCache {
+  static constexpr bool kPaged = PAGED;
+
+  __device__ __forceinline__ static int seqlen(const FwdParams& p, const CacheParams& c, int b) {
+    return c.seqlens != nullptr ? c.seqlens[b] : p.seqlen_k;
+  }
+  // The page (or batch row) and the row in it of key j (< seqlen) of sequence b.
+  // One block-table read when paged.
+  __device__ __forceinline__ static void locate(const CacheParams& c, int b, int j, i64& page,
+                                                i64& row) {
+    if constexpr (PAGED) {
+      page = c.block_table[b * c.block_table_stride + j / c.page_size];
+      row = j % c.page_size;
+    } else {
+      page = b;
+      row = j;
+    }
+  }
+  // Key j of sequence b, KV head hk, in caches strided as p.k / p.v.
+  __device__ __forceinline__ static KVRow row(const FwdParams& p, const CacheParams& c, int b,
+                                              int hk, int j) {
+    i64 page, r;
+    locate(c, b, j, page, r);
+    return {page * p.k_batch_stride + hk * p.k_head_stride + r * p.k_row_stride,
+            page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
+  }
+};

@@ -1,0 +1,104 @@
+// merge: combine attention states (o, lse) computed over disjoint key sets into the
+// state of their union: split-KV's partials (decode.cu), a shared prefix and a
+// suffix (cascade inference), the blocks of ring attention.
+//
+// For one row and states s with outputs o_s (each normalized over its own keys)
+// and natural-log LSEs lse_s:
+//   M = max_s lse_s,  w_s = exp(lse_s - M),  L = sum_s w_s
+//   o = sum_s w_s o_s / L,  lse = M + log L
+// A state with lse = -inf (no keys) has weight exactly 0 and its o is not read, so
+// it merges exactly whatever it holds; every state -inf gives o = 0, lse = -inf.
+// NaN in an LSE propagates to the row.
+//
+// Layouts (strides in elements; the last dimension of o contiguous): a state view
+// is a stack of states, o [states, N0, N1, N2, D] and lse [states, N0, N1, N2],
+// each axis with its own stride, so [B, H, S, D] and [B, S, H, D] tensors, a
+// separate tensor per state or a stacked one all read in place. Two views (a, b)
+// merge into one output; split-KV passes its partials as view a and no view b.
+//
+// Threads: one warp per row (N0 * N1 * N2 rows), lanes over D; fp32 arithmetic.
+#include "common/types.cuh"
+
+struct StateView {
+  const void* o;
+  const float* lse;
+  i64 o_stride[4];     // state, n0, n1, n2
+  i64 lse_stride[4];
+  i32 states;          // 0: the view is absent
+};
+
+struct MergeParams {
+  StateView a, b;
+  void* o;
+  float* lse;          // may be null
+  i64 o_stride[3];     // n0, n1, n2
+  i64 lse_stride[3];
+  i32 n0, n1, n2, head_dim;
+};
+
+constexpr int MERGE_WARPS = 4;
+
+__device__ __forceinline__ float view_lse(const StateView& s, int k, int x0, int x1, int x2) {
+  return s.lse[k * s.lse_stride[0] + x0 * s.lse_stride[1] + x1 * s.lse_stride[2] +
+               x2 * s.lse_stride[3]];
+}
+
+// Adds w_k o_k of every state of view s with w_k = exp(lse_k - ref) to o[] (lane's
+// columns) and to l.
+template <class TIN, int PER_LANE>
+__device__ __forceinline__ void view_accumulate(const StateView& s, int x0, int x1, int x2,
+                                                float ref, int lane, int D, float (&o)[PER_LANE],
+                                                float& l) {
+  for (int k = 0; k < s.states; ++k) {
+    const float lse = view_lse(s, k, x0, x1, x2);
+    const float w = exact_exp2((lse - ref) * CA_LOG2E);
+    l += w;
+    if (w == 0.f) continue;   // an empty state: its o is not read (NaN stays out)
+    const TIN* src = static_cast<const TIN*>(s.o) + k * s.o_stride[0] + x0 * s.o_stride[1] +
+                     x1 * s.o_stride[2] + x2 * s.o_stride[3];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) {
+      const int d = lane + 32 * e;
+      if (d < D) o[e] = fmaf(w, to_float(src[d]), o[e]);
+    }
+  }
+}
+
+__device__ __forceinline__ float view_max(const StateView& s, int x0, int x1, int x2, float m) {
+  for (int k = 0; k < s.states; ++k) {
+    const float lse = view_lse(s, k, x0, x1, x2);
+    m = lse != lse ? lse : fmaxf(m, lse);   // NaN propagates
+    if (m != m) break;
+  }
+  return m;
+}
+
+// TIN: the states' dtype (float for split-KV partials), TOUT: the output's; D <= 32 *
+// PER_LANE.
+template <class TIN, class TOUT, int PER_LANE>
+__global__ void __launch_bounds__(32 * MERGE_WARPS) merge_states(const MergeParams p) {
+  const int lane = threadIdx.x % 32;
+  const i64 row = i64(blockIdx.x) * MERGE_WARPS + threadIdx.x / 32;
+  if (row >= i64(p.n0) * p.n1 * p.n2) return;
+  const int x2 = int(row % p.n2), x1 = int((row / p.n2) % p.n1), x0 = int(row / (i64(p.n2) * p.n1));
+
+  float m = view_max(p.a, x0, x1, x2, -CA_INF);
+  m = view_max(p.b, x0, x1, x2, m);
+  const float ref = m == -CA_INF ? 0.f : m;
+  float o[PER_LANE], l = 0.f;
+#pragma unroll
+  for (int e = 0; e < PER_LANE; ++e) o[e] = 0.f;
+  view_accumulate<TIN, PER_LANE>(p.a, x0, x1, x2, ref, lane, p.head_dim, o, l);
+  view_accumulate<TIN, PER_LANE>(p.b, x0, x1, x2, ref, lane, p.head_dim, o, l);
+
+  const float inv_l = l == 0.f ? 0.f : 1.f / l;
+  TOUT* dst = static_cast<TOUT*>(p.o) + x0 * p.o_stride[0] + x1 * p.o_stride[1] + x2 * p.o_stride[2];
+#pragma unroll
+  for (int e = 0; e < PER_LANE; ++e) {
+    const int d = lane + 32 * e;
+    if (d < p.head_dim) dst[d] = from_float<TOUT>(o[e] * inv_l);
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =
+        l == 0.f ? -CA_INF : ref + exact_log2(l) * CA_LN2;
+}

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Decode throughput: TB/s of K and V read by ``attention_decode``, contiguous and
+paged, beside torch SDPA (``cudnn``, ``flash``) on contiguous caches of the same
+shapes (the "Decode" anchors of BENCHMARKS.md).
+
+Protocol (BENCHMARKS.md): bf16 by default; inputs random normal; several cache
+sets rotate until together they exceed twice the L2 cache, so no call reads a warm
+cache; each call's keys and values are counted once (B x cache_seqlens x Hkv x D x
+2 bytes x 2); CUDA events around ``--reps`` back-to-back calls on one stream, two
+rounds: reported is the time per call of the faster round and the spread
+|round1 - round2| / min in percent (a difference smaller than the spread is noise).
+Paged caches hold each sequence's pages in shuffled order. torch's SDPA runs with
+``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
+mask would be aligned top-left, so the row is a timing anchor only).
+
+    python scripts/decode_bench.py                       # the issue's anchor shapes
+    python scripts/decode_bench.py --grid --json decode.json
+    python scripts/decode_bench.py --shape 1,32,8,1,32768,128 --pages 0,1,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import cupy_attention as ca  # noqa: E402
+from cupy_attention import device  # noqa: E402
+
+# (B, Hq, Hkv, Sq, Sk, D): the shapes of issue 35's anchor table.
+ANCHORS = ((1, 32, 8, 1, 32768, 128), (8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 4096, 128),
+           (128, 32, 8, 1, 2048, 128), (8, 32, 8, 4, 8192, 128))
+MAX_SETS = 8
+
+
+def grid_shapes():
+    out = []
+    for b, sk, (hq, hkv), d, sq in itertools.product((1, 8, 64, 256), (1024, 8192, 32768),
+                                                     ((32, 8), (32, 32)), (64, 128, 256),
+                                                     (1, 4, 16)):
+        out.append((b, hq, hkv, sq, sk, d))
+    out += [(1, 32, 8, sq, 131072, d) for d in (64, 128, 256) for sq in (1, 4, 16)]
+    return out
+
+
+def kv_bytes(b, hkv, sk, d) -> int:
+    return b * sk * hkv * d * 2 * 2
+
+
+def make_set(cupy, rng, shape, page, dtype):
+    """(q, k_cache, v_cache, block_table, cache_seqlens) for one input set."""
+    b, hq, hkv, sq, sk, d = shape
+    dt = cupy.float16 if dtype == "float16" else None
+    q = _randn(cupy, (b, sq, hq, d), dtype, dt)
+    lens = cupy.full((b,), sk, dtype=cupy.int32)
+    if page == 0:
+        k = _randn(cupy, (b, sk, hkv, d), dtype, dt)
+        v = _randn(cupy, (b, sk, hkv, d), dtype, dt)
+        return q, k, v, None, lens
+    per = -(-sk // page)
+    table = rng.permutation(b * per).astype(np.int32).reshape(b, per)
+    k = _randn(cupy, (b * per, page, hkv, d), dtype, dt)
+    v = _randn(cupy, (b * per, page, hkv, d), dtype, dt)
+    return q, k, v, cupy.asarray(table), lens
+
+
+def _randn(cupy, shape, dtype, dt):
+    x = cupy.random.standard_normal(shape, dtype=cupy.float32)
+    if dt is not None:
+        return x.astype(dt)
+    u = x.view(cupy.uint32)
+    bits = ((u + cupy.uint32(0x7FFF) + ((u >> 16) & cupy.uint32(1))) >> 16).astype(cupy.uint16)
+    import ml_dtypes
+
+    return bits.view(np.dtype(ml_dtypes.bfloat16))
+
+
+def time_calls(cupy, fn, sets, reps, stream=None):
+    """(seconds per call of the faster round, spread %) of back-to-back calls. A spin
+    kernel holds the stream while a round is enqueued, so the events time GPU work,
+    not the host's launch overhead."""
+    from cupy_attention.bench import _SPIN_SOURCE
+
+    spin = cupy.RawKernel(_SPIN_SOURCE, "spin")
+    stream = stream or cupy.cuda.get_current_stream()
+    for s in sets:   # warm-up (compiles, plans)
+        fn(*s)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for s in sets:
+        fn(*s)
+    stream.synchronize()
+    host = (time.perf_counter() - t0) / len(sets)   # upper bound per call
+    rounds = []
+    for _ in range(2):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        spin((1,), (1,), (np.uint64(int(2 * host * reps * 1e9) + 1000),), stream=stream)
+        start.record(stream)
+        for i in range(reps):
+            fn(*sets[i % len(sets)])
+        end.record(stream)
+        end.synchronize()
+        rounds.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / reps)
+    best = min(rounds)
+    return best, 100.0 * abs(rounds[0] - rounds[1]) / best
+
+
+def bench_ours(cupy, shape, page, dtype, reps, l2, splits):
+    b, hq, hkv, sq, sk, d = shape
+    rng = np.random.default_rng(0)
+    per_set = kv_bytes(b, hkv, sk, d)
+    sets = [make_set(cupy, rng, shape, page, dtype)
+            for _ in range(min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set))))]
+
+    def call(q, k, v, table, lens):
+        ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table, causal=True,
+                            num_splits=splits)
+
+    secs, spread = time_calls(cupy, call, sets, reps)
+    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12,
+            "sets": len(sets)}
+
+
+def bench_torch(torch, shape, backend, dtype, reps, l2):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    b, hq, hkv, sq, sk, d = shape
+    tdt = getattr(torch, dtype)
+    per_set = kv_bytes(b, hkv, sk, d)
+    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
+    sets = [(torch.randn(b, hq, sq, d, device="cuda", dtype=tdt),
+             torch.randn(b, hkv, sk, d, device="cuda", dtype=tdt),
+             torch.randn(b, hkv, sk, d, device="cuda", dtype=tdt)) for _ in range(n)]
+    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    cupy = device.require_cupy()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with sdpa_kernel(which):
+        secs, spread = time_calls(cupy, lambda q, k, v: sdpa(q, k, v, enable_gqa=hq != hkv),
+                                  sets, reps, stream)
+    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", action="store_true", help="the issue's full grid (long)")
+    ap.add_argument("--shape", action="append", default=[],
+                    help="B,Hq,Hkv,Sq,Sk,D (repeatable)")
+    ap.add_argument("--pages", default="0,16,1", help="page sizes, 0 = contiguous")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--splits", type=int, default=None, help="force the split count")
+    ap.add_argument("--max-gib", type=float, default=24.0,
+                    help="skip shapes whose K+V (all rotating sets) exceed this")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+
+    cupy = device.require_cupy()
+    dev = cupy.cuda.runtime.getDevice()
+    props = cupy.cuda.runtime.getDeviceProperties(dev)
+    l2 = int(props["l2CacheSize"])
+    torch = None
+    if not a.no_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    shapes = ([tuple(int(x) for x in s.split(",")) for s in a.shape]
+              or (grid_shapes() if a.grid else list(ANCHORS)))
+    pages = [int(x) for x in a.pages.split(",")]
+    from cupy_attention.bench import _git_commit
+
+    commit, dirty = _git_commit()
+    report = {"device": device.device_name(dev), "date": datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
+        "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2,
+        "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
+                  "K+V bytes read once per call; rotating input sets > 2x L2",
+        "rows": []}
+    print(f"{report['device']}  commit {commit}{'+dirty' if dirty else ''}  {a.dtype}  "
+          f"{report['date']}")
+    print(f"{'B':>4} {'Hq':>3} {'Hkv':>3} {'Sq':>3} {'Sk':>7} {'D':>4} {'impl':>14} "
+          f"{'TB/s':>6} {'us':>9} {'spread':>7}")
+    for shape in shapes:
+        b, hq, hkv, sq, sk, d = shape
+        if 2 * kv_bytes(b, hkv, sk, d) > a.max_gib * 2**30:
+            print(f"{shape}: skipped (K+V over --max-gib)")
+            continue
+        impls = [(f"ours page={p}" if p else "ours contig", "ours", p) for p in pages]
+        if torch is not None:
+            impls += [(f"torch {bk}", bk, None) for bk in ("cudnn", "flash")]
+        for label, impl, page in impls:
+            try:
+                if impl == "ours":
+                    r = bench_ours(cupy, shape, page, a.dtype, a.reps, l2, a.splits)
+                else:
+                    r = bench_torch(torch, shape, impl, a.dtype, a.reps, l2)
+            except Exception as exc:  # an unsupported shape in one backend
+                r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+            row = dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, Sk=sk, D=d, impl=impl, page=page, **r)
+            report["rows"].append(row)
+            if "error" in r:
+                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>14}  {r['error']}")
+            else:
+                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>14} "
+                      f"{r['tbps']:6.2f} {r['seconds'] * 1e6:9.1f} {r['spread_pct']:6.1f}%")
+            cupy.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""Decode and merge on the host (no GPU): the argument structs against the C ones,
+the shared-memory formula against sizeof(Storage), the split planning, every
+validation error, and the float64 references against the plain one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention import jit
+from cupy_attention.decode import validate_decode
+from cupy_attention.errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError,
+                                   UnsupportedError)
+from cupy_attention.families import decode as fam
+from cupy_attention.reference import (attention_decode_reference, attention_reference,
+                                      gather_kv_cache, merge_attention_states_reference)
+from cupy_attention.variant import Variant
+
+from helpers import BF16, nvrtc_probe
+
+try:
+    from test_params import OFFSETOF
+except ImportError:  # pragma: no cover
+    OFFSETOF = ""
+
+
+def _nvrtc(src: str):
+    return nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", "-arch=sm_80"])
+
+
+# ---------------------------------------------------------------------------
+# Structs and shared memory
+
+def _asserts(struct: str, dt: np.dtype) -> list[str]:
+    out = []
+    for name in dt.names:
+        ftype, off = dt.fields[name][:2]
+        out.append(f'static_assert(CA_OFFSETOF({struct}, {name}) == {off}, "{struct}::{name}");')
+        out.append(f'static_assert(sizeof((({struct}*)0)->{name}) == {ftype.itemsize}, '
+                   f'"size of {struct}::{name}");')
+    out.append(f'static_assert(sizeof({struct}) == {dt.itemsize}, "sizeof({struct})");')
+    out.append(f'static_assert(alignof({struct}) == {dt.alignment}, "alignof({struct})");')
+    return out
+
+
+STRUCTS = [("CacheParams", fam.CACHE_DTYPE), ("DecodeParams", fam.DECODE_DTYPE),
+           ("StateView", fam.STATE_DTYPE), ("MergeParams", fam.MERGE_DTYPE),
+           ("AppendParams", fam.APPEND_DTYPE)]
+
+
+def test_structs_match_the_kernels():
+    lines = ['#include "decode.cu"', '#include "merge.cu"', '#include "append.cu"', OFFSETOF]
+    for struct, dt in STRUCTS:
+        lines += _asserts(struct, dt)
+    ok, log = _nvrtc("\n".join(lines) + "\n")
+    assert ok, log
+
+
+def test_struct_probe_catches_a_wrong_offset():
+    dt = fam.DECODE_DTYPE
+    lie = f'static_assert(CA_OFFSETOF(DecodeParams, num_splits) == {dt.fields["num_splits"][1] + 4}, "x");'
+    ok, _ = _nvrtc('#include "decode.cu"\n' + OFFSETOF + lie + "\n")
+    assert not ok
+
+
+@pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
+@pytest.mark.parametrize("rows,stages", [(1, 4), (2, 4), (4, 4), (8, 6)])
+def test_smem_formula_is_sizeof_storage(head_dim, rows, stages):
+    traits = f"DecodeTraits<{head_dim}, {rows}, {fam.WARPS}, {stages}, bf16, false, true>"
+    lanes, slots, block_n = fam.traits(head_dim, rows)
+    src = (f'#include "decode.cu"\n'
+           f'static_assert({traits}::SMEM_BYTES == {fam.smem_bytes(head_dim, rows, stages)}, "smem");\n'
+           f'static_assert({traits}::LANES == {lanes} && {traits}::SLOTS == {slots} && '
+           f'{traits}::BLOCK_N == {block_n}, "traits");\n')
+    ok, log = _nvrtc(src)
+    assert ok, log
+    assert fam.smem_bytes(head_dim, rows, stages) <= 99 * 1024   # fits consumer GPUs too
+
+
+# ---------------------------------------------------------------------------
+# Planning
+
+def shape(B=1, Hq=32, Hkv=8, Sq=1, cap=32768, D=128, dtype="bfloat16", paged=False, causal=True):
+    return fam.DecodeShape(B, Hq, Hkv, Sq, cap, D, dtype, Variant(causal=causal), paged)
+
+
+def test_row_tiles_pack_a_group():
+    assert fam.row_tile(1) == (1, 4)
+    assert fam.row_tile(3) == (4, 4)
+    assert fam.row_tile(4)[0] == 4
+    assert fam.row_tile(8)[0] == 8
+    p = fam.plan(shape(Hq=32, Hkv=8, Sq=4), True, 132)
+    assert (p.rows, p.row_blocks) == (8, 2)          # 16 packed rows: two blocks of 8
+    p = fam.plan(shape(Hq=16, Hkv=2, Sq=1), True, 132)
+    assert (p.rows, p.row_blocks) == (8, 1)          # one block reads K/V once for 8 heads
+
+
+@pytest.mark.parametrize("B,cap", [(1, 32768), (1, 131072), (8, 8192), (64, 4096), (128, 2048),
+                                   (3, 1), (1, 0), (256, 1024), (2, 300)])
+def test_split_plan_covers_every_key_once(B, cap):
+    s = shape(B=B, cap=cap)
+    p = fam.plan(s, True, 132)
+    _, _, block_n = fam.traits(s.head_dim, p.rows)
+    assert p.split_keys % block_n == 0 and p.split_keys > 0
+    assert 1 <= p.num_splits <= fam.MAX_SPLITS
+    assert p.num_splits * p.split_keys >= cap
+    assert (p.num_splits - 1) * p.split_keys < max(cap, 1)    # no split is empty by plan
+    if p.num_splits > 1:
+        assert p.split_keys >= fam.MIN_SPLIT_KEYS or cap < 2 * fam.MIN_SPLIT_KEYS
+
+
+def test_split_heuristic():
+    assert fam.plan(shape(B=1, cap=32768), True, 132).num_splits > 16   # one long sequence
+    assert fam.plan(shape(B=128, cap=2048), True, 132).num_splits == 1  # 1024 blocks fill it
+    assert fam.plan(shape(B=8, cap=128), True, 132).num_splits == 1     # too short to split
+    forced = fam.plan(shape(B=1, cap=4096), True, 132, 3)
+    assert forced.num_splits == 3 and forced.split_keys * 3 >= 4096
+
+
+def test_spec_names_are_readable_and_distinct():
+    a = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True), True, True)
+    b = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True), False, True)
+    c = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True, softcap=30.0), True, False)
+    assert a.name == "decode[D=128,R=8,ST=6,bf16,paged,causal]"
+    assert "softcap" in c.name and "unaligned" in c.name
+    assert len({a.expr, b.expr, c.expr}) == 3
+
+
+def test_auto_takes_decode_for_few_query_rows():
+    from cupy_attention import dispatch
+    from helpers import problem_for
+
+    p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=1000, head_dim=128,
+                    dtype="bfloat16", causal=True)
+    assert dispatch.choose(p, "auto", 90).name == "decode"
+    p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=64, seqlen_k=1000, head_dim=128,
+                    dtype="bfloat16")
+    assert dispatch.choose(p, "auto", 90).name != "decode"
+    p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=10, head_dim=64,
+                    dtype="float32")
+    assert dispatch.choose(p, "auto", 90).name != "decode"
+    mask = np.ones((1, 1, 1, 10), dtype=bool)
+    p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=10, head_dim=64,
+                    dtype="float16", mask=mask)
+    assert dispatch.choose(p, "auto", 90).name != "decode"
+
+
+# ---------------------------------------------------------------------------
+# Validation (raised before any device is touched)
+
+def arr(*shape, dtype="float16"):
+    return np.zeros(shape, dtype=BF16 if dtype == "bfloat16" else dtype)
+
+
+B, SQ, HQ, HKV, D, PAGES, PAGE = 3, 1, 8, 2, 64, 10, 16
+Q = arr(B, SQ, HQ, D)
+KP = arr(PAGES, PAGE, HKV, D)
+TABLE = np.arange(B * 3, dtype=np.int32).reshape(B, 3)
+LENS = np.array([5, 48, 17], dtype=np.int32)
+
+
+def raises(exc, pattern, *args, **kw):
+    with pytest.raises(exc, match=pattern):
+        ca.attention_decode(*args, **kw)
+
+
+def test_valid_paged_and_contiguous_problems():
+    s, scale, page = validate_decode(Q, KP, KP, cache_seqlens=LENS, block_table=TABLE)
+    assert (s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.capacity, s.head_dim, s.paged) == \
+        (B, HQ, HKV, SQ, 3 * PAGE, D, True)
+    assert page == PAGE and math.isclose(scale, 1 / 8)
+    s, _, _ = validate_decode(Q, arr(B, 100, HKV, D), arr(B, 100, HKV, D))
+    assert s.capacity == 100 and not s.paged
+    s, _, _ = validate_decode(Q, KP, KP, cache_seqlens=[1, 2, 3], block_table=TABLE.tolist())
+    assert s.paged
+
+
+def test_errors_name_the_argument():
+    raises(ShapeError, r"q must have rank 4", arr(B, HQ, D), KP, KP, block_table=TABLE,
+           cache_seqlens=LENS)
+    raises(ShapeError, r"k_cache and v_cache must have the same shape", Q, KP,
+           arr(PAGES, PAGE + 1, HKV, D), block_table=TABLE, cache_seqlens=LENS)
+    raises(DTypeError, r"q has dtype float32", arr(B, SQ, HQ, D, dtype="float32"), KP, KP,
+           block_table=TABLE, cache_seqlens=LENS)
+    raises(DTypeError, r"share one dtype", Q, arr(PAGES, PAGE, HKV, D, dtype="bfloat16"),
+           arr(PAGES, PAGE, HKV, D, dtype="bfloat16"), block_table=TABLE, cache_seqlens=LENS)
+    raises(ShapeError, r"multiple of the cache's heads \(3\)", Q, arr(PAGES, PAGE, 3, D),
+           arr(PAGES, PAGE, 3, D), block_table=TABLE, cache_seqlens=LENS)
+    raises(ShapeError, r"head dims differ", Q, arr(PAGES, PAGE, HKV, 32),
+           arr(PAGES, PAGE, HKV, 32), block_table=TABLE, cache_seqlens=LENS)
+    raises(UnsupportedError, r"head dims 1..256, not 300", arr(B, SQ, HQ, 300),
+           arr(PAGES, PAGE, HKV, 300), arr(PAGES, PAGE, HKV, 300), block_table=TABLE,
+           cache_seqlens=LENS)
+    raises(DTypeError, r"block_table must have dtype int32, got int64", Q, KP, KP,
+           block_table=TABLE.astype(np.int64), cache_seqlens=LENS)
+    raises(ShapeError, r"block_table must have shape \[3, \*\]", Q, KP, KP,
+           block_table=TABLE[:2], cache_seqlens=LENS)
+    raises(DTypeError, r"cache_seqlens must have dtype int32", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS.astype(np.float32))
+    raises(ShapeError, r"cache_seqlens must have shape \[3\]", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS[:2])
+    raises(ShapeError, r"cache_seqlens is required with block_table", Q, KP, KP,
+           block_table=TABLE)
+    raises(ShapeError, r"cache_seqlens\[1\] = 49 exceeds the cache's capacity 48", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=np.array([5, 49, 17], dtype=np.int32))
+    raises(ShapeError, r"cache_seqlens must be >= 0", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=np.array([5, -1, 17], dtype=np.int32))
+    bad = TABLE.copy()
+    bad[2, 1] = PAGES
+    raises(ShapeError, r"block_table\[2\] holds page id 10 outside \[0, 10\)", Q, KP, KP,
+           block_table=bad, cache_seqlens=LENS)
+    bad[2, 1] = -1
+    raises(ShapeError, r"page id -1", Q, KP, KP, block_table=bad, cache_seqlens=LENS)
+    raises(ShapeError, r"contiguous k_cache must have shape \[B=3", Q, arr(2, 50, HKV, D),
+           arr(2, 50, HKV, D))
+    raises(ShapeError, r"exceeds the cache's capacity 50", Q, arr(B, 50, HKV, D),
+           arr(B, 50, HKV, D), cache_seqlens=np.array([1, 51, 2], dtype=np.int32))
+    raises(LayoutError, r"k_cache must have unit stride", Q, arr(PAGES, PAGE, HKV, 2 * D)[..., ::2],
+           KP, block_table=TABLE, cache_seqlens=LENS)
+    raises(ShapeError, r"window must be \(left, right\)", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, window=(3,))
+    raises(ShapeError, r"softcap must be >= 0", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, softcap=-1.0)
+    raises(DTypeError, r"scale must be a real number", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, scale="x")
+    raises(ShapeError, r"num_splits must be a positive integer", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, num_splits=0)
+
+
+def test_append_errors_name_the_argument():
+    new = arr(B, 2, HKV, D)
+    raises(ShapeError, r"pass both k_new and v_new", Q, KP, KP, block_table=TABLE,
+           cache_seqlens=LENS, k_new=new)
+    raises(ShapeError, r"k_new must have shape \[B=3, S_new, Hkv=2, D=64\]", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=arr(B, 2, 1, D), v_new=new)
+    raises(DTypeError, r"v_new must have the cache's dtype float16", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=new,
+           v_new=arr(B, 2, HKV, D, dtype="float32"))
+    raises(ShapeError, r"k_new and v_new must have the same shape", Q, KP, KP,
+           block_table=TABLE, cache_seqlens=LENS, k_new=new, v_new=arr(B, 3, HKV, D))
+    # 48 + 2 appended tokens do not fit 3 pages of 16
+    raises(ShapeError, r"cache_seqlens\[1\] \+ 2 appended = 50 exceeds the cache's capacity 48",
+           Q, KP, KP, block_table=TABLE, cache_seqlens=LENS, k_new=new, v_new=new)
+    table = TABLE.copy()
+    table[0, 1] = -1      # sequence 0: 5 keys + 12 new need a second page
+    with pytest.raises(ShapeError, match=r"block_table\[0\] holds page id -1"):
+        ca.append_kv(KP, KP, arr(B, 12, HKV, D), arr(B, 12, HKV, D),
+                     cache_seqlens=np.array([5, 0, 0], dtype=np.int32), block_table=table)
+    with pytest.raises(ShapeError, match=r"cache_seqlens is required with k_new"):
+        ca.append_kv(arr(B, 50, HKV, D), arr(B, 50, HKV, D), new, new, cache_seqlens=None)
+    with pytest.raises(DTypeError, match=r"append_kv takes float16, bfloat16"):
+        ca.append_kv(arr(B, 50, HKV, D, dtype="float32"), arr(B, 50, HKV, D, dtype="float32"),
+                     new, new, cache_seqlens=LENS)
+    s, _, _ = validate_decode(Q, KP, KP, block_table=TABLE, cache_seqlens=[5, 46, 0], k_new=new,
+                              v_new=new)
+    assert s.capacity == 48
+
+
+def test_the_split_plan_follows_known_lengths():
+    big = arr(400, PAGE, HKV, D)
+    table = np.arange(3 * 100, dtype=np.int32).reshape(3, 100)
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=LENS)
+    assert s.capacity == 48                        # host lengths: the longest, not 1600
+    dev = _FakeDevice(LENS, "cpu")
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=dev)
+    assert s.capacity == 1600                      # device lengths: the capacity...
+    s, _, _ = validate_decode(Q, big, big, block_table=table, cache_seqlens=dev, max_seqlen=300)
+    assert s.capacity == 300                       # ...unless the caller says more
+    with pytest.raises(ShapeError, match=r"max_seqlen must be an integer >= 0"):
+        validate_decode(Q, big, big, block_table=table, cache_seqlens=LENS, max_seqlen=-1)
+
+
+def test_pages_past_a_sequence_end_are_not_checked():
+    table = TABLE.copy()
+    table[0, 1:] = -1        # sequence 0 holds 5 keys: one page
+    validate_decode(Q, KP, KP, block_table=table, cache_seqlens=LENS)
+
+
+class _FakeDevice:
+    """Quacks like a CuPy array on a device (validation reads only metadata)."""
+
+    __module__ = "cupy._fake"
+
+    def __init__(self, like, device_id):
+        self.shape, self.strides, self.dtype = like.shape, like.strides, like.dtype
+        self.device = type("Dev", (), {"id": device_id})()
+
+
+def test_index_arrays_on_another_device():
+    qd, kd = _FakeDevice(Q, 0), _FakeDevice(KP, 0)
+    with pytest.raises(DeviceMismatchError, match=r"^block_table is on device 1 but q is on 0"):
+        validate_decode(qd, kd, kd, block_table=_FakeDevice(TABLE, 1), cache_seqlens=LENS)
+    with pytest.raises(DeviceMismatchError, match=r"^cache_seqlens is on device 1"):
+        validate_decode(qd, kd, kd, block_table=TABLE, cache_seqlens=_FakeDevice(LENS, 1))
+    with pytest.raises(DeviceMismatchError, match=r"different devices \(0, 1, 0\)"):
+        validate_decode(qd, _FakeDevice(KP, 1), kd, block_table=TABLE, cache_seqlens=LENS)
+    # device tables are trusted: no page-id check (documented)
+    validate_decode(qd, kd, kd, block_table=_FakeDevice(TABLE * 100, 0), cache_seqlens=LENS)
+
+
+def test_merge_errors_name_the_argument():
+    o, lse = arr(4, 8, 64, dtype="float32"), arr(4, 8, dtype="float32")
+    with pytest.raises(ShapeError, match=r"lse_b must have shape \(4, 8\)"):
+        ca.merge_attention_states(o, lse, o, arr(8, 4, dtype="float32"))
+    with pytest.raises(DTypeError, match=r"lse_a must have dtype float32"):
+        ca.merge_attention_states(o, lse.astype(np.float16), o, lse)
+    with pytest.raises(DTypeError, match=r"o_b has dtype float16 but o_a has float32"):
+        ca.merge_attention_states(o, lse, o.astype(np.float16), lse)
+    with pytest.raises(ShapeError, match=r"o_b .* must have the same shape"):
+        ca.merge_attention_states(o, lse, arr(4, 9, 64, dtype="float32"),
+                                  arr(4, 9, dtype="float32"))
+    with pytest.raises(ShapeError, match=r"lse must have shape \(2, 1, 4, 3\)"):
+        ca.merge_attention_states_many(arr(2, 1, 3, 4, 64, dtype="float32"),
+                                       arr(2, 1, 3, 4, dtype="float32"), layout="bshd")
+    with pytest.raises(UnsupportedError, match=r"head dims up to 256"):
+        ca.merge_attention_states(arr(4, 300, dtype="float32"), arr(4, dtype="float32"),
+                                  arr(4, 300, dtype="float32"), arr(4, dtype="float32"))
+
+
+# ---------------------------------------------------------------------------
+# References
+
+def _rng_cache(seed, B=3, Hq=4, Hkv=2, Sq=2, D=16, page=4, lens=(0, 7, 13)):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, Sq, Hq, D))
+    pages_per = [-(-n // page) for n in lens]
+    n_pages = sum(pages_per) + 2
+    perm = rng.permutation(n_pages)
+    table = np.full((B, max(pages_per) + 1), -1, dtype=np.int32)
+    at = 0
+    for b, n in enumerate(pages_per):
+        table[b, :n] = perm[at:at + n]
+        at += n
+    kp = rng.standard_normal((n_pages, page, Hkv, D))
+    vp = rng.standard_normal((n_pages, page, Hkv, D))
+    return q, kp, vp, table, np.array(lens, dtype=np.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_reference_matches_attention_reference(causal):
+    q, kp, vp, table, lens = _rng_cache(1)
+    out, lse = attention_decode_reference(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                          causal=causal)
+    ks, vs = gather_kv_cache(kp, lens, table), gather_kv_cache(vp, lens, table)
+    for b in range(len(lens)):
+        if lens[b] == 0:
+            assert (out[b] == 0).all() and np.isneginf(lse[b]).all()
+            continue
+        ro, rl = attention_reference(q[b:b + 1], ks[b][None], vs[b][None], causal=causal,
+                                     layout="bshd")
+        np.testing.assert_allclose(out[b], ro[0], atol=1e-12)
+        np.testing.assert_allclose(lse[b], rl[0], atol=1e-12)
+
+
+def test_gather_follows_the_page_table():
+    q, kp, vp, table, lens = _rng_cache(2)
+    ks = gather_kv_cache(kp, lens, table)
+    page = kp.shape[1]
+    for b, n in enumerate(lens):
+        assert ks[b].shape[0] == n
+        for j in range(n):
+            np.testing.assert_array_equal(ks[b][j], kp[table[b, j // page], j % page])
+
+
+def test_window_and_softcap_reference():
+    q, kp, vp, table, lens = _rng_cache(3, lens=(9, 13, 4), Sq=3)
+    out, lse = attention_decode_reference(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                          causal=True, window=(2, -1), softcap=5.0)
+    ks, vs = gather_kv_cache(kp, lens, table), gather_kv_cache(vp, lens, table)
+    b, h, i = 1, 3, 2
+    n = int(lens[b])
+    pos = n - 3 + i
+    keys = np.arange(pos - 2, pos + 1)
+    s = ks[b][keys, h // 2] @ q[b, i, h] / math.sqrt(q.shape[-1])
+    s = 5.0 * np.tanh(s / 5.0)
+    p = np.exp(s - s.max())
+    np.testing.assert_allclose(out[b, i, h], (p / p.sum()) @ vs[b][keys, h // 2], atol=1e-12)
+    np.testing.assert_allclose(lse[b, h, i], s.max() + np.log(p.sum()), atol=1e-12)
+
+
+def test_merge_reference_is_the_one_shot_softmax():
+    q, kp, vp, _, _ = _rng_cache(4, lens=(13, 13, 13))
+    k, v = kp[:3].reshape(1, 12, 2, 16), vp[:3].reshape(1, 12, 2, 16)
+    q1 = q[:1]
+    full_o, full_l = attention_reference(q1, k, v, layout="bshd")
+    a_o, a_l = attention_reference(q1, k[:, :5], v[:, :5], layout="bshd")
+    b_o, b_l = attention_reference(q1, k[:, 5:], v[:, 5:], layout="bshd")
+    # bring lse [B, H, S] to o's leading axes [B, S, H]
+    o, l = merge_attention_states_reference([a_o, b_o], [a_l.transpose(0, 2, 1),
+                                                          b_l.transpose(0, 2, 1)])
+    np.testing.assert_allclose(o, full_o, atol=1e-12)
+    np.testing.assert_allclose(l, full_l.transpose(0, 2, 1), atol=1e-12)
+    empty = np.full_like(a_l, -np.inf).transpose(0, 2, 1)
+    o, l = merge_attention_states_reference([a_o, np.full_like(b_o, np.nan)],
+                                            [a_l.transpose(0, 2, 1), empty])
+    np.testing.assert_allclose(o, a_o, atol=1e-12)
+    o, l = merge_attention_states_reference([a_o, b_o], [empty, empty])
+    assert (o == 0).all() and np.isneginf(l).all()

@@ -1,0 +1,486 @@
+"""GPU: attention_decode (contiguous and paged caches, GQA packing, Sq > 1, split-KV)
+and merge_attention_states against float64, with TESTING.md's tolerance rule.
+
+The reference of each sequence is the plain attention (tests/helpers.py) over the
+keys its cache holds, gathered through the page table: written independently of the
+kernel, of its page walk and of cupy_attention.reference. Cache rows no sequence
+holds (spare pages, the tail of each last page, rows past a contiguous length) are
+NaN, so a read of one shows up as NaN in the output.
+
+    python -m pytest -q tests/test_gpu_decode.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention.families import decode as fam
+from cupy_attention.variant import Variant
+
+from helpers import (as_float, bits_of, check_attention, fill, nan_array, noise_floor, normal,
+                     plain_attention, seed_for)
+
+pytestmark = pytest.mark.gpu
+
+HEADS = ((8, 8), (32, 8), (16, 2))
+DIMS = (64, 128, 256)
+PAGES = (None, 1, 16, 64)          # None: a contiguous cache
+DTYPES = ("float16", "bfloat16")
+# Lengths per batch size: 1, a length not a multiple of any page size, very
+# different lengths in one batch (0: output 0 and LSE -inf).
+LENGTHS = {1: (1000,), 3: (1, 37, 300), 8: (0, 1, 15, 16, 17, 100, 513, 2000)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_in_parallel():
+    """Compile the aligned instantiations the grid below launches, in a process pool."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    import cupy
+
+    from cupy_attention import device, jit
+    from helpers import _compile_into_cache
+
+    if not jit.cache_enabled():
+        return
+    dev = cupy.cuda.runtime.getDevice()
+    arch, sms = device.device_arch(dev), device.multiprocessor_count(dev)
+    jobs = {}
+    for page, (hq, hkv), d, sq, dtype, causal in itertools.product(
+            PAGES, HEADS, DIMS, (1, 4), DTYPES, (False, True)):
+        for b in LENGTHS:
+            s = fam.DecodeShape(b, hq, hkv, sq, 2048, d, dtype, Variant(causal),
+                                page is not None)
+            for splits in (None, 1, 5):
+                p = fam.plan(s, True, sms, splits)
+                jobs[(p.spec, arch)] = None
+                jobs[(fam.merge_spec("float32", dtype, d), arch)] = None
+    with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
+                                mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_into_cache, list(jobs)))
+
+
+# ---------------------------------------------------------------------------
+# Building a cache
+
+def make_cache(seed, *, B, Hq, Hkv, D, Sq, lengths, page, dtype, spare=3):
+    """(q, k_cache, v_cache, block_table or None, cache_seqlens, per-sequence K, V).
+
+    Paged: every sequence's pages are drawn from a shuffled pool (so no sequence's
+    pages are in order or adjacent), plus ``spare`` pages nobody holds; table
+    entries past a sequence's last page are -1. Everything not held is NaN."""
+    import cupy
+
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, dtype=np.int32)
+    q = nan_array((B, Sq, Hq, D), dtype, cupy)
+    fill(q, normal(cupy, seed, (B, Sq, Hq, D)), dtype)
+    if page is None:
+        cap = int(lengths.max(initial=0)) + 5
+        shape = (B, cap, Hkv, D)
+        table = None
+    else:
+        per = [-(-int(n) // page) for n in lengths]
+        n_pages = sum(per) + spare
+        pool = rng.permutation(n_pages)
+        table_h = np.full((B, max(per, default=0) + 1), -1, dtype=np.int32)
+        at = 0
+        for b, n in enumerate(per):
+            table_h[b, :n] = pool[at:at + n]
+            at += n
+        shape = (n_pages, page, Hkv, D)
+        table = cupy.asarray(table_h)
+    k = nan_array(shape, dtype, cupy)
+    v = nan_array(shape, dtype, cupy)
+    ks, vs = [], []
+    for b, n in enumerate(lengths):
+        n = int(n)
+        j = np.arange(n)
+        # where key j of sequence b lives: (batch or page, row)
+        at = ((np.full(n, b), j) if page is None
+              else (table_h[b, j // page].astype(np.int64), j % page))
+        at = tuple(cupy.asarray(x) for x in at)
+        for dst, out, w in ((k, ks, "k"), (v, vs, "v")):
+            if n:
+                dst.view(cupy.uint16)[at] = bits_of(normal(cupy, seed_for(seed, b, w),
+                                                           (n, Hkv, D)), dtype, cupy)
+            # the sequence's keys as the kernel should see them, gathered independently
+            out.append(dst.view(cupy.uint16)[at].view(dst.dtype) if n else dst[:0, 0])
+    return q, k, v, table, cupy.asarray(lengths), ks, vs
+
+
+def reference(q, ks, vs, *, causal, dtype, window=None):
+    """(ref, same, ref_lse, same_lse) in [B, Hq, Sq, D] / [B, Hq, Sq], float64, per
+    sequence through the plain attention."""
+    import cupy
+
+    B, Sq, Hq, D = q.shape
+    outs = {"float64": ([], []), dtype: ([], [])}
+    for b in range(B):
+        n = ks[b].shape[0]
+        mask = None
+        if window is not None:
+            i = cupy.arange(Sq)[:, None] + (n - Sq)
+            j = cupy.arange(n)[None, :]
+            left, right = window
+            keep = cupy.ones((Sq, n), dtype=bool)
+            if left >= 0:
+                keep &= j >= i - left
+            if right >= 0:
+                keep &= j <= i + right
+            mask = keep[None, None]
+        for prec in outs:
+            o, lse = plain_attention(q[b:b + 1], ks[b][None], vs[b][None], causal=causal,
+                                     mask=mask, layout="bshd", precision=prec)
+            outs[prec][0].append(o)
+            outs[prec][1].append(lse)
+    ref, ref_lse = (cupy.concatenate(x) for x in outs["float64"])
+    same, same_lse = (cupy.concatenate(x) for x in outs[dtype])
+    return ref, same, ref_lse, same_lse
+
+
+def run_case(seed, *, B, Hq, Hkv, D, Sq, page, dtype, causal=True, splits=None, lengths=None,
+             window=None, max_seqlen=None):
+    q, k, v, table, lens, ks, vs = make_cache(seed, B=B, Hq=Hq, Hkv=Hkv, D=D, Sq=Sq,
+                                              lengths=lengths or LENGTHS[B], page=page,
+                                              dtype=dtype)
+    out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                   causal=causal, return_lse=True, num_splits=splits,
+                                   window=window, max_seqlen=max_seqlen)
+    assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
+    ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=causal, dtype=dtype,
+                                             window=window)
+    check_attention(as_float(out).swapaxes(1, 2), ref, same, dtype, lse=lse.astype(np.float64),
+                    ref_lse=ref_lse, same_lse=same_lse)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------
+# The grid: every page size x heads x head dim x Sq x dtype; batch sizes, split
+# counts and causality cycle through the cases so each value meets each page size.
+
+GRID = [
+    dict(page=page, Hq=hq, Hkv=hkv, D=d, Sq=sq, dtype=dt)
+    for page, (hq, hkv), d, sq, dt in itertools.product(PAGES, HEADS, DIMS, (1, 4), DTYPES)
+]
+for n, case in enumerate(GRID):
+    case["B"] = (1, 3, 8)[n % 3]
+    case["splits"] = (None, 1, 5)[(n // 3) % 3]
+    case["causal"] = (n // 9) % 2 == 0
+
+
+def _id(c):
+    return (f"{'contig' if c['page'] is None else 'page' + str(c['page'])}-B{c['B']}-"
+            f"{c['Hq']}/{c['Hkv']}-D{c['D']}-Sq{c['Sq']}-{c['dtype']}-split{c['splits']}-"
+            f"{'causal' if c['causal'] else 'full'}")
+
+
+@pytest.mark.parametrize("case", GRID, ids=[_id(c) for c in GRID])
+def test_decode_grid(case):
+    run_case(seed_for("grid", _id(case)), **case)
+
+
+@pytest.mark.parametrize("page", [None, 16, 48, 256])
+def test_results_do_not_depend_on_the_split_count(page):
+    kw = dict(B=3, Hq=16, Hkv=2, D=128, Sq=2, page=page, dtype="bfloat16",
+              lengths=(4000, 1, 2500))
+    seed = seed_for("splits", page)
+    outs = [run_case(seed, splits=s, **kw) for s in (1, 2, 7, 16, None)]
+    import cupy
+
+    base_o, base_l = (as_float(x) for x in outs[0])
+    fin = cupy.isfinite(base_l)        # -inf: query 0 of the 1-key sequence sees nothing
+    for o, l in outs[1:]:
+        floor = noise_floor(base_o, "bfloat16")
+        assert float(abs(as_float(o) - base_o).max()) <= 2 * floor
+        l = as_float(l)
+        assert bool((l[~fin] == base_l[~fin]).all())
+        assert float(abs(l[fin] - base_l[fin]).max()) <= \
+            1e-5 * max(1.0, float(abs(base_l[fin]).max()))
+
+
+@pytest.mark.parametrize("max_seqlen", [0, 100])
+def test_a_short_max_seqlen_costs_speed_not_correctness(max_seqlen):
+    """The split plan made for 0 or 100 keys; the last split runs to each end."""
+    run_case(seed_for("maxlen", max_seqlen), B=1, Hq=32, Hkv=8, D=128, Sq=1, page=16,
+             dtype="bfloat16", lengths=(5000,), max_seqlen=max_seqlen)
+    run_case(seed_for("maxlen-split", max_seqlen), B=1, Hq=32, Hkv=8, D=128, Sq=1, page=16,
+             dtype="bfloat16", lengths=(5000,), max_seqlen=max_seqlen, splits=4)
+
+
+@pytest.mark.parametrize("D", [72, 96, 160])
+def test_head_dims_not_a_power_of_two(D):
+    run_case(seed_for("dims", D), B=3, Hq=8, Hkv=2, D=D, Sq=2, page=16, dtype="float16")
+
+
+def test_long_sequence_beside_empty_ones():
+    run_case(seed_for("long"), B=3, Hq=32, Hkv=8, D=128, Sq=1, page=64, dtype="bfloat16",
+             lengths=(65536, 0, 3))
+
+
+@pytest.mark.parametrize("Sq", [2, 8, 16])
+def test_speculative_rows_mqa(Sq):
+    run_case(seed_for("mqa", Sq), B=3, Hq=8, Hkv=1, D=64, Sq=Sq, page=16, dtype="bfloat16",
+             lengths=(Sq - 1, 100, 1000))   # the first sequence is shorter than Sq
+
+
+def test_sliding_window():
+    run_case(seed_for("window"), B=3, Hq=16, Hkv=2, D=128, Sq=4, page=16, dtype="bfloat16",
+             window=(50, -1), splits=3)
+
+
+def test_unaligned_views_take_the_element_path():
+    """q a slice of a wider tensor (row stride not a multiple of 8 elements)."""
+    import cupy
+
+    q, k, v, table, lens, ks, vs = make_cache(seed_for("unaligned"), B=3, Hq=8, Hkv=2, D=64,
+                                              Sq=1, lengths=LENGTHS[3], page=16,
+                                              dtype="float16")
+    wide = cupy.zeros((3, 1, 8, 68), dtype=q.dtype)
+    wide[..., :64] = q
+    qv = wide[..., :64]
+    out, lse = ca.attention_decode(qv, k, v, cache_seqlens=lens, block_table=table,
+                                   return_lse=True)
+    ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="float16")
+    check_attention(as_float(out).swapaxes(1, 2), ref, same, "float16",
+                    lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+
+
+def test_pages_past_2_31_elements():
+    """Page offsets beyond 2^31 elements (TESTING.md 8): a wrapped 32-bit offset would
+    read the NaN that fills every page but the sequence's own."""
+    import cupy
+
+    page, hkv, d = 16, 2, 128
+    n_pages = 2**31 // (page * hkv * d) + 64
+    need = 2 * n_pages * page * hkv * d * 2 + 2**28
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if free < need:
+        pytest.skip(f"needs {need / 2**30:.1f} GiB free, device has {free / 2**30:.1f}")
+    k = nan_array((n_pages, page, hkv, d), "bfloat16", cupy)
+    v = nan_array((n_pages, page, hkv, d), "bfloat16", cupy)
+    n = 100
+    pages = np.random.default_rng(7).permutation(np.arange(n_pages - 40, n_pages))[:7]
+    table = cupy.asarray(pages[None].astype(np.int32))
+    at = (cupy.asarray(pages[np.arange(n) // page]), cupy.asarray(np.arange(n) % page))
+    for x, w in ((k, "k"), (v, "v")):
+        x.view(cupy.uint16)[at] = bits_of(normal(cupy, seed_for("big", w), (n, hkv, d)),
+                                          "bfloat16", cupy)
+    q = nan_array((1, 1, 8, d), "bfloat16", cupy)
+    fill(q, normal(cupy, seed_for("big", "q"), q.shape), "bfloat16")
+    ks, vs = [k.view(cupy.uint16)[at].view(k.dtype)], [v.view(cupy.uint16)[at].view(v.dtype)]
+    for splits in (1, 3):
+        out, lse = ca.attention_decode(q, k, v, cache_seqlens=cupy.asarray([n], cupy.int32),
+                                       block_table=table, return_lse=True, num_splits=splits)
+        ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="bfloat16")
+        check_attention(as_float(out).swapaxes(1, 2), ref, same, "bfloat16",
+                        lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+
+
+def test_host_table_and_lengths():
+    import cupy
+
+    q, k, v, table, lens, ks, vs = make_cache(seed_for("host"), B=3, Hq=8, Hkv=2, D=64, Sq=1,
+                                              lengths=LENGTHS[3], page=16, dtype="bfloat16")
+    a = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table, num_splits=1)
+    b = ca.attention_decode(q, k, v, cache_seqlens=cupy.asnumpy(lens),
+                            block_table=cupy.asnumpy(table), num_splits=1)
+    assert bool((a.view(cupy.uint16) == b.view(cupy.uint16)).all())
+
+
+def test_attention_auto_takes_decode_for_few_rows():
+    from helpers import run_and_check
+
+    for layout, view in (("bhsd", "contiguous"), ("bshd", "padded")):
+        run_and_check("auto", batch=2, heads_q=8, heads_kv=2, seqlen_q=3, seqlen_k=799,
+                      head_dim=128, dtype="bfloat16", causal=True, layout=layout, view=view,
+                      seed=seed_for("auto", layout))
+        run_and_check("decode", batch=3, heads_q=4, heads_kv=4, seqlen_q=1, seqlen_k=147,
+                      head_dim=59, dtype="float16", layout=layout, view=view,
+                      seed=seed_for("d59", layout))
+
+
+@pytest.mark.parametrize("Sk", [300, 20000])   # one split, several
+def test_attention_hot_path_repeats_the_launch(Sk):
+    """ca.attention's second call with the same shapes reuses the first's launch
+    (new pointers only): same results as a fresh launch, bit for bit."""
+    import cupy
+
+    from helpers import make_qkv
+
+    outs = []
+    for seed in (1, 2, 1):
+        q, k, v, _ = make_qkv(cupy, seed_for("hot", Sk, seed), batch=1, heads_q=16, heads_kv=2,
+                              seqlen_q=2, seqlen_k=Sk, head_dim=128, dtype="bfloat16")
+        outs.append(ca.attention(q, k, v, causal=True, return_lse=True))
+    (o1, l1), (o2, l2), (o3, l3) = outs
+    ref, ref_lse = plain_attention(q, k, v, causal=True)
+    same, same_lse = plain_attention(q, k, v, causal=True, precision="bfloat16")
+    check_attention(as_float(o3), ref, same, "bfloat16", lse=l3.astype(np.float64),
+                    ref_lse=ref_lse, same_lse=same_lse)
+    assert bool((o1.view(cupy.uint16) == o3.view(cupy.uint16)).all())
+    assert bool((l1 == l3).all())
+    assert not bool((o1.view(cupy.uint16) == o2.view(cupy.uint16)).all())
+
+
+def test_torch_in_torch_out_on_the_callers_stream():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    q, k, v, table, lens, ks, vs = make_cache(seed_for("torch"), B=3, Hq=16, Hkv=2, D=128,
+                                              Sq=1, lengths=LENGTHS[3], page=16,
+                                              dtype="bfloat16")
+    want = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table)
+    cupy.cuda.Device().synchronize()   # inputs and want ready before torch's side stream
+    tq, tk, tv = (torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16) for x in (q, k, v))
+    tt, tl = torch.from_dlpack(table), torch.from_dlpack(lens)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out, lse = ca.attention_decode(tq, tk, tv, cache_seqlens=tl, block_table=tt,
+                                       return_lse=True, num_splits=4)
+    stream.synchronize()
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (3, 16, 1)
+    got = cupy.from_dlpack(out.view(torch.int16)).view(want.dtype)
+    diff = abs(as_float(got) - as_float(want))
+    assert float(diff.max()) <= 2 * noise_floor(as_float(want), "bfloat16")
+
+
+# ---------------------------------------------------------------------------
+# Merging attention states
+
+def _halves(seed, dtype, *, Sq=3, n=700, cut=300, H=4, D=128):
+    """q, k, v and the float64 states of keys [0, cut) and [cut, n), [S, H, D] / [S, H]."""
+    import cupy
+
+    q = normal(cupy, seed, (1, Sq, H, D))
+    k = normal(cupy, seed + 1, (1, n, H, D))
+    v = normal(cupy, seed + 2, (1, n, H, D))
+    full = plain_attention(q, k, v, layout="bshd")
+    a = plain_attention(q, k[:, :cut], v[:, :cut], layout="bshd")
+    b = plain_attention(q, k[:, cut:], v[:, cut:], layout="bshd")
+    # [1, H, S, D] / [1, H, S] -> [S, H, D] / [S, H]
+    to = lambda o, l: (o[0].swapaxes(0, 1), l[0].swapaxes(0, 1))  # noqa: E731
+    return to(*full), to(*a), to(*b)
+
+
+def test_merge_of_two_halves_is_the_one_shot_result_fp32():
+    import cupy
+
+    (fo, fl), (ao, al), (bo, bl) = _halves(1, "float32")
+    f32 = lambda x: cupy.ascontiguousarray(x, dtype=cupy.float32)  # noqa: E731
+    o, l = ca.merge_attention_states(f32(ao), f32(al), f32(bo), f32(bl))
+    assert o.dtype == cupy.float32 and o.shape == fo.shape and l.shape == fl.shape
+    assert float(abs(o - fo).max()) <= 1e-5 * float(abs(fo).max())
+    assert float(abs(l - fl).max()) <= 1e-5 * max(1.0, float(abs(fl).max()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_merge_16bit_against_the_float64_merge(dtype):
+    import cupy
+
+    from cupy_attention.reference import merge_attention_states_reference
+    from helpers import cast
+
+    _, (ao, al), (bo, bl) = _halves(2, dtype)
+    a16, b16 = cast(ao, dtype), cast(bo, dtype)
+    al32, bl32 = al.astype(cupy.float32), bl.astype(cupy.float32)
+    o, l = ca.merge_attention_states(a16, al32, b16, bl32)
+    ro, rl = merge_attention_states_reference(
+        [cupy.asnumpy(as_float(a16)), cupy.asnumpy(as_float(b16))],
+        [cupy.asnumpy(al32), cupy.asnumpy(bl32)])
+    assert float(abs(cupy.asnumpy(as_float(o)) - ro).max()) <= noise_floor(ro, dtype)
+    assert float(abs(cupy.asnumpy(l) - rl).max()) <= 1e-6 * max(1.0, float(abs(rl).max()))
+
+
+def test_merge_with_an_empty_side_is_exact():
+    import cupy
+
+    _, (ao, al), _ = _halves(3, "float32")
+    a, la = ao.astype(cupy.float32), al.astype(cupy.float32)
+    empty_o = cupy.full_like(a, cupy.nan)
+    empty_l = cupy.full_like(la, -cupy.inf)
+    o, l = ca.merge_attention_states(a, la, empty_o, empty_l)
+    assert bool((o == a).all()) and bool((l == la).all())
+    o, l = ca.merge_attention_states(empty_o, empty_l, a, la)
+    assert bool((o == a).all()) and bool((l == la).all())
+    o, l = ca.merge_attention_states(empty_o, empty_l, empty_o, empty_l)
+    assert bool((o == 0).all()) and bool(cupy.isneginf(l).all())
+
+
+def test_merge_many_and_bshd_layout():
+    """Five states stacked, laid out as ca.attention returns them (bshd out, lse [B, H, S])."""
+    import cupy
+
+    q = normal(cupy, 4, (2, 3, 4, 64)).astype(cupy.float32)
+    k = normal(cupy, 5, (2, 500, 4, 64)).astype(cupy.float32)
+    v = normal(cupy, 6, (2, 500, 4, 64)).astype(cupy.float32)
+    cuts = (0, 1, 120, 121, 400, 500)
+    outs, lses = [], []
+    for lo, hi in zip(cuts, cuts[1:]):
+        o, l = ca.attention(q, k[:, lo:hi], v[:, lo:hi], layout="bshd", return_lse=True,
+                            kernel="flash")
+        outs.append(o)
+        lses.append(l)
+    o, l = ca.merge_attention_states_many(cupy.stack(outs), cupy.stack(lses), layout="bshd")
+    ref_o, ref_l = plain_attention(q, k, v, layout="bshd")
+    assert float(abs(o.swapaxes(1, 2) - ref_o).max()) <= 1e-5 * float(abs(ref_o).max())
+    assert float(abs(l - ref_l).max()) <= 1e-5 * max(1.0, float(abs(ref_l).max()))
+    o2, l2 = ca.merge_attention_states(outs[0], lses[0], outs[1], lses[1], layout="bshd")
+    r2o, r2l = plain_attention(q, k[:, :120], v[:, :120], layout="bshd")
+    assert float(abs(o2.swapaxes(1, 2) - r2o).max()) <= 1e-5 * float(abs(r2o).max())
+    assert float(abs(l2 - r2l).max()) <= 1e-5 * max(1.0, float(abs(r2l).max()))
+
+
+# ---------------------------------------------------------------------------
+# Appending to the cache
+
+def _slots(b, positions, page, table_h):
+    """(batch or page ids, rows) of positions of sequence b, as device index arrays."""
+    import cupy
+
+    positions = np.asarray(positions)
+    if page is None:
+        return cupy.asarray(np.full(len(positions), b)), cupy.asarray(positions)
+    return (cupy.asarray(table_h[b, positions // page].astype(np.int64)),
+            cupy.asarray(positions % page))
+
+
+@pytest.mark.parametrize("page", [None, 1, 16])
+@pytest.mark.parametrize("through", ["append_kv", "attention_decode"])
+def test_appended_tokens_land_in_their_slots(page, through):
+    """Take the last S_new tokens of each sequence out of a full cache (their slots
+    become NaN) and put them back through append_kv or attention_decode(k_new=...):
+    the cache must come back bit for bit, and the decode must see them."""
+    import cupy
+
+    before, s_new, dtype = np.array([0, 5, 31], dtype=np.int32), 3, "bfloat16"
+    q, k, v, table, _, ks, vs = make_cache(seed_for("append", page, through), B=3, Hq=8, Hkv=2,
+                                           D=64, Sq=s_new, lengths=before + s_new, page=page,
+                                           dtype=dtype)
+    table_h = None if table is None else cupy.asnumpy(table)
+    k_new = cupy.stack([x[n:n + s_new].view(cupy.uint16) for x, n in zip(ks, before)]).view(k.dtype)
+    v_new = cupy.stack([x[n:n + s_new].view(cupy.uint16) for x, n in zip(vs, before)]).view(v.dtype)
+    k_full, v_full = k.copy(), v.copy()
+    for b, n in enumerate(before):
+        at = _slots(b, np.arange(n, n + s_new), page, table_h)
+        for cache in (k, v):
+            cache.view(cupy.uint16)[at] = 0x7FC0      # NaN
+    lens = cupy.asarray(before)
+    if through == "append_kv":
+        ca.append_kv(k, v, k_new, v_new, cache_seqlens=lens, block_table=table)
+    else:
+        out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                       k_new=k_new, v_new=v_new, return_lse=True)
+        ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype=dtype)
+        check_attention(as_float(out).swapaxes(1, 2), ref, same, dtype,
+                        lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+    assert bool((lens == cupy.asarray(before)).all()), "the lengths are the caller's to advance"
+    assert bool((k.view(cupy.uint16) == k_full.view(cupy.uint16)).all())
+    assert bool((v.view(cupy.uint16) == v_full.view(cupy.uint16)).all())
