@@ -33,7 +33,7 @@ AUTO_MAX_SEQLEN_Q = 8
 # whose bound covers group * Sq; more rows take several blocks of 8.
 # (max packed rows, ROWS, STAGES, reason)
 ROW_TILES = (
-    (1, 1, 4, "MHA, Sq = 1: one row; 4 tiles of 16 KB (K+V) in flight per block"),
+    (1, 1, 4, "MHA, Sq = 1: one row; a ring of 4 stages of 16 KB (K+V), 3 in flight"),
     (2, 2, 4, "as above; rQ + acc = 32 registers"),
     (4, 4, 4, "rQ + acc = 64 registers, 4 keys per slot per tile"),
     (8, 8, 6, "rQ + acc = 128 registers leave room for 2 keys per slot per tile "
