@@ -67,7 +67,7 @@ def test_struct_probe_catches_a_wrong_offset():
 
 
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
-@pytest.mark.parametrize("rows,stages", [(1, 4), (2, 4), (4, 4), (8, 6)])
+@pytest.mark.parametrize("rows,stages", [(1, 4), (2, 4), (4, 4), (4, 2), (1, 2), (8, 6)])
 def test_smem_formula_is_sizeof_storage(head_dim, rows, stages):
     traits = f"DecodeTraits<{head_dim}, {rows}, {fam.WARPS}, {stages}, bf16, false, true>"
     lanes, slots, block_n = fam.traits(head_dim, rows)

@@ -47,6 +47,11 @@ ROW_TILES = (
 SPLIT_BLOCKS_PER_SM = 2
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
+# A grid that fills the GPU without splitting (many sequences) runs more blocks per
+# SM with a two-tile ring than with ROW_TILES' four: H100, bf16, Hq/Hkv 32/8, D 128,
+# B = 64, Sk = 4k: contiguous 2.22 -> 2.90 TB/s, page size 1: 1.35 -> 2.13; split
+# grids kept four stages (benchmarks/results/notes-decode.md).
+UNSPLIT_STAGES = 2
 
 _PTR, _I64, _I32 = np.uint64, np.int64, np.int32
 # Mirrors of kernels/common/paged.cuh (CacheParams), kernels/decode.cu (DecodeParams)
@@ -180,6 +185,8 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None) -> 
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // block_n) * block_n
     num_splits = max(1, -(-s.capacity // split_keys))
+    if num_splits == 1 and rows <= 4:
+        stages = UNSPLIT_STAGES
     return Plan(spec(s.head_dim, s.dtype, rows, stages, s.variant, s.paged, vec), rows,
                 row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, rows, stages))
 
@@ -399,7 +406,7 @@ class Decode(Family):
         out = []
         for d in (64, 128, 256):
             for dtype in ("float16", "bfloat16"):
-                for rows, stages in ((1, 4), (4, 4), (8, 6)):
+                for rows, stages in ((1, 4), (4, 4), (4, UNSPLIT_STAGES), (8, 6)):
                     for paged in (False, True):
                         out.append(spec(d, dtype, rows, stages, Variant(causal=True), paged, True))
         for d in (8, 72, 96, 160, 192, 224):
