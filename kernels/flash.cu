@@ -311,22 +311,17 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     tile_qk<Tr>(s, sQ, sKV, tx, ty);
 
     // Block-uniform: only tiles crossing Sk or a band edge need an element test.
-    const bool edge = VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1);
+    // Masked scores are selected to -inf, not multiplied: Inf/NaN from masked-out K
+    // stays out.
+    Scores<VT>::map(GridFrag<TM, TN, 1, 1>(ty * TM, tx * TN),
+                    [&](int x) -> float& { return s[x / TN][x % TN]; }, p, q0, k0,
+                    VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1), -CA_INF,
+                    ScoreOp<VT, true>{p, b, h});
 #pragma unroll
     for (int r = 0; r < TM; ++r) {
-      const int i = q0 + ty * TM + r;
       float tile_max = -CA_INF;
 #pragma unroll
-      for (int c = 0; c < TN; ++c) {
-        const int j = k0 + tx * TN + c;
-        const bool kept = !edge || VT::keep(p, i, j);
-        // Selected, not multiplied: Inf/NaN from masked-out K stays out.
-        float s2 = -CA_INF;
-        if (kept) s2 = i < seqlen_q ? VT::template score<true>(p, b, h, i, j, s[r][c])
-                                    : VT::Logits::template s2<true>(p, s[r][c]);
-        s[r][c] = s2;
-        tile_max = fmaxf(tile_max, s2);
-      }
+      for (int c = 0; c < TN; ++c) tile_max = fmaxf(tile_max, s[r][c]);
       const float alpha = row[r].rescale(group_max<Tr::THREADS_N>(tile_max));
       const float ref = row[r].ref();
 #pragma unroll
