@@ -122,11 +122,11 @@ __device__ __forceinline__ void sts(float* dst, const float (&src)[N]) {
   }
 }
 
-// s[d * ld + r] = g[(row0 + r) * stride + d] for r < ROWS, d < D; rows past
+// dst[d * ld + r] = g[(row0 + r) * stride + d] for r < ROWS, d < D; rows past
 // `rows` are zero. A warp covers FILL_D consecutive d (one 32-byte fp32 sector
 // per row) x FILL_ROWS rows.
 template <class Tr, int ROWS>
-__device__ __forceinline__ void fill_transposed(float* s, int ld, const typename Tr::T* g,
+__device__ __forceinline__ void fill_transposed(float* dst, int ld, const typename Tr::T* g,
                                                 i64 stride, int row0, int rows) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int dl = lane % Tr::FILL_D, rl = warp * Tr::FILL_ROWS + lane / Tr::FILL_D;
@@ -138,7 +138,7 @@ __device__ __forceinline__ void fill_transposed(float* s, int ld, const typename
 #pragma unroll
     for (int r0 = 0; r0 < ROWS; r0 += Tr::FILL_ROWS * Tr::WARPS) {
       const int r = r0 + rl;
-      if (d < Tr::D) s[d * ld + r] = row0 + r < rows ? to_float(g[(row0 + r) * stride + d]) : 0.f;
+      if (d < Tr::D) dst[d * ld + r] = row0 + r < rows ? to_float(g[(row0 + r) * stride + d]) : 0.f;
     }
   }
 }

@@ -111,10 +111,10 @@ __device__ __forceinline__ float fma_sel(float a, float b, float acc) {
   return (GUARD && a == 0.f) ? acc : t;
 }
 
-// s[r * LDD + d] = g[(row0 + r) * stride + d] as fp32 for r < ROWS, d < DP; zero
+// dst[r * LDD + d] = g[(row0 + r) * stride + d] as fp32 for r < ROWS, d < DP; zero
 // past `rows` and past D. Returns whether this thread loaded an Inf or NaN.
 template <class Tr, int ROWS>
-__device__ __forceinline__ bool load_tile(float* s, const typename Tr::T* g, i64 stride,
+__device__ __forceinline__ bool load_tile(float* dst, const typename Tr::T* g, i64 stride,
                                           int row0, int rows) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float probe = 0.f;
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool load_tile(float* s, const typename Tr::T* g, i64
       const int d = lane + 32 * c;
       const float x = (in && d < Tr::D) ? to_float(g[(row0 + r) * stride + d]) : 0.f;
       probe = fmaf(x, 0.f, probe);
-      s[r * Tr::LDD + d] = x;
+      dst[r * Tr::LDD + d] = x;
     }
   }
   return probe != probe;

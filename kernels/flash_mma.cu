@@ -67,9 +67,9 @@ struct MmaTraits {
 // A ROWS-row tile of this kernel's shape (see common/copy.cuh), rows >= rows_valid
 // zero-filled.
 template <class KT, int ROWS>
-__device__ __forceinline__ void load_tile(typename KT::T* s, const typename KT::T* g, i64 stride,
+__device__ __forceinline__ void load_tile(typename KT::T* dst, const typename KT::T* g, i64 stride,
                                           int rows_valid, const typename KT::T* head) {
-  copy_tile<ROWS, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(s, g, stride, 0, rows_valid, head);
+  copy_tile<ROWS, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(dst, g, stride, 0, rows_valid, head);
 }
 
 // The accumulators of one warp: MT m16 row tiles by N n8 column tiles, mma C

@@ -79,12 +79,9 @@ struct MmaBwdTraits {
   // Phase 1's k16 steps run fully unrolled unless dK, dV (live throughout) and S^T,
   // dP^T (live in phase 1) hold 192 fp32 registers or more (P1_TIGHT: D_PAD = 112,
   // 128 at BLOCK_N = 128). There the full unroll spills in causal and unaligned
-  // builds; a rolled loop (causal) or pairs of steps (not) do not, and measured
-  // 1.04-1.07x causal and 0.99-1.01x not (H200, S = 4k, 16k, D = 100, 112, 128).
-  // Elsewhere the full unroll stays (rolled by four: 0.96-0.99x at D = 80, 160, 192,
-  // 256; D = 96 0.98x non-causal, 1.02-1.03x causal), also where it spills 4-8 bytes
-  // (causal atomic-dQ builds at D_PAD = 144..192 on sm_90a: 0.96x rolled by four at
-  // D = 160).
+  // builds; a rolled loop (causal) or pairs of steps (not) do not. Elsewhere the
+  // full unroll stays. The timings behind both choices:
+  // benchmarks/results/notes-kernel-comments.md.
   static constexpr bool P1_TIGHT = 32 * KV_DB + 8 * KM1 * Q_TILES >= 192;
   // Phase 3: jobs of DQ_KM m16 query tiles by DQ_CB head-dim blocks, dealt to the
   // warps (32 accumulator registers at most, beside dK and dV).
