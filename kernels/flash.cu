@@ -122,11 +122,11 @@ __device__ __forceinline__ void sts(float* dst, const float (&src)[N]) {
   }
 }
 
-// s[d * ld + r] = g[(row0 + r) * stride + d] for r < ROWS, d < D; rows past
+// dst[d * ld + r] = g[(row0 + r) * stride + d] for r < ROWS, d < D; rows past
 // `rows` are zero. A warp covers FILL_D consecutive d (one 32-byte fp32 sector
 // per row) x FILL_ROWS rows.
 template <class Tr, int ROWS>
-__device__ __forceinline__ void fill_transposed(float* s, int ld, const typename Tr::T* g,
+__device__ __forceinline__ void fill_transposed(float* dst, int ld, const typename Tr::T* g,
                                                 i64 stride, int row0, int rows) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int dl = lane % Tr::FILL_D, rl = warp * Tr::FILL_ROWS + lane / Tr::FILL_D;
@@ -138,7 +138,7 @@ __device__ __forceinline__ void fill_transposed(float* s, int ld, const typename
 #pragma unroll
     for (int r0 = 0; r0 < ROWS; r0 += Tr::FILL_ROWS * Tr::WARPS) {
       const int r = r0 + rl;
-      if (d < Tr::D) s[d * ld + r] = row0 + r < rows ? to_float(g[(row0 + r) * stride + d]) : 0.f;
+      if (d < Tr::D) dst[d * ld + r] = row0 + r < rows ? to_float(g[(row0 + r) * stride + d]) : 0.f;
     }
   }
 }
@@ -311,22 +311,17 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     tile_qk<Tr>(s, sQ, sKV, tx, ty);
 
     // Block-uniform: only tiles crossing Sk or a band edge need an element test.
-    const bool edge = VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1);
+    // Masked scores are selected to -inf, not multiplied: Inf/NaN from masked-out K
+    // stays out.
+    Scores<VT>::map(GridFrag<TM, TN, 1, 1>(ty * TM, tx * TN),
+                    [&](int x) -> float& { return s[x / TN][x % TN]; }, p, q0, k0,
+                    VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1), -CA_INF,
+                    ScoreOp<VT, true>{p, b, h});
 #pragma unroll
     for (int r = 0; r < TM; ++r) {
-      const int i = q0 + ty * TM + r;
       float tile_max = -CA_INF;
 #pragma unroll
-      for (int c = 0; c < TN; ++c) {
-        const int j = k0 + tx * TN + c;
-        const bool kept = !edge || VT::keep(p, i, j);
-        // Selected, not multiplied: Inf/NaN from masked-out K stays out.
-        float s2 = -CA_INF;
-        if (kept) s2 = i < seqlen_q ? VT::template score<true>(p, b, h, i, j, s[r][c])
-                                    : VT::Logits::template s2<true>(p, s[r][c]);
-        s[r][c] = s2;
-        tile_max = fmaxf(tile_max, s2);
-      }
+      for (int c = 0; c < TN; ++c) tile_max = fmaxf(tile_max, s[r][c]);
       const float alpha = row[r].rescale(group_max<Tr::THREADS_N>(tile_max));
       const float ref = row[r].ref();
 #pragma unroll

@@ -111,10 +111,10 @@ __device__ __forceinline__ float fma_sel(float a, float b, float acc) {
   return (GUARD && a == 0.f) ? acc : t;
 }
 
-// s[r * LDD + d] = g[(row0 + r) * stride + d] as fp32 for r < ROWS, d < DP; zero
+// dst[r * LDD + d] = g[(row0 + r) * stride + d] as fp32 for r < ROWS, d < DP; zero
 // past `rows` and past D. Returns whether this thread loaded an Inf or NaN.
 template <class Tr, int ROWS>
-__device__ __forceinline__ bool load_tile(float* s, const typename Tr::T* g, i64 stride,
+__device__ __forceinline__ bool load_tile(float* dst, const typename Tr::T* g, i64 stride,
                                           int row0, int rows) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float probe = 0.f;
@@ -129,7 +129,7 @@ __device__ __forceinline__ bool load_tile(float* s, const typename Tr::T* g, i64
       const int d = lane + 32 * c;
       const float x = (in && d < Tr::D) ? to_float(g[(row0 + r) * stride + d]) : 0.f;
       probe = fmaf(x, 0.f, probe);
-      s[r * Tr::LDD + d] = x;
+      dst[r * Tr::LDD + d] = x;
     }
   }
   return probe != probe;
@@ -186,25 +186,22 @@ __device__ __forceinline__ void tile_p_ds(const BwdParams& p, const float* sQ, c
       }
     }
   }
-  // Block-uniform: only tiles crossing Sq, Sk or the causal diagonal need an element test.
-  const bool edge = m0 + Tr::BLOCK_M > f.seqlen_q ||
-                    VT::partial(f, m0, m0 + Tr::BLOCK_M - 1, n0, n0 + Tr::BLOCK_N - 1);
+  // Block-uniform: only tiles crossing Sk or a band edge need an element test (rows
+  // past Sq read lse2 = +inf: P = 0).
+  Scores<VT>::p_ds(GridFrag<TM, TN, Tr::THREADS_M, Tr::THREADS_N>(ty, tx),
+                   [&](int x) -> float& { return s[x / TN][x % TN]; },
+                   [&](int x) -> float& { return dp[x / TN][x % TN]; }, f, b, h, m0, n0,
+                   VT::partial(f, m0, m0 + Tr::BLOCK_M - 1, n0, n0 + Tr::BLOCK_N - 1),
+                   [&](int r, int) { return sLse[ty + r * Tr::THREADS_M]; },
+                   [&](int r, int) { return sDelta[ty + r * Tr::THREADS_M]; });
 #pragma unroll
   for (int r = 0; r < TM; ++r) {
-    const int m = ty + r * Tr::THREADS_M, i = m0 + m;
-    const float lse2 = sLse[m], delta = sDelta[m];
+    const int m = ty + r * Tr::THREADS_M;
 #pragma unroll
     for (int c = 0; c < TN; ++c) {
-      const int n = tx + c * Tr::THREADS_N, j = n0 + n;
-      const bool kept =
-          !edge || (i < f.seqlen_q && VT::keep(f, i, j));
-      float s2 = s[r][c] * f.scale_log2;
-      if (VT::Dense::enabled && kept) s2 = VT::Dense::apply(f, b, h, i, j, s2);
-      const float pij = kept ? fast_exp2(s2 - lse2) : 0.f;
-      // Selected, not multiplied: dP is NaN where a masked-out V holds NaN.
-      const float dsij = pij == 0.f ? 0.f : pij * (dp[r][c] - delta);
-      if (NEED_P) sP[m * Tr::LDS + n] = pij;
-      sdS[m * Tr::LDS + n] = dsij;
+      const int n = tx + c * Tr::THREADS_N;
+      if (NEED_P) sP[m * Tr::LDS + n] = s[r][c];
+      sdS[m * Tr::LDS + n] = dp[r][c];
     }
   }
 }

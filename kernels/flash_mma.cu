@@ -66,59 +66,223 @@ struct MmaTraits {
 
 // A ROWS-row tile of this kernel's shape (see common/copy.cuh), rows >= rows_valid
 // zero-filled.
-template <class K, int ROWS>
-__device__ __forceinline__ void load_tile(typename K::T* s, const typename K::T* g, i64 stride,
-                                          int rows_valid, const typename K::T* head) {
-  copy_tile<ROWS, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(s, g, stride, 0, rows_valid, head);
+template <class KT, int ROWS>
+__device__ __forceinline__ void load_tile(typename KT::T* dst, const typename KT::T* g, i64 stride,
+                                          int rows_valid, const typename KT::T* head) {
+  copy_tile<ROWS, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(dst, g, stride, 0, rows_valid, head);
 }
 
-template <class K, class VT>
-__global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
-  using T = typename K::T;
-  constexpr int MT = K::M_TILES;
+// The accumulators of one warp: MT m16 row tiles by N n8 column tiles, mma C
+// fragments (see MmaFrag in common/variant.cuh).
+template <class KT, int N>
+using WarpTiles = float[KT::M_TILES][N][4];
+
+template <class KT, int N>
+__device__ __forceinline__ void zero(WarpTiles<KT, N>& x) {
+#pragma unroll
+  for (int mt = 0; mt < KT::M_TILES; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[mt][nt][e] = 0.f;
+}
+
+// S = Q K_j^T for the warp's rows. Reads: Q's A fragments from qf (Q_IN_REGS) or
+// from sQ at q_addr; K_j from shared memory at k_addr (the tile's buffer).
+// Writes: s (raw dot products).
+template <class KT>
+__device__ __forceinline__ void qk_tile(WarpTiles<KT, KT::N_TILES>& s,
+                                        const u32 (&qf)[KT::Q_IN_REGS ? KT::M_TILES : 1]
+                                                       [KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
+                                        u32 q_addr, u32 k_addr) {
+  using T = typename KT::T;
+  constexpr int MT = KT::M_TILES;
+  constexpr u32 M_TILE_BYTES = 16 * KT::SROW * 2;
+  zero<KT, KT::N_TILES>(s);
+#pragma unroll
+  for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (KT::Q_IN_REGS) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
+      } else {
+        ldmatrix_x4(a[mt], q_addr + mt * M_TILE_BYTES + ks * 32);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < KT::N_TILES; nt += 2) {
+      u32 bk[4];
+      ldmatrix_x4(bk, k_addr + (nt * 8 * KT::SROW + ks * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(s[mt][nt], a[mt], bk[0], bk[1], T{});
+        mma_16816(s[mt][nt + 1], a[mt], bk[2], bk[3], T{});
+      }
+    }
+  }
+}
+
+// The online softmax of one key tile. Reads: s (scores in the exp2 domain, masked
+// ones -inf). Writes: s = P = exp2(s - m_i), row (m_i, this lane's partial l_i),
+// acc rescaled by each row's alpha.
+template <class KT>
+__device__ __forceinline__ void softmax_tile(WarpTiles<KT, KT::N_TILES>& s,
+                                             WarpTiles<KT, KT::D_TILES>& acc,
+                                             SoftmaxRow (&row)[KT::M_TILES][2]) {
+#pragma unroll
+  for (int mt = 0; mt < KT::M_TILES; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -CA_INF;
+#pragma unroll
+      for (int nt = 0; nt < KT::N_TILES; ++nt)
+        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+      const float alpha = row[mt][r].rescale(group_max<4>(mx));
+#pragma unroll
+      for (int dt = 0; dt < KT::D_TILES; ++dt) {
+        acc[mt][dt][2 * r] *= alpha;
+        acc[mt][dt][2 * r + 1] *= alpha;
+      }
+      const float ref = row[mt][r].ref();
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < KT::N_TILES; ++nt) {
+        s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - ref);
+        s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - ref);
+        sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
+      }
+      row[mt][r].l_i += sum;
+    }
+}
+
+// acc += P V_j. Reads: P from s (rounded to 16 bits as A fragments), V_j from
+// shared memory at v_addr (the tile's buffer, read with ldmatrix.trans).
+template <class KT>
+__device__ __forceinline__ void pv_tile(WarpTiles<KT, KT::D_TILES>& acc,
+                                        const WarpTiles<KT, KT::N_TILES>& s, u32 v_addr) {
+  using T = typename KT::T;
+  constexpr int MT = KT::M_TILES;
+#pragma unroll
+  for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = MmaType<T>::pack(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+      a[mt][1] = MmaType<T>::pack(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+      a[mt][2] = MmaType<T>::pack(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+      a[mt][3] = MmaType<T>::pack(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < KT::D_TILES; dt += 2) {
+      u32 bv[4];
+      ldmatrix_x4_trans(bv, v_addr + (ks * 16 * KT::SROW + dt * 8) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816(acc[mt][dt], a[mt], bv[0], bv[1], T{});
+        mma_16816(acc[mt][dt + 1], a[mt], bv[2], bv[3], T{});
+      }
+    }
+  }
+}
+
+// Epilogue of one warp: finish the row sums across the quad, normalize, stage the
+// warp's rows through its own rows of sQ, store whole rows of O, then lse. Waits
+// on: nothing (the caller has drained cp.async and passed a block barrier, so no
+// warp reads sQ any more). Writes: O rows q0 + row0 .. (below Sq), lse.
+template <class KT>
+__device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_TILES>& acc,
+                                        SoftmaxRow (&row)[KT::M_TILES][2], typename KT::T* sQ,
+                                        int b, int h, int q0, int q_rows, int row0, int lane) {
+  using T = typename KT::T;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < KT::M_TILES; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row[mt][r].l_i = group_sum<4>(row[mt][r].l_i);
+      const float inv_l = row[mt][r].inv_l();
+#pragma unroll
+      for (int dt = 0; dt < KT::D_TILES; ++dt) {
+        const u32 packed = MmaType<T>::pack(acc[mt][dt][2 * r] * inv_l, acc[mt][dt][2 * r + 1] * inv_l);
+        *reinterpret_cast<u32*>(sQ + (row0 + 16 * mt + g + 8 * r) * KT::SROW + dt * 8 + 2 * t) = packed;
+      }
+    }
+  __syncwarp();
+
+  T* o_head = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
+  const int rows_here = cmin(KT::WARP_ROWS, q_rows - row0);
+  if constexpr (KT::VEC) {
+    constexpr int CHUNKS = KT::D / 8;
+    for (int c = lane; c < KT::WARP_ROWS * CHUNKS; c += 32) {
+      const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+      if (r < rows_here) {
+        *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + col) =
+            *reinterpret_cast<const uint4*>(sQ + (row0 + r) * KT::SROW + col);
+      }
+    }
+  } else {
+    for (int e = lane; e < KT::WARP_ROWS * KT::D; e += 32) {
+      const int r = e / KT::D, col = e % KT::D;
+      if (r < rows_here) o_head[(q0 + row0 + r) * p.o_row_stride + col] = sQ[(row0 + r) * KT::SROW + col];
+    }
+  }
+  if (p.lse && t == 0) {
+#pragma unroll
+    for (int mt = 0; mt < KT::M_TILES; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = q0 + row0 + 16 * mt + g + 8 * r;
+        if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[mt][r].lse();
+      }
+  }
+}
+
+// One block: BLOCK_M query rows of one (batch, query head), the key tiles of the
+// variant's band. Grid: x = query block (heaviest first when causal), y = query
+// head, z = batch.
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams p) {
+  using T = typename KT::T;
+  constexpr int MT = KT::M_TILES;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + K::SMEM_Q;                   // STAGES buffers of BLOCK_N rows
-  T* sV = sK + K::STAGES * K::SMEM_KV;
+  T* sK = sQ + KT::SMEM_Q;                   // STAGES buffers of BLOCK_N rows
+  T* sV = sK + KT::STAGES * KT::SMEM_KV;
 
   const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int q0 = m_block * K::BLOCK_M;
-  const int q_rows = cmin(K::BLOCK_M, p.seqlen_q - q0);
-  const int row0 = warp * K::WARP_ROWS;  // this warp's first row within the block
+  const int q0 = m_block * KT::BLOCK_M;
+  const int q_rows = cmin(KT::BLOCK_M, p.seqlen_q - q0);
+  const int row0 = warp * KT::WARP_ROWS;  // this warp's first row within the block
 
   const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
   const T* k_head = static_cast<const T*>(p.k) + b * p.k_batch_stride + h_kv * p.k_head_stride;
   const T* v_head = static_cast<const T*>(p.v) + b * p.v_batch_stride + h_kv * p.v_head_stride;
 
   // Key tiles n_begin .. n_begin + n_blocks - 1: the band of the block's rows.
-  const int n_begin = VT::kv_begin(p, q0) / K::BLOCK_N;
-  const int n_blocks = ceil_div(VT::kv_end(p, q0 + q_rows - 1), K::BLOCK_N) - n_begin;
+  const int n_begin = VT::kv_begin(p, q0) / KT::BLOCK_N;
+  const int n_blocks = ceil_div(VT::kv_end(p, q0 + q_rows - 1), KT::BLOCK_N) - n_begin;
 
   // Tile j goes to buffer j % STAGES; one commit group per tile (empty past the end)
   // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 2>.
   auto load_kv = [&](int j) {
     if (j < n_blocks) {
-      const int k0 = (n_begin + j) * K::BLOCK_N, rows = cmin(K::BLOCK_N, p.seqlen_k - k0);
-      const int buf = (j % K::STAGES) * K::SMEM_KV;
-      load_tile<K, K::BLOCK_N>(sK + buf, k_head + k0 * p.k_row_stride, p.k_row_stride, rows, k_head);
-      load_tile<K, K::BLOCK_N>(sV + buf, v_head + k0 * p.v_row_stride, p.v_row_stride, rows, v_head);
+      const int k0 = (n_begin + j) * KT::BLOCK_N, rows = cmin(KT::BLOCK_N, p.seqlen_k - k0);
+      const int buf = (j % KT::STAGES) * KT::SMEM_KV;
+      load_tile<KT, KT::BLOCK_N>(sK + buf, k_head + k0 * p.k_row_stride, p.k_row_stride, rows, k_head);
+      load_tile<KT, KT::BLOCK_N>(sV + buf, v_head + k0 * p.v_row_stride, p.v_row_stride, rows, v_head);
     }
     cp_async_commit();
   };
-  load_tile<K, K::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
+  load_tile<KT, KT::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
 #pragma unroll
-  for (int j = 0; j < K::STAGES - 1; ++j) load_kv(j);  // Q rides in tile 0's group
+  for (int j = 0; j < KT::STAGES - 1; ++j) load_kv(j);  // Q rides in tile 0's group
 
-  float acc[MT][K::D_TILES][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < K::D_TILES; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][dt][e] = 0.f;
+  float acc[MT][KT::D_TILES][4];
+  zero<KT, KT::D_TILES>(acc);
   // Rows g and g + 8 of each m16 tile; l_i is this lane's partial sum until the end.
   SoftmaxRow row[MT][2];
 #pragma unroll
@@ -126,189 +290,46 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_fwd(const FwdParams p) {
     row[mt][0].init();
     row[mt][1].init();
   }
-  u32 qf[K::Q_IN_REGS ? MT : 1][K::Q_IN_REGS ? K::QK_STEPS : 1][4];
+  u32 qf[KT::Q_IN_REGS ? MT : 1][KT::Q_IN_REGS ? KT::QK_STEPS : 1][4];
 
   // ldmatrix lane addressing (see common/mma.cuh): matrix lane / 8, row lane % 8.
   const int lm = lane / 8, lr = lane % 8;
-  const u32 q_addr = smem_addr(sQ + (row0 + lr + 8 * (lm & 1)) * K::SROW + 8 * (lm >> 1));
-  const u32 k_addr = smem_addr(sK + (lr + 8 * (lm >> 1)) * K::SROW + 8 * (lm & 1));
-  const u32 v_addr = smem_addr(sV + (lr + 8 * (lm & 1)) * K::SROW + 8 * (lm >> 1));
-  constexpr u32 M_TILE_BYTES = 16 * K::SROW * 2;
+  const u32 q_addr = smem_addr(sQ + (row0 + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
+  const u32 k_addr = smem_addr(sK + (lr + 8 * (lm >> 1)) * KT::SROW + 8 * (lm & 1));
+  const u32 v_addr = smem_addr(sV + (lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
+  constexpr u32 M_TILE_BYTES = 16 * KT::SROW * 2;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
-    const int k0 = (n_begin + nb) * K::BLOCK_N;
-    const u32 buf_bytes = (nb % K::STAGES) * K::SMEM_KV * 2;
-    cp_async_wait<K::STAGES - 2>();
+    const int k0 = (n_begin + nb) * KT::BLOCK_N;
+    const u32 buf_bytes = (nb % KT::STAGES) * KT::SMEM_KV * 2;
+    cp_async_wait<KT::STAGES - 2>();
     __syncthreads();  // tile nb (and Q) visible; every warp is done with tile nb - 1
-    load_kv(nb + K::STAGES - 1);
-    if constexpr (K::Q_IN_REGS) {
+    load_kv(nb + KT::STAGES - 1);
+    if constexpr (KT::Q_IN_REGS) {
       if (nb == 0) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int ks = 0; ks < K::QK_STEPS; ++ks) ldmatrix_x4(qf[mt][ks], q_addr + mt * M_TILE_BYTES + ks * 32);
+          for (int ks = 0; ks < KT::QK_STEPS; ++ks) ldmatrix_x4(qf[mt][ks], q_addr + mt * M_TILE_BYTES + ks * 32);
       }
     }
 
-    float s[MT][K::N_TILES][4];
+    float s[MT][KT::N_TILES][4];
+    qk_tile<KT>(s, qf, q_addr, k_addr + buf_bytes);
+    // Scores into the exp2 domain through the variant (band, logits, dense mask);
+    // per-element masks only on tiles that need them (see VT::partial). What was
+    // tried here: benchmarks/results/notes-kernel-comments.md.
+    const bool edge = VT::partial(p, q0 + row0, q0 + row0 + KT::WARP_ROWS - 1, k0,
+                                  k0 + KT::BLOCK_N - 1);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < K::QK_STEPS; ++ks) {
-      u32 a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (K::Q_IN_REGS) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
-        } else {
-          ldmatrix_x4(a[mt], q_addr + mt * M_TILE_BYTES + ks * 32);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; nt += 2) {
-        u32 bk[4];
-        ldmatrix_x4(bk, k_addr + buf_bytes + (nt * 8 * K::SROW + ks * 16) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(s[mt][nt], a[mt], bk[0], bk[1], T{});
-          mma_16816(s[mt][nt + 1], a[mt], bk[2], bk[3], T{});
-        }
-      }
-    }
-
-    // Scale into the exp2 domain; masks only on tiles that need them (the last
-    // key tile, tiles crossing the causal diagonal, or a dense mask). One column
-    // limit per row covers both the sequence end and causality.
-    // Tried and measured slower (H200, bf16, S=4096): folding the scale into the
-    // FFMA before ex2 and skipping acc's rescale when no row max rose (a warp vote
-    // per row) cut instructions but lost 3-5% at D=64..96 and won 2% at D=128;
-    // the branches break up the schedule that overlaps softmax with the MMAs.
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < K::N_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
-    const bool edge = VT::partial(p, q0 + row0, q0 + row0 + K::WARP_ROWS - 1, k0,
-                                  k0 + K::BLOCK_N - 1);
-    if (edge) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = q0 + row0 + 16 * mt + g + 8 * r;
-          const int col_begin = VT::Band::row_begin(p, i) - k0;
-          const int col_end = VT::Band::row_end(p, i) - k0;
-#pragma unroll
-          for (int nt = 0; nt < K::N_TILES; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int jr = nt * 8 + 2 * t + c;
-              float& x = s[mt][nt][2 * r + c];
-              if (jr >= col_end || (VT::Band::kLo && jr < col_begin)) {
-                x = -CA_INF;
-              } else if (VT::Dense::enabled && i < p.seqlen_q) {
-                x = VT::Dense::apply(p, b, h, i, k0 + jr, x);
-              }
-            }
-        }
-    }
-
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -CA_INF;
-#pragma unroll
-        for (int nt = 0; nt < K::N_TILES; ++nt)
-          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-        const float alpha = row[mt][r].rescale(group_max<4>(mx));
-#pragma unroll
-        for (int dt = 0; dt < K::D_TILES; ++dt) {
-          acc[mt][dt][2 * r] *= alpha;
-          acc[mt][dt][2 * r + 1] *= alpha;
-        }
-        const float ref = row[mt][r].ref();
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < K::N_TILES; ++nt) {
-          s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - ref);
-          s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - ref);
-          sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-        }
-        row[mt][r].l_i += sum;
-      }
-
-#pragma unroll
-    for (int ks = 0; ks < K::PV_STEPS; ++ks) {
-      u32 a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = MmaType<T>::pack(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-        a[mt][1] = MmaType<T>::pack(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-        a[mt][2] = MmaType<T>::pack(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-        a[mt][3] = MmaType<T>::pack(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
-      }
-#pragma unroll
-      for (int dt = 0; dt < K::D_TILES; dt += 2) {
-        u32 bv[4];
-        ldmatrix_x4_trans(bv, v_addr + buf_bytes + (ks * 16 * K::SROW + dt * 8) * 2);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma_16816(acc[mt][dt], a[mt], bv[0], bv[1], T{});
-          mma_16816(acc[mt][dt + 1], a[mt], bv[2], bv[3], T{});
-        }
-      }
-    }
+      Scores<VT>::map(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
+                      p, q0 + row0 + 16 * mt, k0, edge, -CA_INF, ScoreOp<VT>{p, b, h});
+    softmax_tile<KT>(s, acc, row);
+    pv_tile<KT>(acc, s, v_addr + buf_bytes);
   }
 
-  // Epilogue: finish the row sums across the quad, normalize, stage through this
-  // warp's own rows of sQ, then store whole rows.
   cp_async_wait<0>();
   __syncthreads();  // no copy into sQ is in flight and every warp is done reading it
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      row[mt][r].l_i = group_sum<4>(row[mt][r].l_i);
-      const float inv_l = row[mt][r].inv_l();
-#pragma unroll
-      for (int dt = 0; dt < K::D_TILES; ++dt) {
-        const u32 packed = MmaType<T>::pack(acc[mt][dt][2 * r] * inv_l, acc[mt][dt][2 * r + 1] * inv_l);
-        *reinterpret_cast<u32*>(sQ + (row0 + 16 * mt + g + 8 * r) * K::SROW + dt * 8 + 2 * t) = packed;
-      }
-    }
-  __syncwarp();
-
-  T* o_head = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
-  const int rows_here = cmin(K::WARP_ROWS, q_rows - row0);
-  if constexpr (K::VEC) {
-    constexpr int CHUNKS = K::D / 8;
-    for (int c = lane; c < K::WARP_ROWS * CHUNKS; c += 32) {
-      const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-      if (r < rows_here) {
-        *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + col) =
-            *reinterpret_cast<const uint4*>(sQ + (row0 + r) * K::SROW + col);
-      }
-    }
-  } else {
-    for (int e = lane; e < K::WARP_ROWS * K::D; e += 32) {
-      const int r = e / K::D, col = e % K::D;
-      if (r < rows_here) o_head[(q0 + row0 + r) * p.o_row_stride + col] = sQ[(row0 + r) * K::SROW + col];
-    }
-  }
-  if (p.lse && t == 0) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = q0 + row0 + 16 * mt + g + 8 * r;
-        if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[mt][r].lse();
-      }
-  }
+  store_o<KT>(p, acc, row, sQ, b, h, q0, q_rows, row0, lane);
 }

@@ -79,12 +79,9 @@ struct MmaBwdTraits {
   // Phase 1's k16 steps run fully unrolled unless dK, dV (live throughout) and S^T,
   // dP^T (live in phase 1) hold 192 fp32 registers or more (P1_TIGHT: D_PAD = 112,
   // 128 at BLOCK_N = 128). There the full unroll spills in causal and unaligned
-  // builds; a rolled loop (causal) or pairs of steps (not) do not, and measured
-  // 1.04-1.07x causal and 0.99-1.01x not (H200, S = 4k, 16k, D = 100, 112, 128).
-  // Elsewhere the full unroll stays (rolled by four: 0.96-0.99x at D = 80, 160, 192,
-  // 256; D = 96 0.98x non-causal, 1.02-1.03x causal), also where it spills 4-8 bytes
-  // (causal atomic-dQ builds at D_PAD = 144..192 on sm_90a: 0.96x rolled by four at
-  // D = 160).
+  // builds; a rolled loop (causal) or pairs of steps (not) do not. Elsewhere the
+  // full unroll stays. The timings behind both choices:
+  // benchmarks/results/notes-kernel-comments.md.
   static constexpr bool P1_TIGHT = 32 * KV_DB + 8 * KM1 * Q_TILES >= 192;
   // Phase 3: jobs of DQ_KM m16 query tiles by DQ_CB head-dim blocks, dealt to the
   // warps (32 accumulator registers at most, beside dK and dV).
@@ -106,30 +103,266 @@ struct MmaBwdTraits {
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
-template <class K, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams p) {
-  using T = typename K::T;
+// Phase 1's products for one query tile: S^T = K Q^T and dP^T = V dout^T of the
+// warp's 16 KM1 keys x QW queries, S^T over all query tiles, then dP^T (one
+// operand's A fragments live at a time). Reads: sK (sV = + V_OFF) at k_x; the
+// tile's sQ (sdO = + O_OFF) at q_y. Writes: s, dp (raw dot products).
+template <class KT, class VT>
+__device__ __forceinline__ void dkdv_scores(float (&s)[KT::KM1][KT::Q_TILES][4],
+                                            float (&dp)[KT::KM1][KT::Q_TILES][4], u32 k_x,
+                                            u32 q_y) {
+  using T = typename KT::T;
+  constexpr int KM1 = KT::KM1;
+  constexpr u32 V_OFF = KT::SMEM_KV * 2, O_OFF = 2 * KT::SMEM_Q * 2;
+#pragma unroll
+  for (int km = 0; km < KM1; ++km)
+#pragma unroll
+    for (int nt = 0; nt < KT::Q_TILES; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
+#pragma unroll (KT::P1_TIGHT ? (VT::kCausal ? 1 : 2) : KT::DB)
+  for (int ks = 0; ks < KT::DB; ++ks) {
+#pragma unroll
+    for (int op = 0; op < 2; ++op) {
+      u32 a[KM1][4];
+#pragma unroll
+      for (int km = 0; km < KM1; ++km)
+        ldmatrix_x4(a[km], k_x + op * V_OFF + (km * 16 * KT::SROW + ks * 16) * 2);
+#pragma unroll
+      for (int nt = 0; nt < KT::Q_TILES; nt += 2) {
+        u32 bq[4];
+        ldmatrix_x4(bq, q_y + op * O_OFF + (nt * 8 * KT::SROW + ks * 16) * 2);
+#pragma unroll
+        for (int km = 0; km < KM1; ++km) {
+          float(&acc)[KT::Q_TILES][4] = op == 0 ? s[km] : dp[km];
+          mma_16816(acc[nt], a[km], bq[0], bq[1], T{});
+          mma_16816(acc[nt + 1], a[km], bq[2], bq[3], T{});
+        }
+      }
+    }
+  }
+
+}
+
+// Phase 1's P^T and dS^T of the warp's keys x QW queries, through the variant
+// (element masks only where VT::partial says), stored as 16-bit values into sP and
+// sdS [key][query]. Reads: s, dp, the tile's lse and delta (s_lse, s_lse +
+// BLOCK_M). Writes: sP, sdS (the caller's barrier publishes them).
+template <class KT, class VT>
+__device__ __forceinline__ void dkdv_p_ds(const FwdParams& f, float (&s)[KT::KM1][KT::Q_TILES][4],
+                                          float (&dp)[KT::KM1][KT::Q_TILES][4],
+                                          const float* s_lse, typename KT::T* sP,
+                                          typename KT::T* sdS, int b, int h, int m0, int n0,
+                                          int key1, int sw1, int lane) {
+  using T = typename KT::T;
+  constexpr int KM1 = KT::KM1;
+  const int g = lane / 4, t = lane % 4;
+  const float* s_delta = s_lse + KT::BLOCK_M;
+
+  // P^T and dS^T; element masks only where the warp's keys x QW tile needs them
+  // (VT::partial). Row g + 8 r of a C fragment is a key, column 2t + c a query.
+  const int j0 = n0 + key1, i0 = m0 + sw1 * KT::QW;
+  const bool edge = VT::partial(f, i0, i0 + KT::QW - 1, j0, j0 + 16 * KM1 - 1);
+  // Per query column: lse in the exp2 domain (+inf past Sq and for rows that
+  // attend nothing, so P = exp2(-inf) = 0) and delta.
+  float lse2[KT::Q_TILES][2], dl[KT::Q_TILES][2];
+#pragma unroll
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
+    const int col = sw1 * KT::QW + nt * 8 + 2 * t;
+    const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+    const float2 delta = *reinterpret_cast<const float2*>(s_delta + col);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float l = c ? lse.y : lse.x;
+      lse2[nt][c] = (m0 + col + c < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+      dl[nt][c] = c ? delta.y : delta.x;
+    }
+  }
+#pragma unroll
+  for (int km = 0; km < KM1; ++km)
+    Scores<VT>::template p_ds<true>(
+        MmaFrag<KT::Q_TILES>(lane), [&](int x) -> float& { return s[km][x / 4][x % 4]; },
+        [&](int x) -> float& { return dp[km][x / 4][x % 4]; }, f, b, h, i0, j0 + 16 * km, edge,
+        [&](int, int c) { return lse2[c / 2][c % 2]; },
+        [&](int, int c) { return dl[c / 2][c % 2]; });
+#pragma unroll
+  for (int km = 0; km < KM1; ++km)
+#pragma unroll
+    for (int nt = 0; nt < KT::Q_TILES; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int at = (key1 + 16 * km + g + 8 * r) * KT::PROW + sw1 * KT::QW + nt * 8 + 2 * t;
+        *reinterpret_cast<u32*>(sP + at) = MmaType<T>::pack(s[km][nt][2 * r], s[km][nt][2 * r + 1]);
+        *reinterpret_cast<u32*>(sdS + at) = MmaType<T>::pack(dp[km][nt][2 * r], dp[km][nt][2 * r + 1]);
+      }
+}
+
+// Phase 2: dV += P^T dout, dK += dS^T Q over the tile's BLOCK_M queries, for the
+// warp's 32 keys and head-dim blocks sw2, sw2 + SPLIT2, ... Reads: sP (sdS = +
+// DS_OFF) at p_x; the tile's sQ (sdO = + O_OFF) at q_x. Writes: dk, dv.
+template <class KT>
+__device__ __forceinline__ void dkdv_accumulate(float (&dk)[2][KT::KV_DB][2][4],
+                                                float (&dv)[2][KT::KV_DB][2][4], u32 p_x,
+                                                u32 q_x, int sw2) {
+  using T = typename KT::T;
+  constexpr u32 O_OFF = 2 * KT::SMEM_Q * 2, DS_OFF = KT::SMEM_P * 2;
+
+#pragma unroll
+  for (int ks = 0; ks < KT::BLOCK_M / 16; ++ks) {
+    u32 ap[2][4], ads[2][4];
+#pragma unroll
+    for (int km = 0; km < 2; ++km) {
+      ldmatrix_x4(ap[km], p_x + (km * 16 * KT::PROW + ks * 16) * 2);
+      ldmatrix_x4(ads[km], p_x + DS_OFF + (km * 16 * KT::PROW + ks * 16) * 2);
+    }
+#pragma unroll
+    for (int i = 0; i < KT::KV_DB; ++i) {
+      const int cb = sw2 + KT::SPLIT2 * i;
+      if (cb < KT::DB) {
+        const u32 off = (ks * 16 * KT::SROW + cb * 16) * 2;
+        u32 bo[4], bq[4];
+        ldmatrix_x4_trans(bo, q_x + O_OFF + off);
+#pragma unroll
+        for (int km = 0; km < 2; ++km) {
+          mma_16816(dv[km][i][0], ap[km], bo[0], bo[1], T{});
+          mma_16816(dv[km][i][1], ap[km], bo[2], bo[3], T{});
+        }
+        ldmatrix_x4_trans(bq, q_x + off);
+#pragma unroll
+        for (int km = 0; km < 2; ++km) {
+          mma_16816(dk[km][i][0], ads[km], bq[0], bq[1], T{});
+          mma_16816(dk[km][i][1], ads[km], bq[2], bq[3], T{});
+        }
+      }
+    }
+  }
+
+}
+
+// Phase 3 (atomic dQ): the tile's dQ = dS K, jobs of DQ_KM m16 query tiles by
+// DQ_CB head-dim blocks dealt to the warps, added to dq_accum (which holds dQ /
+// scale) with fp32 reductions. Reads: sdS at ds_y, sK at kt_x (both .trans).
+template <class KT>
+__device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h, int m0,
+                                               u32 ds_y, u32 kt_x, int warp, int lane) {
+  using T = typename KT::T;
+  const FwdParams& f = p.fwd;
+  const int g = lane / 4, t = lane % 4;
+
+  constexpr int KM = KT::DQ_KM;
+  float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * KT::D;
+  for (int job = warp; job < KT::DQ_JOBS; job += KT::WARPS) {
+    const int mt0 = (job % KT::DQ_MT) * KM, cb0 = (job / KT::DQ_MT) * KT::DQ_CB;
+    float acc[KM][KT::DQ_CB][2][4];
+#pragma unroll
+    for (int km = 0; km < KM; ++km)
+#pragma unroll
+      for (int i = 0; i < KT::DQ_CB; ++i)
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[km][i][nn][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KT::BLOCK_N / 16; ++ks) {
+      u32 a[KM][4];
+#pragma unroll
+      for (int km = 0; km < KM; ++km)
+        ldmatrix_x4_trans(a[km], ds_y + (ks * 16 * KT::PROW + (mt0 + km) * 16) * 2);
+#pragma unroll
+      for (int i = 0; i < KT::DQ_CB; ++i) {
+        if (cb0 + i < KT::DB) {
+          u32 bk[4];
+          ldmatrix_x4_trans(bk, kt_x + (ks * 16 * KT::SROW + (cb0 + i) * 16) * 2);
+#pragma unroll
+          for (int km = 0; km < KM; ++km) {
+            mma_16816(acc[km][i][0], a[km], bk[0], bk[1], T{});
+            mma_16816(acc[km][i][1], a[km], bk[2], bk[3], T{});
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int km = 0; km < KM; ++km)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = (mt0 + km) * 16 + g + 8 * r;
+        if (m0 + row >= f.seqlen_q) continue;
+#pragma unroll
+        for (int i = 0; i < KT::DQ_CB; ++i)
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn) {
+            const int d = (cb0 + i) * 16 + nn * 8 + 2 * t;
+            float* dst = dq_tile + row * KT::D + d;
+            const float a0 = acc[km][i][nn][2 * r], a1 = acc[km][i][nn][2 * r + 1];
+            if constexpr (KT::D % 2 == 0) {
+              if (d < KT::D) red_add_f32x2(dst, a0, a1);
+            } else {
+              if (d < KT::D) atomicAdd(dst, a0);
+              if (d + 1 < KT::D) atomicAdd(dst + 1, a1);
+            }
+          }
+      }
+  }
+}
+
+// dK * scale and dV of the warp's keys (below Sk) and head-dim blocks.
+template <class KT>
+__device__ __forceinline__ void store_dkdv(const BwdParams& p, float (&dk)[2][KT::KV_DB][2][4],
+                                           float (&dv)[2][KT::KV_DB][2][4], int b, int h_kv,
+                                           int n0, int key2, int sw2, int lane) {
+  using T = typename KT::T;
+  const FwdParams& f = p.fwd;
+  const int g = lane / 4, t = lane % 4;
+
+  T* dk_head = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  T* dv_head = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+#pragma unroll
+  for (int km = 0; km < 2; ++km)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = n0 + key2 + 16 * km + g + 8 * r;
+      if (j >= f.seqlen_k) continue;
+#pragma unroll
+      for (int i = 0; i < KT::KV_DB; ++i) {
+        const int cb = sw2 + KT::SPLIT2 * i;
+        if (cb >= KT::DB) continue;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int d = cb * 16 + nn * 8 + 2 * t + c;
+            if (d < KT::D) {
+              dk_head[j * p.dk_row_stride + d] = from_float<T>(dk[km][i][nn][2 * r + c] * f.scale);
+              dv_head[j * p.dv_row_stride + d] = from_float<T>(dv[km][i][nn][2 * r + c]);
+            }
+          }
+      }
+    }
+}
+
+template <class KT, class VT, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams p) {
+  using T = typename KT::T;
   const FwdParams& f = p.fwd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
-  T* sV = sK + K::SMEM_KV;
-  T* sQ = sV + K::SMEM_KV;
-  T* sdO = sQ + 2 * K::SMEM_Q;
-  T* sP = sdO + 2 * K::SMEM_Q;
-  T* sdS = sP + K::SMEM_P;
-  float* sStats = reinterpret_cast<float*>(sdS + K::SMEM_P);
+  T* sV = sK + KT::SMEM_KV;
+  T* sQ = sV + KT::SMEM_KV;
+  T* sdO = sQ + 2 * KT::SMEM_Q;
+  T* sP = sdO + 2 * KT::SMEM_Q;
+  T* sdS = sP + KT::SMEM_P;
+  float* sStats = reinterpret_cast<float*>(sdS + KT::SMEM_P);
 
-  const int n0 = blockIdx.x * K::BLOCK_N, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n0 = blockIdx.x * KT::BLOCK_N, h_kv = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
   // This warp's first key within the block and its split index, per phase.
-  const int key1 = 16 * K::KM1 * (warp % K::KG1), sw1 = K::SPLIT1 == 1 ? 0 : warp / K::KG1;
-  const int key2 = 32 * (warp % K::KG2), sw2 = warp / K::KG2;
+  const int key1 = 16 * KT::KM1 * (warp % KT::KG1), sw1 = KT::SPLIT1 == 1 ? 0 : warp / KT::KG1;
+  const int key2 = 32 * (warp % KT::KG2), sw2 = warp / KT::KG2;
 
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  const QueryTileWalk<K::BLOCK_M, K::BLOCK_N, VT> walk(f, n0);
+  const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk(f, n0);
   const int n_iters = walk.iters;
 
   // Tile `it` into buffer it % 2, as one cp.async group.
@@ -140,21 +373,21 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
     const T* o_head =
         static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
     const int lo = walk.row_lo(f, m0), hi = walk.row_hi(f, m0);
-    copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
-        sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride, f.q_row_stride, lo, hi, q_head);
-    copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
-        sdO + buf * K::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
+    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+        sQ + buf * KT::SMEM_Q, q_head + m0 * f.q_row_stride, f.q_row_stride, lo, hi, q_head);
+    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+        sdO + buf * KT::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
     const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
-    copy_row_stats<K::BLOCK_M>(smem_addr(sStats + buf * 2 * K::BLOCK_M), lse, delta, hi,
+    copy_row_stats<KT::BLOCK_M>(smem_addr(sStats + buf * 2 * KT::BLOCK_M), lse, delta, hi,
                                f.lse);
     cp_async_commit();
   };
 
   const int k_rows = f.seqlen_k - n0;
-  copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
       sK, k_head + n0 * f.k_row_stride, f.k_row_stride, 0, k_rows, k_head);
-  copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
       sV, v_head + n0 * f.v_row_stride, f.v_row_stride, 0, k_rows, v_head);
   if (n_iters > 0) {
     load_q(0);  // K and V ride in tile 0's group
@@ -162,11 +395,11 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
     cp_async_commit();
   }
 
-  float dk[2][K::KV_DB][2][4], dv[2][K::KV_DB][2][4];
+  float dk[2][KT::KV_DB][2][4], dv[2][KT::KV_DB][2][4];
 #pragma unroll
   for (int km = 0; km < 2; ++km)
 #pragma unroll
-    for (int i = 0; i < K::KV_DB; ++i)
+    for (int i = 0; i < KT::KV_DB; ++i)
 #pragma unroll
       for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
@@ -181,213 +414,33 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_mma_bwd_dkdv(const BwdPar
   const int x_row = lr + 8 * (lm & 1), x_col = 8 * (lm >> 1);
   const int y_row = lr + 8 * (lm >> 1), y_col = 8 * (lm & 1);
   // V, dout and dS addresses are their K, Q and P twins plus a constant (immediate
-  // offsets: fewer live registers).
-  constexpr u32 V_OFF = K::SMEM_KV * 2, O_OFF = 2 * K::SMEM_Q * 2, DS_OFF = K::SMEM_P * 2;
-  const u32 k_x = smem_addr(sK + (key1 + x_row) * K::SROW + x_col);      // phase 1 A
-  const u32 q_y = smem_addr(sQ + (sw1 * K::QW + y_row) * K::SROW + y_col);  // phase 1 B
-  const u32 p_x = smem_addr(sP + (key2 + x_row) * K::PROW + x_col);      // phase 2 A
-  const u32 q_x = smem_addr(sQ + x_row * K::SROW + x_col);               // phase 2 B (.trans)
-  const u32 ds_y = smem_addr(sdS + y_row * K::PROW + y_col);             // phase 3 A (.trans)
-  const u32 kt_x = smem_addr(sK + x_row * K::SROW + x_col);              // phase 3 B (.trans)
+  // offsets in the phase functions: fewer live registers).
+  const u32 k_x = smem_addr(sK + (key1 + x_row) * KT::SROW + x_col);      // phase 1 A
+  const u32 q_y = smem_addr(sQ + (sw1 * KT::QW + y_row) * KT::SROW + y_col);  // phase 1 B
+  const u32 p_x = smem_addr(sP + (key2 + x_row) * KT::PROW + x_col);      // phase 2 A
+  const u32 q_x = smem_addr(sQ + x_row * KT::SROW + x_col);               // phase 2 B (.trans)
+  const u32 ds_y = smem_addr(sdS + y_row * KT::PROW + y_col);             // phase 3 A (.trans)
+  const u32 kt_x = smem_addr(sK + x_row * KT::SROW + x_col);              // phase 3 B (.trans)
 
   for (int it = 0; it < n_iters; ++it) {
     const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
     const int buf = it & 1;
-    const u32 q_buf = buf * K::SMEM_Q * 2;  // bytes
-    const float* s_lse = sStats + buf * 2 * K::BLOCK_M;
-    const float* s_delta = s_lse + K::BLOCK_M;
+    const u32 q_buf = buf * KT::SMEM_Q * 2;  // bytes
+    const float* s_lse = sStats + buf * 2 * KT::BLOCK_M;  // then delta
     cp_async_wait<0>();
     __syncthreads();  // tile it visible; every warp is done with tile it - 1 (its buffer, sP, sdS)
     if (it + 1 < n_iters) load_q(it + 1);
 
-    // Phase 1: S^T and dP^T of 16 KM1 keys x QW queries.
-    constexpr int KM1 = K::KM1;
-    float s[KM1][K::Q_TILES][4], dp[KM1][K::Q_TILES][4];
-#pragma unroll
-    for (int km = 0; km < KM1; ++km)
-#pragma unroll
-      for (int nt = 0; nt < K::Q_TILES; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
-    // S^T over all query tiles, then dP^T: one operand's A fragments live at a time.
-#pragma unroll (K::P1_TIGHT ? (VT::kCausal ? 1 : 2) : K::DB)
-    for (int ks = 0; ks < K::DB; ++ks) {
-#pragma unroll
-      for (int op = 0; op < 2; ++op) {
-        u32 a[KM1][4];
-#pragma unroll
-        for (int km = 0; km < KM1; ++km)
-          ldmatrix_x4(a[km], k_x + op * V_OFF + (km * 16 * K::SROW + ks * 16) * 2);
-#pragma unroll
-        for (int nt = 0; nt < K::Q_TILES; nt += 2) {
-          u32 bq[4];
-          ldmatrix_x4(bq, q_y + op * O_OFF + q_buf + (nt * 8 * K::SROW + ks * 16) * 2);
-#pragma unroll
-          for (int km = 0; km < KM1; ++km) {
-            float(&acc)[K::Q_TILES][4] = op == 0 ? s[km] : dp[km];
-            mma_16816(acc[nt], a[km], bq[0], bq[1], T{});
-            mma_16816(acc[nt + 1], a[km], bq[2], bq[3], T{});
-          }
-        }
-      }
-    }
-
-    // P^T and dS^T; element masks only where the warp's keys x QW tile crosses Sk or
-    // the causal diagonal. Row g + 8 r of a C fragment is key j, column 2t + c query i.
-    const int j0 = n0 + key1, i0 = m0 + sw1 * K::QW;
-    const bool edge = VT::partial(f, i0, i0 + K::QW - 1, j0, j0 + 16 * KM1 - 1);
-#pragma unroll
-    for (int nt = 0; nt < K::Q_TILES; ++nt) {
-      const int col = sw1 * K::QW + nt * 8 + 2 * t;
-      const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
-      const float2 delta = *reinterpret_cast<const float2*>(s_delta + col);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = m0 + col + c;
-        const float l = c ? lse.y : lse.x, dl = c ? delta.y : delta.x;
-        // Rows past Sq and rows that attend nothing: +inf, so P = exp2(-inf) = 0.
-        const float lse2 = (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
-#pragma unroll
-        for (int km = 0; km < KM1; ++km)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int j = j0 + 16 * km + g + 8 * r;
-            const bool kept = !edge || VT::keep(f, i, j);
-            float& x = s[km][nt][2 * r + c];
-            float& y = dp[km][nt][2 * r + c];
-            const float pij = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
-            y = pij == 0.f ? 0.f : pij * (y - dl);
-            x = pij;
-          }
-      }
-    }
-#pragma unroll
-    for (int km = 0; km < KM1; ++km)
-#pragma unroll
-      for (int nt = 0; nt < K::Q_TILES; ++nt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int at = (key1 + 16 * km + g + 8 * r) * K::PROW + sw1 * K::QW + nt * 8 + 2 * t;
-          *reinterpret_cast<u32*>(sP + at) = MmaType<T>::pack(s[km][nt][2 * r], s[km][nt][2 * r + 1]);
-          *reinterpret_cast<u32*>(sdS + at) = MmaType<T>::pack(dp[km][nt][2 * r], dp[km][nt][2 * r + 1]);
-        }
+    // Phase 1: S^T and dP^T of 16 KM1 keys x QW queries, then P^T and dS^T.
+    float s[KT::KM1][KT::Q_TILES][4], dp[KT::KM1][KT::Q_TILES][4];
+    dkdv_scores<KT, VT>(s, dp, k_x, q_y + q_buf);
+    dkdv_p_ds<KT, VT>(f, s, dp, s_lse, sP, sdS, b, h, m0, n0, key1, sw1, lane);
     __syncthreads();  // sP, sdS complete
-
-    // Phase 2: dV += P^T dout, dK += dS^T Q over the tile's BLOCK_M queries.
-#pragma unroll
-    for (int ks = 0; ks < K::BLOCK_M / 16; ++ks) {
-      u32 ap[2][4], ads[2][4];
-#pragma unroll
-      for (int km = 0; km < 2; ++km) {
-        ldmatrix_x4(ap[km], p_x + (km * 16 * K::PROW + ks * 16) * 2);
-        ldmatrix_x4(ads[km], p_x + DS_OFF + (km * 16 * K::PROW + ks * 16) * 2);
-      }
-#pragma unroll
-      for (int i = 0; i < K::KV_DB; ++i) {
-        const int cb = sw2 + K::SPLIT2 * i;
-        if (cb < K::DB) {
-          const u32 off = q_buf + (ks * 16 * K::SROW + cb * 16) * 2;
-          u32 bo[4], bq[4];
-          ldmatrix_x4_trans(bo, q_x + O_OFF + off);
-#pragma unroll
-          for (int km = 0; km < 2; ++km) {
-            mma_16816(dv[km][i][0], ap[km], bo[0], bo[1], T{});
-            mma_16816(dv[km][i][1], ap[km], bo[2], bo[3], T{});
-          }
-          ldmatrix_x4_trans(bq, q_x + off);
-#pragma unroll
-          for (int km = 0; km < 2; ++km) {
-            mma_16816(dk[km][i][0], ads[km], bq[0], bq[1], T{});
-            mma_16816(dk[km][i][1], ads[km], bq[2], bq[3], T{});
-          }
-        }
-      }
-    }
-
-    // Phase 3: dQ tile = dS K (dq_accum holds dQ / scale).
-    if constexpr (ATOMIC_DQ) {
-      constexpr int KM = K::DQ_KM;
-      float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
-      for (int job = warp; job < K::DQ_JOBS; job += K::WARPS) {
-        const int mt0 = (job % K::DQ_MT) * KM, cb0 = (job / K::DQ_MT) * K::DQ_CB;
-        float acc[KM][K::DQ_CB][2][4];
-#pragma unroll
-        for (int km = 0; km < KM; ++km)
-#pragma unroll
-          for (int i = 0; i < K::DQ_CB; ++i)
-#pragma unroll
-            for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[km][i][nn][e] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < K::BLOCK_N / 16; ++ks) {
-          u32 a[KM][4];
-#pragma unroll
-          for (int km = 0; km < KM; ++km)
-            ldmatrix_x4_trans(a[km], ds_y + (ks * 16 * K::PROW + (mt0 + km) * 16) * 2);
-#pragma unroll
-          for (int i = 0; i < K::DQ_CB; ++i) {
-            if (cb0 + i < K::DB) {
-              u32 bk[4];
-              ldmatrix_x4_trans(bk, kt_x + (ks * 16 * K::SROW + (cb0 + i) * 16) * 2);
-#pragma unroll
-              for (int km = 0; km < KM; ++km) {
-                mma_16816(acc[km][i][0], a[km], bk[0], bk[1], T{});
-                mma_16816(acc[km][i][1], a[km], bk[2], bk[3], T{});
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int km = 0; km < KM; ++km)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = (mt0 + km) * 16 + g + 8 * r;
-            if (m0 + row >= f.seqlen_q) continue;
-#pragma unroll
-            for (int i = 0; i < K::DQ_CB; ++i)
-#pragma unroll
-              for (int nn = 0; nn < 2; ++nn) {
-                const int d = (cb0 + i) * 16 + nn * 8 + 2 * t;
-                float* dst = dq_tile + row * K::D + d;
-                const float a0 = acc[km][i][nn][2 * r], a1 = acc[km][i][nn][2 * r + 1];
-                if constexpr (K::D % 2 == 0) {
-                  if (d < K::D) red_add_f32x2(dst, a0, a1);
-                } else {
-                  if (d < K::D) atomicAdd(dst, a0);
-                  if (d + 1 < K::D) atomicAdd(dst + 1, a1);
-                }
-              }
-          }
-      }
-    }
+    dkdv_accumulate<KT>(dk, dv, p_x, q_x + q_buf, sw2);
+    if constexpr (ATOMIC_DQ) dkdv_dq_atomic<KT>(p, b, h, m0, ds_y, kt_x, warp, lane);
   }
   cp_async_wait<0>();
-
-  T* dk_head = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-  T* dv_head = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
-#pragma unroll
-  for (int km = 0; km < 2; ++km)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int j = n0 + key2 + 16 * km + g + 8 * r;
-      if (j >= f.seqlen_k) continue;
-#pragma unroll
-      for (int i = 0; i < K::KV_DB; ++i) {
-        const int cb = sw2 + K::SPLIT2 * i;
-        if (cb >= K::DB) continue;
-#pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int d = cb * 16 + nn * 8 + 2 * t + c;
-            if (d < K::D) {
-              dk_head[j * p.dk_row_stride + d] = from_float<T>(dk[km][i][nn][2 * r + c] * f.scale);
-              dv_head[j * p.dv_row_stride + d] = from_float<T>(dv[km][i][nn][2 * r + c]);
-            }
-          }
-      }
-    }
+  store_dkdv<KT>(p, dk, dv, b, h_kv, n0, key2, sw2, lane);
 }
 
 template <int D_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
@@ -415,22 +468,22 @@ struct MmaBwdDqTraits {
 
 // Deterministic dQ. Grid: x = query block (heaviest first when causal), y = query
 // head, z = batch.
-template <class K, class VT>
-__global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p) {
-  using T = typename K::T;
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS) flash_mma_bwd_dq(const BwdParams p) {
+  using T = typename KT::T;
   const FwdParams& f = p.fwd;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + K::SMEM_Q;
-  T* sK = sdO + K::SMEM_Q;  // two buffers
-  T* sV = sK + 2 * K::SMEM_KV;
+  T* sdO = sQ + KT::SMEM_Q;
+  T* sK = sdO + KT::SMEM_Q;  // two buffers
+  T* sV = sK + 2 * KT::SMEM_KV;
 
   const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, h_kv = h / f.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int q0 = m_block * K::BLOCK_M, row0 = 16 * warp;
-  const int q_rows = cmin(K::BLOCK_M, f.seqlen_q - q0);
+  const int q0 = m_block * KT::BLOCK_M, row0 = 16 * warp;
+  const int q_rows = cmin(KT::BLOCK_M, f.seqlen_q - q0);
 
   const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
   const T* o_head = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
@@ -438,22 +491,22 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
   // Key tiles n_begin .. n_begin + n_blocks - 1: the band of the block's rows.
-  const int n_begin = VT::kv_begin(f, q0) / K::BLOCK_N;
-  const int n_blocks = ceil_div(VT::kv_end(f, q0 + q_rows - 1), K::BLOCK_N) - n_begin;
+  const int n_begin = VT::kv_begin(f, q0) / KT::BLOCK_N;
+  const int n_blocks = ceil_div(VT::kv_end(f, q0 + q_rows - 1), KT::BLOCK_N) - n_begin;
   auto load_kv = [&](int nb) {
-    const int k0 = (n_begin + nb) * K::BLOCK_N, rows = f.seqlen_k - k0;
-    const int buf = (nb & 1) * K::SMEM_KV;
-    copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+    const int k0 = (n_begin + nb) * KT::BLOCK_N, rows = f.seqlen_k - k0;
+    const int buf = (nb & 1) * KT::SMEM_KV;
+    copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
         sK + buf, k_head + k0 * f.k_row_stride, f.k_row_stride, 0, rows, k_head);
-    copy_tile<K::BLOCK_N, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+    copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
         sV + buf, v_head + k0 * f.v_row_stride, f.v_row_stride, 0, rows, v_head);
     cp_async_commit();
   };
   // Rows that attend nothing are zero-filled (see the header).
   const int lo = cmax(0, VT::q_begin(f, 0) - q0);
-  copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+  copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
       sQ, q_head + q0 * f.q_row_stride, f.q_row_stride, lo, q_rows, q_head);
-  copy_tile<K::BLOCK_M, K::D, K::D_PAD, K::SROW, K::THREADS, K::VEC>(
+  copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
       sdO, o_head + q0 * p.dout_row_stride, p.dout_row_stride, lo, q_rows, o_head);
   if (n_blocks > 0) {
     load_kv(0);  // Q and dout ride in tile 0's group
@@ -476,9 +529,9 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
     }
   }
 
-  float acc[K::D_TILES][4];
+  float acc[KT::D_TILES][4];
 #pragma unroll
-  for (int dt = 0; dt < K::D_TILES; ++dt)
+  for (int dt = 0; dt < KT::D_TILES; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[dt][e] = 0.f;
 
@@ -487,32 +540,32 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
   const int lm = lane / 8, lr = lane % 8;
   const int x_row = lr + 8 * (lm & 1), x_col = 8 * (lm >> 1);
   const int y_row = lr + 8 * (lm >> 1), y_col = 8 * (lm & 1);
-  const u32 q_x = smem_addr(sQ + (row0 + x_row) * K::SROW + x_col);
-  const u32 o_x = smem_addr(sdO + (row0 + x_row) * K::SROW + x_col);
-  const u32 k_y = smem_addr(sK + y_row * K::SROW + y_col);
-  const u32 v_y = smem_addr(sV + y_row * K::SROW + y_col);
-  const u32 k_x = smem_addr(sK + x_row * K::SROW + x_col);
+  const u32 q_x = smem_addr(sQ + (row0 + x_row) * KT::SROW + x_col);
+  const u32 o_x = smem_addr(sdO + (row0 + x_row) * KT::SROW + x_col);
+  const u32 k_y = smem_addr(sK + y_row * KT::SROW + y_col);
+  const u32 v_y = smem_addr(sV + y_row * KT::SROW + y_col);
+  const u32 k_x = smem_addr(sK + x_row * KT::SROW + x_col);
 
   for (int nb = 0; nb < n_blocks; ++nb) {
-    const int k0 = (n_begin + nb) * K::BLOCK_N;
-    const u32 kv_buf = (nb & 1) * K::SMEM_KV * 2;  // bytes
+    const int k0 = (n_begin + nb) * KT::BLOCK_N;
+    const u32 kv_buf = (nb & 1) * KT::SMEM_KV * 2;  // bytes
     cp_async_wait<0>();
     __syncthreads();  // tile nb (and Q, dout) visible; every warp is done with tile nb - 1
     if (nb + 1 < n_blocks) load_kv(nb + 1);
 
-    float s[K::N_TILES][4], dp[K::N_TILES][4];
+    float s[KT::N_TILES][4], dp[KT::N_TILES][4];
 #pragma unroll
-    for (int nt = 0; nt < K::N_TILES; ++nt)
+    for (int nt = 0; nt < KT::N_TILES; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < K::D_PAD / 16; ++ks) {
+    for (int ks = 0; ks < KT::D_PAD / 16; ++ks) {
       u32 aq[4], ao[4];
       ldmatrix_x4(aq, q_x + ks * 32);
       ldmatrix_x4(ao, o_x + ks * 32);
 #pragma unroll
-      for (int nt = 0; nt < K::N_TILES; nt += 2) {
-        const u32 off = kv_buf + (nt * 8 * K::SROW + ks * 16) * 2;
+      for (int nt = 0; nt < KT::N_TILES; nt += 2) {
+        const u32 off = kv_buf + (nt * 8 * KT::SROW + ks * 16) * 2;
         u32 bk[4], bv[4];
         ldmatrix_x4(bk, k_y + off);
         mma_16816(s[nt], aq, bk[0], bk[1], T{});
@@ -523,33 +576,23 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
       }
     }
 
-    const bool edge = VT::partial(f, q0 + row0, q0 + row0 + 15, k0, k0 + K::BLOCK_N - 1);
-#pragma unroll
-    for (int nt = 0; nt < K::N_TILES; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = q0 + row0 + g + 8 * r;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int j = k0 + nt * 8 + 2 * t + c;
-          const bool kept = !edge || VT::keep(f, i, j);
-          const float pij = kept ? fast_exp2(fmaf(s[nt][2 * r + c], f.scale_log2, -lse2[r])) : 0.f;
-          dp[nt][2 * r + c] = pij == 0.f ? 0.f : pij * (dp[nt][2 * r + c] - delta[r]);
-        }
-      }
+    Scores<VT>::p_ds(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[x / 4][x % 4]; },
+                     [&](int x) -> float& { return dp[x / 4][x % 4]; }, f, b, h, q0 + row0, k0,
+                     VT::partial(f, q0 + row0, q0 + row0 + 15, k0, k0 + KT::BLOCK_N - 1),
+                     [&](int r, int) { return lse2[r]; }, [&](int r, int) { return delta[r]; });
 
     // dQ += dS K: dS stays in registers as A fragments; K is read with .trans.
 #pragma unroll
-    for (int ks = 0; ks < K::BLOCK_N / 16; ++ks) {
+    for (int ks = 0; ks < KT::BLOCK_N / 16; ++ks) {
       u32 a[4];
       a[0] = MmaType<T>::pack(dp[2 * ks][0], dp[2 * ks][1]);
       a[1] = MmaType<T>::pack(dp[2 * ks][2], dp[2 * ks][3]);
       a[2] = MmaType<T>::pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
       a[3] = MmaType<T>::pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
 #pragma unroll
-      for (int dt = 0; dt < K::D_TILES; dt += 2) {
+      for (int dt = 0; dt < KT::D_TILES; dt += 2) {
         u32 bk[4];
-        ldmatrix_x4_trans(bk, k_x + kv_buf + (ks * 16 * K::SROW + dt * 8) * 2);
+        ldmatrix_x4_trans(bk, k_x + kv_buf + (ks * 16 * KT::SROW + dt * 8) * 2);
         mma_16816(acc[dt], a, bk[0], bk[1], T{});
         mma_16816(acc[dt + 1], a, bk[2], bk[3], T{});
       }
@@ -563,11 +606,11 @@ __global__ void __launch_bounds__(K::THREADS) flash_mma_bwd_dq(const BwdParams p
     const int i = q0 + row0 + g + 8 * r;
     if (i >= f.seqlen_q) continue;
 #pragma unroll
-    for (int dt = 0; dt < K::D_TILES; ++dt)
+    for (int dt = 0; dt < KT::D_TILES; ++dt)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int d = dt * 8 + 2 * t + c;
-        if (d < K::D) dq_head[i * p.dq_row_stride + d] = from_float<T>(acc[dt][2 * r + c] * f.scale);
+        if (d < KT::D) dq_head[i * p.dq_row_stride + d] = from_float<T>(acc[dt][2 * r + c] * f.scale);
       }
   }
 }

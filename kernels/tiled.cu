@@ -88,13 +88,17 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
     __syncthreads();
   }
 
+  float s2[Tr::ROWS_PER_THREAD];
+#pragma unroll
+  for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) s2[r] = float(dot[r]);
+  Scores<VT>::map(GridFrag<Tr::ROWS_PER_THREAD, 1, Tr::ROW_STEP, 1>(ty, tx),
+                  [&](int x) -> float& { return s2[x]; }, p, q0, k0,
+                  VT::partial(p, q0, q_last, k0, k0 + Tr::TILE - 1), -CA_INF,
+                  ScoreOp<VT, true>{p, b, h});
 #pragma unroll
   for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) {
-    const int row = ty + r * Tr::ROW_STEP, i = q0 + row, j = k0 + tx;
-    if (i >= p.seqlen_q || j >= p.seqlen_k) continue;
-    float s2 = -CA_INF;
-    if (VT::keep(p, i, j)) s2 = VT::template score<true>(p, b, h, i, j, float(dot[r]));
-    out[i64(row) * p.seqlen_k + j] = s2;
+    const int row = ty + r * Tr::ROW_STEP;
+    if (q0 + row < p.seqlen_q && k0 + tx < p.seqlen_k) out[i64(row) * p.seqlen_k + k0 + tx] = s2[r];
   }
 }
 

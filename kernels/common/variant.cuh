@@ -262,14 +262,49 @@ struct Scores {
       }
     }
   }
+  // The backward's P and dS of one fragment, from the raw dot products in `s` and dP
+  // in `dp` (the same layout): P = exp2(score(dot) - lse2), dS = P (dP - delta)
+  // Logits::grad(dot), the gradient of the raw dot before the final multiplication by
+  // scale. Both are 0 where the variant masks the element and dS is 0 where P is
+  // (selected, not multiplied: NaN in a masked-out V stays out). P replaces the dot
+  // in `s`, dS replaces dP. lse2(r, c), delta(r, c): the statistics of element (r,
+  // c)'s query (lse2 = +inf for rows that attend nothing or lie past Sq).
+  template <bool TRANSPOSED = false, class Frag, class AtS, class AtDp, class Lse, class Delta>
+  __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
+                                              const FwdParams& p, int b, int h, int i0, int j0,
+                                              bool partial, Lse&& lse2, Delta&& delta) {
+    map<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
+      const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
+      float& y = dp(Frag::at(r, c));
+      y = pij * (y - delta(r, c)) * V::Logits::grad(p, dot);
+      return pij;
+    });
+#pragma unroll
+    for (int r = 0; r < Frag::ROWS; ++r)
+#pragma unroll
+      for (int c = 0; c < Frag::COLS; ++c) {
+        float& y = dp(Frag::at(r, c));
+        y = s(Frag::at(r, c)) == 0.f ? 0.f : y;
+      }
+  }
+
+  // V::score of query i, key j; a row past Sq (tile padding, never stored) skips the
+  // dense mask, which must not be read there.
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float row_score(const FwdParams& p, int b, int h, int i,
+                                                    int j, float dot) {
+    return !V::Dense::enabled || i < p.seqlen_q
+               ? V::template score<EXACT>(p, b, h, i, j, dot)
+               : V::Logits::template s2<EXACT>(p, dot);
+  }
 };
 
-// Most callers want the score itself: s2 = V::score(dot) for query i, key j.
-template <class V>
+// The forward's op for Scores<V>::map: the score s2 of query i, key j.
+template <class V, bool EXACT = false>
 struct ScoreOp {
   const FwdParams& p;
   int b, h;
   __device__ __forceinline__ float operator()(float dot, int, int, int i, int j) const {
-    return V::score(p, b, h, i, j, dot);
+    return Scores<V>::template row_score<EXACT>(p, b, h, i, j, dot);
   }
 };
