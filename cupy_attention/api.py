@@ -12,7 +12,8 @@ from .reference import attention_reference
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-              return_lse=False, out=None, lse_out=None, kernel="auto"):
+              return_lse=False, out=None, lse_out=None, kernel="auto", window=None,
+              softcap=None):
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
 
     Parameters
@@ -47,22 +48,31 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
         ``"auto"`` (fastest kernel that runs the problem), a family name
         (:func:`cupy_attention.kernels`), or ``"reference"`` (float64 NumPy on the
         host; slow, for checking).
+    window : (int, int), optional
+        Sliding window ``(left, right)``, FlashAttention's ``window_size``: query i
+        attends key j iff ``i + Sk - Sq - left <= j <= i + Sk - Sq + right`` (aligned
+        bottom-right like ``causal``); ``-1`` leaves a side unbounded, so ``(-1, -1)``
+        is no window. With ``causal=True`` the right side is 0 whatever is given.
+        Combines with ``mask`` and GQA. See docs/variants.md.
+    softcap : float, optional
+        Logit softcapping ``c > 0`` (Gemma 2): each scaled score ``s`` becomes
+        ``c * tanh(s / c)`` before the mask is added. None: off.
 
     Returns
     -------
     out, or ``(out, lse)`` when ``return_lse`` is true. Rows that attend no key
-    give 0.
+    (causal or a window with Sq > Sk, a fully masked row) give 0 and LSE -inf.
     """
     hot_key = None
     if mask is None and out is None and lse_out is None:
-        hot_key = _signature(q, k, v, causal, scale, layout, kernel, return_lse)
+        hot_key = _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap)
         hot = _HOT.get(hot_key) if hot_key is not None else None
         if hot is not None:
             result = hot(q, k, v, return_lse)
             if result is not None:
                 return result
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 lse_out=lse_out)
+                 lse_out=lse_out, window=window, softcap=softcap)
     if kernel == "reference":
         return _reference(p, q, k, v, mask, out, lse_out, return_lse)
     dispatch.check_kernel_name(kernel)
@@ -82,15 +92,19 @@ _HOT: dict = {}
 _HOT_LIMIT = 1024
 
 
-def _signature(q, k, v, causal, scale, layout, kernel, return_lse):
-    """What the launch depends on, hashable; None for arrays without a fast path."""
+def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap):
+    """What the launch depends on, hashable; None for arrays without a fast path (or
+    arguments that are not hashable: validation names what is wrong with them)."""
     try:
         if type(q).__module__.startswith("torch"):
             arrays = tuple((x.shape, x.stride(), x.dtype, x.device) for x in (q, k, v))
         else:
             arrays = tuple((x.shape, x.strides, x.dtype, x.device.id) for x in (q, k, v))
-        return (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
-                bool(return_lse), arrays)
+        key = (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
+               bool(return_lse), None if window is None else tuple((type(x), x) for x in window),
+               type(softcap), softcap, arrays)
+        hash(key)
+        return key
     except (AttributeError, TypeError):  # NumPy and other producers
         return None
 
@@ -236,7 +250,8 @@ def _host(x):
 
 def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse):
     ref_out, ref_lse = attention_reference(_host(q), _host(k), _host(v), causal=p.causal,
-                                           scale=p.scale, mask=_host(mask), layout=p.layout)
+                                           scale=p.scale, mask=_host(mask), layout=p.layout,
+                                           window=p.window, softcap=p.softcap)
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     o = _like(ref_out, q, kind)
     lse = _like(ref_lse, q, kind, float32=True)

@@ -15,13 +15,15 @@ BACKWARD_KERNELS = ("auto", "flash_wgmma", "flash_mma", "flash", "reference")
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
-                       layout="bhsd", deterministic=False, kernel="auto"):
+                       layout="bhsd", deterministic=False, kernel="auto", window=None,
+                       softcap=None):
     """Gradients of :func:`cupy_attention.attention` with respect to q, k and v.
 
     Parameters
     ----------
     dout : array like ``out``: the gradient of the loss with respect to the output.
-    q, k, v, causal, scale, mask, layout : exactly as passed to the forward.
+    q, k, v, causal, scale, mask, layout, window, softcap : exactly as passed to the
+        forward.
     out, lse : the forward's output and its log-sum-exp (``return_lse=True``),
         float32 [B, Hq, Sq]. P is recomputed from them, so nothing of size S^2 is
         stored between the passes or allocated here.
@@ -52,7 +54,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     if out is None or lse is None:
         raise ShapeError("out and lse (the forward's output and its log-sum-exp, from "
                          "attention(..., return_lse=True)) are required")
-    p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out)
+    p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
+                 window=window, softcap=softcap)
     _check_grad_inputs(p, dout, lse, q)
     if not isinstance(deterministic, bool):
         raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
@@ -128,6 +131,6 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
 def _reference(p: Problem, dout, q, k, v, mask):
     grads = attention_backward_reference(_host(dout), _host(q), _host(k), _host(v),
                                          causal=p.causal, scale=p.scale, mask=_host(mask),
-                                         layout=p.layout)
+                                         layout=p.layout, window=p.window, softcap=p.softcap)
     kind = interop.array_kind(q)
     return tuple(_like(g, q, kind) for g in grads)

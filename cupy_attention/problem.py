@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError
 from .variant import Variant
@@ -105,10 +106,10 @@ class Problem:
         return f
 
     def describe(self) -> str:
-        mask = {"none": "", "bool": ",bool-mask", "add": ",add-mask"}[self.mask_kind]
+        extra = f" window={self.window}" if self.window is not None else ""
+        extra += f" softcap={self.softcap:g}" if self.softcap else ""
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} "
-                f"Sk={self.seqlen_k} D={self.head_dim} {self.dtype}"
-                f"{',causal' if self.causal else ''}{mask}")
+                f"Sk={self.seqlen_k} D={self.head_dim} {self.dtype}{self.variant.suffix()}{extra}")
 
 
 def _unit_last_stride(info: TensorInfo) -> bool:
@@ -143,8 +144,50 @@ def out_shape(batch, heads, seqlen, dim, layout):
     return (batch, heads, seqlen, dim) if layout == "bhsd" else (batch, seqlen, heads, dim)
 
 
+def check_window(window, causal: bool, seqlen_q: int, seqlen_k: int):
+    """The ``window`` argument as the Problem keeps it: ``(left, right)`` ints with
+    ``-1`` for an unbounded side, ``right`` 0 under causal, a side that bounds no row
+    (``left >= Sk - 1``, ``right >= Sq - 1``) made -1, and None when no side is left."""
+    if window is None:
+        return None
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        raise DTypeError(f"window must be a pair (left, right) of ints, -1 for unbounded, got "
+                         f"{window!r}")
+    sides = []
+    for name, x in zip(("left", "right"), window):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise DTypeError(f"window {name} must be an int (-1 for unbounded), got "
+                             f"{type(x).__name__} {x!r}")
+        if x < -1:
+            raise ShapeError(f"window {name} must be -1 (unbounded) or >= 0, got {int(x)}")
+        sides.append(int(x))
+    left, right = sides
+    if causal:
+        right = 0 if right >= 0 else -1   # causal keeps j <= i + Sk - Sq already
+    if left >= seqlen_k - 1:
+        left = -1
+    if right >= seqlen_q - 1:
+        right = -1
+    if left < 0 and (right < 0 or causal):
+        return None
+    return left, right
+
+
+def check_softcap(softcap) -> float:
+    """``softcap`` as the Problem keeps it: 0.0 for None, else a finite float > 0."""
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise DTypeError(f"softcap must be a positive real number or None, got "
+                         f"{type(softcap).__name__} {softcap!r}")
+    c = float(softcap)
+    if not (math.isfinite(c) and c > 0):
+        raise ShapeError(f"softcap must be finite and > 0 (None for no softcap), got {c}")
+    return c
+
+
 def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out=None,
-             lse_out=None) -> Problem:
+             lse_out=None, window=None, softcap=None) -> Problem:
     """Check every argument; raise a typed error naming the argument and the fix."""
     if layout not in LAYOUTS:
         raise ShapeError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -187,6 +230,8 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
                               f"strides {info.strides}; pass {name}.contiguous() or a view of "
                               "a packed tensor sliced along the other axes")
 
+    window = check_window(window, bool(causal), Sq, Sk)
+    softcap = check_softcap(softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     else:
@@ -222,4 +267,4 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
         check_like(lse_out, "lse_out", qi, (B, Hq, Sq), "float32")
 
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
-                   qi.device)
+                   qi.device, window, softcap)

@@ -32,11 +32,13 @@ class AttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, layout, deterministic, kernel):
+    def forward(ctx, q, k, v, mask, causal, scale, layout, deterministic, kernel, window=None,
+                softcap=None):
         out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
-                              return_lse=True, kernel=kernel)
+                              return_lse=True, kernel=kernel, window=window, softcap=softcap)
         ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.options = dict(causal=causal, scale=scale, layout=layout,
+        ctx.options = dict(causal=causal, scale=scale, layout=layout, window=window,
+                           softcap=softcap,
                            deterministic=deterministic,
                            kernel="reference" if kernel == "reference" else "auto")
         return out
@@ -48,14 +50,16 @@ class AttentionFunction(torch.autograd.Function):
         if dout.stride(-1) != 1 or 0 in dout.stride():
             dout = dout.contiguous()
         dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, mask=mask, **ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-              deterministic=False, kernel="auto"):
-    """Differentiable :func:`cupy_attention.attention` (same arguments; the mask gets
-    no gradient). ``deterministic=True`` makes the backward bitwise reproducible."""
-    return AttentionFunction.apply(q, k, v, mask, causal, scale, layout, deterministic, kernel)
+              deterministic=False, kernel="auto", window=None, softcap=None):
+    """Differentiable :func:`cupy_attention.attention` (same arguments, ``window`` and
+    ``softcap`` included; the mask gets no gradient). ``deterministic=True`` makes the
+    backward bitwise reproducible."""
+    return AttentionFunction.apply(q, k, v, mask, causal, scale, layout, deterministic, kernel,
+                                   window, softcap)
 
 
 class CUDAAttention(torch.nn.Module):
@@ -67,13 +71,16 @@ class CUDAAttention(torch.nn.Module):
     q/k/v heads are read in place from the projection's output as [B, S, H, D]
     views (layout "bshd"): no transposes, no copies.
 
+    ``window`` and ``softcap`` are :func:`attention`'s (a sliding window ``(left,
+    right)``, logit softcapping).
+
     Weights: ``qkv`` (embed_dim -> (num_heads + 2 num_kv_heads) head_dim, q heads
     first, then k, then v) and ``proj`` (embed_dim -> embed_dim), both ``nn.Linear``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, bias: bool = True, *, deterministic: bool = False,
-                 kernel: str = "auto", device=None, dtype=None):
+                 kernel: str = "auto", window=None, softcap=None, device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or embed_dim % num_heads:
@@ -85,6 +92,8 @@ class CUDAAttention(torch.nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.deterministic, self.kernel = causal, deterministic, kernel
+        self.window = None if window is None else tuple(window)
+        self.softcap = softcap
         factory = dict(device=device, dtype=dtype)
         self.qkv = torch.nn.Linear(embed_dim, (num_heads + 2 * num_kv_heads) * self.head_dim,
                                    bias=bias, **factory)
@@ -96,9 +105,12 @@ class CUDAAttention(torch.nn.Module):
         qkv = self.qkv(x).view(B, S, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         o = attention(q, k, v, causal=self.causal, mask=mask, layout="bshd",
-                      deterministic=self.deterministic, kernel=self.kernel)
+                      deterministic=self.deterministic, kernel=self.kernel,
+                      window=self.window, softcap=self.softcap)
         return self.proj(o.reshape(B, S, self.embed_dim))
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, causal={self.causal}")
+                f"num_kv_heads={self.num_kv_heads}, causal={self.causal}"
+                + (f", window={self.window}" if self.window is not None else "")
+                + (f", softcap={self.softcap}" if self.softcap is not None else ""))

@@ -59,6 +59,11 @@ class Variant:
             out += ",softcap"
         return out + _DENSE_SUFFIX[self.dense]
 
+    def band_only(self) -> "Variant":
+        """The same band without logits or dense mask: what a kernel that only walks
+        the kept keys (a P @ V pass over a finished softmax) instantiates."""
+        return Variant(self.causal, self.window)
+
     def params(self, seqlen_q: int, seqlen_k: int, scale: float) -> dict:
         """The FwdParams fields this variant sets (band and softcap)."""
         import math

@@ -34,6 +34,7 @@ from cupy_attention import jit
 from cupy_attention.errors import (DTypeError, LayoutError, NoDeviceError, ShapeError,
                                    UnsupportedError)
 from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
+from cupy_attention.variant import Variant
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
 from helpers import (as_float, cast, make_qkv, normal, plain_attention, problem_for, record,
@@ -573,20 +574,18 @@ def warm_kernels():
     wanted = {}
     for c, modes, kernel in [(c, (c.get("deterministic", False),), k)
                              for c, k in GRID_CASES] + extra:
-        causal, mask_kind = c.get("causal", False), c.get("mask") or "none"
+        vt = Variant(c.get("causal", False), dense=c.get("mask") or "none")
         if kernel == "flash_wgmma" and device.compute_capability(dev) != 90:
             continue
         for det in modes:
             if kernel == "flash":
-                specs = flash_bwd.specs(flash_bwd.config(c["D"], limit), c["dtype"], causal,
-                                        mask_kind, det)
+                specs = flash_bwd.specs(flash_bwd.config(c["D"], limit), c["dtype"], vt, det)
             elif kernel == "flash_wgmma":
-                specs = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(c["D"]), c["dtype"], causal,
-                                              det)
+                specs = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(c["D"]), c["dtype"], vt, det)
             else:
                 vec = c["D"] % 8 == 0 and c.get("view") not in ("padded", "unaligned")
                 specs = flash_mma_bwd.specs(flash_mma_bwd.config(c["D"], limit), c["dtype"],
-                                            causal, vec, det)
+                                            vt, vec, det)
             for s in specs:
                 wanted[(s, arch)] = None
     workers = max(1, min(len(wanted), os.cpu_count() or 1))

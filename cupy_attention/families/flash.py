@@ -13,7 +13,7 @@ import dataclasses
 from .. import jit
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+from .base import CPP_DTYPE, SHORT_DTYPE, Family, Tensors, fwd_params
 
 _KB = 1024
 
@@ -76,11 +76,10 @@ def config(head_dim: int, smem_limit: int = SM80_SMEM) -> Config | None:
     return None
 
 
-def spec(c: Config, dtype: str, causal: bool, mask_kind: str) -> jit.KernelSpec:
+def spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
     traits = f"FlashTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.threads}, {CPP_DTYPE[dtype]}>"
-    expr = f"flash_fwd<{traits}, {Variant(causal, dense=mask_kind).cpp()}>"
-    name = (f"flash[D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}"
-            f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}]")
+    expr = f"flash_fwd<{traits}, {vt.cpp()}>"
+    name = f"flash[D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}{vt.suffix()}]"
     return jit.KernelSpec("flash.cu", expr, name)
 
 
@@ -114,7 +113,7 @@ class Flash(Family):
         if c is None:
             raise UnsupportedError(f"{self.name} at D={p.head_dim} needs more than the "
                                    f"{limit // _KB} KB of shared memory per block this device has")
-        kernel = jit.get_function(spec(c, p.dtype, p.causal, p.mask_kind), arch, device_id)
+        kernel = jit.get_function(spec(c, p.dtype, p.variant), arch, device_id)
         grid = (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch)
         kernel.launch(grid, (c.threads,), (fwd_params(p, t),), c.smem, stream)
 
@@ -122,10 +121,11 @@ class Flash(Family):
         dtypes = tuple(CPP_DTYPE)
         out = []
         for idx, d in enumerate(_CI_HEAD_DIMS):
-            out.append(spec(config(d), dtypes[idx % 3], idx % 2 == 1, _CI_MASKS[(idx // 2) % 3]))
+            out.append(spec(config(d), dtypes[idx % 3],
+                             Variant(idx % 2 == 1, dense=_CI_MASKS[(idx // 2) % 3])))
         for d in (64, 128):
             for dtype in dtypes:
                 for causal in (False, True):
-                    out.append(spec(config(d), dtype, causal, "none"))
-        out.append(spec(config(256, _SMEM_OPTIN[86]), "bfloat16", True, "bool"))
+                    out.append(spec(config(d), dtype, Variant(causal)))
+        out.append(spec(config(256, _SMEM_OPTIN[86]), "bfloat16", Variant(True, dense="bool")))
         return list(dict.fromkeys(out))

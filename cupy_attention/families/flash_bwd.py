@@ -22,7 +22,7 @@ from .. import jit
 from ..variant import Variant
 from ..params import BWD_DTYPE, make_struct
 from ..problem import DTYPES, Problem
-from .base import (CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Tensors, bhs_strides,
+from .base import (CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
                    fwd_params, grid_check)
 
 _KB = 1024
@@ -79,26 +79,19 @@ def _traits(c: Config, dtype: str) -> str:
     return f"BwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {CPP_DTYPE[dtype]}>"
 
 
-def _tag(c: Config, dtype: str, causal: bool, mask_kind: str) -> str:
-    return (f"D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}"
-            f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}")
+def _tag(c: Config, dtype: str, vt: Variant) -> str:
+    return f"D={c.head_dim},BM={c.block_m},BN={c.block_n},{SHORT_DTYPE[dtype]}{vt.suffix()}"
 
 
-def _policies(causal: bool, mask_kind: str) -> str:
-    return Variant(causal, dense=mask_kind).cpp()
-
-
-def dkdv_spec(c: Config, dtype: str, causal: bool, mask_kind: str,
-              atomic_dq: bool) -> jit.KernelSpec:
-    expr = (f"flash_bwd_dkdv<{_traits(c, dtype)}, {_policies(causal, mask_kind)}, "
-            f"{'true' if atomic_dq else 'false'}>")
-    name = f"flash_bwd_dkdv[{_tag(c, dtype, causal, mask_kind)}{',atomic-dq' if atomic_dq else ''}]"
+def dkdv_spec(c: Config, dtype: str, vt: Variant, atomic_dq: bool) -> jit.KernelSpec:
+    expr = f"flash_bwd_dkdv<{_traits(c, dtype)}, {vt.cpp()}, {'true' if atomic_dq else 'false'}>"
+    name = f"flash_bwd_dkdv[{_tag(c, dtype, vt)}{',atomic-dq' if atomic_dq else ''}]"
     return jit.KernelSpec("flash_bwd.cu", expr, name)
 
 
-def dq_spec(c: Config, dtype: str, causal: bool, mask_kind: str) -> jit.KernelSpec:
-    expr = f"flash_bwd_dq<{_traits(c, dtype)}, {_policies(causal, mask_kind)}>"
-    return jit.KernelSpec("flash_bwd.cu", expr, f"flash_bwd_dq[{_tag(c, dtype, causal, mask_kind)}]")
+def dq_spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
+    expr = f"flash_bwd_dq<{_traits(c, dtype)}, {vt.cpp()}>"
+    return jit.KernelSpec("flash_bwd.cu", expr, f"flash_bwd_dq[{_tag(c, dtype, vt)}]")
 
 
 def delta_spec(dtype: str) -> jit.KernelSpec:
@@ -111,13 +104,11 @@ def convert_spec(dtype: str) -> jit.KernelSpec:
                           f"flash_bwd_dq_convert[{SHORT_DTYPE[dtype]}]")
 
 
-def specs(c: Config, dtype: str, causal: bool, mask_kind: str,
-          deterministic: bool) -> list[jit.KernelSpec]:
+def specs(c: Config, dtype: str, vt: Variant, deterministic: bool) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order."""
     if deterministic:
-        return [delta_spec(dtype), dkdv_spec(c, dtype, causal, mask_kind, False),
-                dq_spec(c, dtype, causal, mask_kind)]
-    return [delta_spec(dtype), dkdv_spec(c, dtype, causal, mask_kind, True), convert_spec(dtype)]
+        return [delta_spec(dtype), dkdv_spec(c, dtype, vt, False), dq_spec(c, dtype, vt)]
+    return [delta_spec(dtype), dkdv_spec(c, dtype, vt, True), convert_spec(dtype)]
 
 
 @dataclasses.dataclass
@@ -172,7 +163,7 @@ def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
         raise UnsupportedError(f"the flash backward at D={p.head_dim} needs more than the "
                                f"{limit // _KB} KB of shared memory per block this device has")
     k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id)
-                             for s in specs(c, p.dtype, p.causal, p.mask_kind, deterministic))
+                             for s in specs(c, p.dtype, p.variant, deterministic))
     args = (bwd_params(p, t),)
     rows = (-(-p.seqlen_q // ROWS_PER_BLOCK), p.heads_q, p.batch)
     k_delta.launch(rows, (THREADS,), args, 0, stream)
@@ -202,13 +193,14 @@ def ci_specs() -> list[jit.KernelSpec]:
     for idx, d in enumerate(_CI_HEAD_DIMS):
         c = config(d)
         dtype, causal, mask = dtypes[idx % 3], idx % 2 == 1, _CI_MASKS[(idx // 2) % 3]
-        out.append(dkdv_spec(c, dtype, causal, mask, idx % 4 != 3))
-        out.append(dq_spec(c, dtype, causal, mask))
+        vt = Variant(causal, dense=mask)
+        out.append(dkdv_spec(c, dtype, vt, idx % 4 != 3))
+        out.append(dq_spec(c, dtype, vt))
     for d in (64, 128):
         for dtype in dtypes:
             for causal in (False, True):
-                out.append(dkdv_spec(config(d), dtype, causal, "none", True))
+                out.append(dkdv_spec(config(d), dtype, Variant(causal), True))
     small = config(256, 99 * _KB)
-    out += specs(small, "bfloat16", True, "bool", False)
-    out += specs(small, "float16", False, "add", True)
+    out += specs(small, "bfloat16", Variant(True, dense="bool"), False)
+    out += specs(small, "float16", Variant(dense="add"), True)
     return list(dict.fromkeys(out))

@@ -7,7 +7,7 @@ import functools
 from .. import jit
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, HotLaunch, Tensors
+from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -51,24 +51,23 @@ def _smem(d_pad: int, cfg) -> int:
     return (bm + 2 * stages * bn) * (d_pad + 8) * 2
 
 
-def spec(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool,
-         cfg=None) -> jit.KernelSpec:
-    bm, bn, warps, stages = cfg or tiles_for(head_dim, mask_kind != "none")
+def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
+    bm, bn, warps, stages = cfg or tiles_for(head_dim, vt.dense != "none")
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
-    expr = f"flash_mma_fwd<{traits}, {Variant(causal, dense=mask_kind).cpp()}>"
+    expr = f"flash_mma_fwd<{traits}, {vt.cpp()}>"
     name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},ST={stages},{SHORT_DTYPE[dtype]}"
-            f"{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}{'' if vec else ',unaligned'}]")
+            f"{vt.suffix()}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma.cu", expr, name)
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, causal: bool, mask_kind: str, vec: bool, device_id: int):
+def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, device_id: int):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
     from ..device import max_shared_per_block
 
-    cfg = tiles_for(head_dim, mask_kind != "none", max_shared_per_block(device_id))
-    return (spec(head_dim, dtype, causal, mask_kind, vec, cfg), cfg[0], 32 * cfg[2],
+    cfg = tiles_for(head_dim, vt.dense != "none", max_shared_per_block(device_id))
+    return (spec(head_dim, dtype, vt, vec, cfg), cfg[0], 32 * cfg[2],
             _smem(-(-head_dim // 16) * 16, cfg))
 
 
@@ -97,7 +96,7 @@ class FlashMma(Family):
     def planner(self, p: Problem, device_id: int):
         """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
         (``vec``) or unaligned kernel for ``p``."""
-        return lambda vec: _plan(p.head_dim, p.dtype, p.causal, p.mask_kind, vec, device_id)
+        return lambda vec: _plan(p.head_dim, p.dtype, p.variant, vec, device_id)
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
@@ -127,10 +126,10 @@ class FlashMma(Family):
         for d in (8, 32, 64, 72, 80, 96, 128, 160, 192, 256):
             for dtype in ("float16", "bfloat16"):
                 for causal in (False, True):
-                    out.append(spec(d, dtype, causal, "none", True))
+                    out.append(spec(d, dtype, Variant(causal), True))
         for d in (1, 40, 59, 111, 224):
-            out.append(spec(d, "bfloat16", d % 2 == 0, "none", d % 8 == 0))
+            out.append(spec(d, "bfloat16", Variant(d % 2 == 0), d % 8 == 0))
         for mask in ("bool", "add"):
-            out.append(spec(128, "float16", True, mask, True))
-            out.append(spec(64, "bfloat16", False, mask, False))
+            out.append(spec(128, "float16", Variant(True, dense=mask), True))
+            out.append(spec(64, "bfloat16", Variant(dense=mask), False))
         return out

@@ -22,7 +22,7 @@ import functools
 
 from .. import jit
 from ..problem import Problem
-from ..variant import Variant
+from ..variant import CAUSAL, Variant
 from . import flash_bwd
 from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
 from .flash_mma import vectorizable_arrays
@@ -101,33 +101,32 @@ def _flag(x: bool) -> str:
     return "true" if x else "false"
 
 
-def dkdv_spec(c: Config, dtype: str, causal: bool, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
+def dkdv_spec(c: Config, dtype: str, vt: Variant, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
               f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
-    expr = (f"flash_mma_bwd_dkdv<{traits}, {Variant(causal).cpp()}, "
-            f"{_flag(atomic_dq)}>")
+    expr = f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}>"
     name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
-            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}"
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}"
             f"{',atomic-dq' if atomic_dq else ''}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
-def dq_spec(c: Config, dtype: str, causal: bool, vec: bool) -> jit.KernelSpec:
+def dq_spec(c: Config, dtype: str, vt: Variant, vec: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, {CPP_DTYPE[dtype]}, "
               f"{_flag(vec)}>")
-    expr = f"flash_mma_bwd_dq<{traits}, {Variant(causal).cpp()}>"
+    expr = f"flash_mma_bwd_dq<{traits}, {vt.cpp()}>"
     name = (f"flash_mma_bwd_dq[D={c.head_dim},BN={c.dq_block_n},W={c.dq_warps},"
-            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{'' if vec else ',unaligned'}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
-def specs(c: Config, dtype: str, causal: bool, vec: bool,
+def specs(c: Config, dtype: str, vt: Variant, vec: bool,
           deterministic: bool) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order."""
     if deterministic:
-        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, vec, False),
-                dq_spec(c, dtype, causal, vec)]
-    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, vec, True),
+        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, vec, False),
+                dq_spec(c, dtype, vt, vec)]
+    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, vec, True),
             flash_bwd.convert_spec(dtype)]
 
 
@@ -153,17 +152,17 @@ def vectorizable(p: Problem, t: flash_bwd.BwdTensors) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, causal: bool, vec: bool, deterministic: bool,
+def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool,
           device_id: int):
     from ..device import max_shared_per_block
 
     c = config(head_dim, max_shared_per_block(device_id))
-    return c, specs(c, dtype, causal, vec, deterministic)
+    return c, specs(c, dtype, vt, vec, deterministic)
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    c, kspecs = _plan(p.head_dim, p.dtype, p.causal, vectorizable(p, t), deterministic,
+    c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vectorizable(p, t), deterministic,
                       device_id)
     launch_passes(p, t, stream, [jit.get_function(s, arch, device_id) for s in kspecs],
                   (c.block_n, 32 * c.warps, c.smem), c, deterministic)
@@ -200,18 +199,18 @@ def ci_specs() -> list[jit.KernelSpec]:
     for idx, d in enumerate(_CI_HEAD_DIMS):
         c = config(d)
         dtype, causal, vec = ("float16", "bfloat16")[idx % 2], idx % 3 != 0, d % 8 == 0
-        out.append(dkdv_spec(c, dtype, causal, vec, idx % 4 != 3))
-        out.append(dq_spec(c, dtype, causal, vec))
+        out.append(dkdv_spec(c, dtype, Variant(causal), vec, idx % 4 != 3))
+        out.append(dq_spec(c, dtype, Variant(causal), vec))
     for d in (64, 128):
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
-                out += specs(config(d), dtype, causal, True, False)
-                out += specs(config(d), dtype, causal, True, True)
+                out += specs(config(d), dtype, Variant(causal), True, False)
+                out += specs(config(d), dtype, Variant(causal), True, True)
     for d in (128, 256):
-        out += specs(config(d, 163 * _KB), "bfloat16", True, True, False)
+        out += specs(config(d, 163 * _KB), "bfloat16", CAUSAL, True, False)
     # The 255-register row (D_PAD = 112, 128) with the mask and copy paths that
     # spilled before its phase 1 was rolled (MmaBwdTraits::P1_TIGHT).
     for d, vec in ((104, True), (112, False), (120, False)):
-        out.append(dkdv_spec(config(d), "bfloat16", True, vec, True))
-    out.append(dkdv_spec(config(112), "float16", False, True, True))
+        out.append(dkdv_spec(config(d), "bfloat16", CAUSAL, vec, True))
+    out.append(dkdv_spec(config(112), "float16", Variant(), True, True))
     return list(dict.fromkeys(out))

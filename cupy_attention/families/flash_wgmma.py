@@ -97,21 +97,21 @@ def smem_bytes(head_dim: int, cfg) -> int:
             + 8 + (2 * consumers + 4 * stages) * 8 + 1024)
 
 
-def spec(head_dim: int, dtype: str, causal: bool, cfg=None) -> jit.KernelSpec:
-    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, causal)
+def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
+    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
-    expr = f"flash_wgmma_fwd<{traits}, {Variant(causal).cpp()}>"
+    expr = f"flash_wgmma_fwd<{traits}, {vt.cpp()}>"
     name = (f"flash_wgmma[D={head_dim},BM={64 * consumers},BN={block_n},S={stages},"
-            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
     return jit.KernelSpec("flash_wgmma.cu", expr, name)
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, causal: bool):
+def _plan(head_dim: int, dtype: str, vt: Variant):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
-    cfg = tiles_for(head_dim, causal)
-    return (spec(head_dim, dtype, causal, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
+    cfg = tiles_for(head_dim, vt.causal)
+    return (spec(head_dim, dtype, vt, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
             smem_bytes(head_dim, cfg))
 
 
@@ -247,7 +247,7 @@ class FlashWgmma(FlashMma):
         section = np.int32(l2_section(p))
 
         def plan(vec: bool):
-            return _plan(p.head_dim, p.dtype, p.causal) if vec else mma_plan(False)
+            return _plan(p.head_dim, p.dtype, p.variant) if vec else mma_plan(False)
 
         def grid(vec: bool):
             return (blocks,) if vec else None
@@ -264,9 +264,9 @@ class FlashWgmma(FlashMma):
         for d in (64, 128, 256):
             for dtype in ("float16", "bfloat16"):
                 for causal in (False, True):
-                    out.append(spec(d, dtype, causal))
+                    out.append(spec(d, dtype, Variant(causal)))
         for d in (72, 80, 88, 96, 112, 120, 160, 192, 232):
-            out.append(spec(d, "bfloat16", d % 16 == 0))
-        out.append(spec(96, "float16", False))
-        out.append(spec(232, "float16", True))
+            out.append(spec(d, "bfloat16", Variant(d % 16 == 0)))
+        out.append(spec(96, "float16", Variant()))
+        out.append(spec(232, "float16", Variant(True)))
         return out

@@ -104,23 +104,21 @@ def config(head_dim: int) -> Config | None:
     return None
 
 
-def dkdv_spec(c: Config, dtype: str, causal: bool, atomic_dq: bool) -> jit.KernelSpec:
+def dkdv_spec(c: Config, dtype: str, vt: Variant, atomic_dq: bool) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = (f"{kernel}<{traits}, {Variant(causal).cpp()}, "
-            f"{'true' if atomic_dq else 'false'}>")
+    expr = f"{kernel}<{traits}, {vt.cpp()}, {'true' if atomic_dq else 'false'}>"
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
-            f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}"
-            f"{',atomic-dq' if atomic_dq else ''}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{',atomic-dq' if atomic_dq else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
 
 
-def specs(c: Config, dtype: str, causal: bool, deterministic: bool) -> list[jit.KernelSpec]:
+def specs(c: Config, dtype: str, vt: Variant, deterministic: bool) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order."""
     if deterministic:
-        dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, causal, True)
-        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, False), dq]
-    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, causal, True),
+        dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
+        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, False), dq]
+    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, True),
             flash_bwd.convert_spec(dtype)]
 
 
@@ -144,10 +142,10 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, causal: bool, deterministic: bool):
+def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim)
-    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, causal, deterministic)
+    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic)
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -155,7 +153,7 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
     if not flash_mma_bwd.vectorizable(p, t):
         flash_mma_bwd.launch(p, t, stream, device_id, arch, deterministic)
         return
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.causal, deterministic)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     flash_mma_bwd.launch_passes(p, t, stream, kernels, (c.block_n, THREADS, c.smem), dq,
                                 deterministic)
@@ -170,5 +168,5 @@ def ci_specs() -> list[jit.KernelSpec]:
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 for atomic in (True, False):
-                    out.append(dkdv_spec(config(d), dtype, causal, atomic))
+                    out.append(dkdv_spec(config(d), dtype, Variant(causal), atomic))
     return out

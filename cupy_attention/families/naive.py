@@ -5,19 +5,19 @@ from __future__ import annotations
 from .. import jit
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+from .base import CPP_DENSE, CPP_DTYPE, SHORT_DTYPE, Family, Tensors, fwd_params
 
 THREADS = 128
 
 
-def specs(dtype: str, causal: bool, mask_kind: str) -> tuple[jit.KernelSpec, ...]:
-    t, c, v = CPP_DTYPE[dtype], Variant(causal).cpp(), Variant(causal, dense=mask_kind).cpp()
-    tag = f"{SHORT_DTYPE[dtype]}{',causal' if causal else ''}{MASK_SUFFIX[mask_kind]}"
+def specs(dtype: str, vt: Variant) -> tuple[jit.KernelSpec, ...]:
+    t, band, short = CPP_DTYPE[dtype], vt.band_only(), SHORT_DTYPE[dtype]
     return (
-        jit.KernelSpec("naive.cu", f"naive_scores<{t}, {v}>", f"naive_scores[{tag}]"),
+        jit.KernelSpec("naive.cu", f"naive_scores<{t}, {vt.cpp()}>",
+                       f"naive_scores[{short}{vt.suffix()}]"),
         jit.KernelSpec("naive.cu", "naive_softmax", "naive_softmax"),
-        jit.KernelSpec("naive.cu", f"naive_pv<{t}, {c}>",
-                       f"naive_pv[{SHORT_DTYPE[dtype]}{',causal' if causal else ''}]"),
+        jit.KernelSpec("naive.cu", f"naive_pv<{t}, {band.cpp()}>",
+                       f"naive_pv[{short}{band.suffix()}]"),
     )
 
 
@@ -34,7 +34,7 @@ class Naive(Family):
         scratch = cupy.empty((p.batch, p.heads_q, p.seqlen_q, p.seqlen_k), dtype=cupy.float32)
         args = (fwd_params(p, t, scratch),)
         k_scores, k_softmax, k_pv = (jit.get_function(s, arch, device_id)
-                                     for s in specs(p.dtype, p.causal, p.mask_kind))
+                                     for s in specs(p.dtype, p.variant))
         cells = p.seqlen_q * p.seqlen_k
         k_scores.launch((-(-cells // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
         k_softmax.launch((-(-p.seqlen_q // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
@@ -46,5 +46,5 @@ class Naive(Family):
         for dtype in CPP_DTYPE:
             for causal in (False, True):
                 for mask in CPP_DENSE:
-                    out.extend(specs(dtype, causal, mask))
+                    out.extend(specs(dtype, Variant(causal, dense=mask)))
         return list(dict.fromkeys(out))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import jit
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DENSE, CPP_DTYPE, MASK_SUFFIX, SHORT_DTYPE, Family, Tensors, fwd_params
+from .base import CPP_DENSE, CPP_DTYPE, SHORT_DTYPE, Family, Tensors, fwd_params
 
 TILE = 32       # output tile side (queries x keys, or queries x head-dim columns)
 THREADS = 256   # 8 warps: each thread computes 4 rows of one column
@@ -13,16 +13,15 @@ _WARPS = THREADS // 32
 _TRAITS = f"TiledTraits<{TILE}, {THREADS}>"
 
 
-def specs(dtype: str, causal: bool, mask_kind: str) -> tuple[jit.KernelSpec, ...]:
-    t, c, v = CPP_DTYPE[dtype], Variant(causal).cpp(), Variant(causal, dense=mask_kind).cpp()
-    short, causal_tag = SHORT_DTYPE[dtype], ",causal" if causal else ""
+def specs(dtype: str, vt: Variant) -> tuple[jit.KernelSpec, ...]:
+    t, band, short = CPP_DTYPE[dtype], vt.band_only(), SHORT_DTYPE[dtype]
     return (
-        jit.KernelSpec("tiled.cu", f"tiled_scores<{_TRAITS}, {t}, {v}>",
-                       f"tiled_scores[TILE={TILE},{short}{causal_tag}{MASK_SUFFIX[mask_kind]}]"),
-        jit.KernelSpec("tiled.cu", f"tiled_softmax<{_TRAITS}, {c}>",
-                       f"tiled_softmax[{'causal' if causal else 'full'}]"),
-        jit.KernelSpec("tiled.cu", f"tiled_pv<{_TRAITS}, {t}, {c}>",
-                       f"tiled_pv[TILE={TILE},{short}{causal_tag}]"),
+        jit.KernelSpec("tiled.cu", f"tiled_scores<{_TRAITS}, {t}, {vt.cpp()}>",
+                       f"tiled_scores[TILE={TILE},{short}{vt.suffix()}]"),
+        jit.KernelSpec("tiled.cu", f"tiled_softmax<{_TRAITS}, {band.cpp()}>",
+                       f"tiled_softmax[{band.suffix().lstrip(',') or 'full'}]"),
+        jit.KernelSpec("tiled.cu", f"tiled_pv<{_TRAITS}, {t}, {band.cpp()}>",
+                       f"tiled_pv[TILE={TILE},{short}{band.suffix()}]"),
     )
 
 
@@ -43,7 +42,7 @@ class Tiled(Family):
         scratch = cupy.empty((p.batch, p.heads_q, p.seqlen_q, p.seqlen_k), dtype=cupy.float32)
         args = (fwd_params(p, t, scratch),)
         k_scores, k_softmax, k_pv = (jit.get_function(s, arch, device_id)
-                                     for s in specs(p.dtype, p.causal, p.mask_kind))
+                                     for s in specs(p.dtype, p.variant))
         q_tiles = _tiles(p.seqlen_q)
         k_scores.launch((q_tiles * _tiles(p.seqlen_k), p.heads_q, p.batch), (THREADS,), args, 0,
                         stream)
@@ -57,5 +56,5 @@ class Tiled(Family):
         for dtype in CPP_DTYPE:
             for causal in (False, True):
                 for mask in CPP_DENSE:
-                    out.extend(specs(dtype, causal, mask))
+                    out.extend(specs(dtype, Variant(causal, dense=mask)))
         return list(dict.fromkeys(out))

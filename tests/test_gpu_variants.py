@@ -1,0 +1,341 @@
+"""Sliding window and softcap on the device: every forward family (O and LSE) and
+every backward family (dQ, dK, dV) against the float64 reference, with TESTING.md's
+tolerance rule (``same``: a plain implementation in the kernel's precision, written
+here independently of the kernels and of cupy_attention.reference).
+
+The grid is sampled, not a product: each family runs every window of WINDOWS with
+and without softcap; head dim, (Sq, Sk), dtype, layout and KV heads rotate with the
+case index so every value of each axis meets every family. (Sq, Sk) pairs with
+Sq > Sk leave the first rows of the right-bounded windows no key at all (output 0,
+LSE -inf, zero gradients), checked exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention.dispatch import FAMILIES
+from cupy_attention.reference import attention_backward_reference, attention_reference
+
+from helpers import (as_float, make_out, make_qkv, noise_floor, problem_for, round_to,
+                     seed_for, to_bhsd, tolerance)
+
+pytestmark = pytest.mark.gpu
+
+# (causal, window): FlashAttention's window_size, -1 = unbounded
+WINDOWS = [(True, (-1, -1)), (False, (128, 0)), (False, (64, 64)), (False, (0, 0)),
+           (False, (300, -1))]
+SOFTCAPS = [None, 30.0]
+SHAPES = [(333, 517), (517, 333), (384, 384), (400, 150)]   # (Sq, Sk)
+DTYPES = ("float16", "bfloat16")
+LAYOUTS = ("bhsd", "bshd")
+HKV = (4, 2, 1)                                              # Hq = 4: MHA, GQA, MQA
+FWD_FAMILIES = ("naive", "tiled", "flash", "flash_mma", "flash_wgmma")
+BWD_FAMILIES = ("flash", "flash_mma", "flash_wgmma")
+HEAD_DIMS = {"flash_wgmma": (64, 128, 80, 256)}
+OTHER_HEAD_DIMS = (64, 128, 72)
+
+
+def _cases(families):
+    out = []
+    for fam in families:
+        dims = HEAD_DIMS.get(fam, OTHER_HEAD_DIMS)
+        for idx, ((causal, window), softcap) in enumerate(
+                (w, c) for w in WINDOWS for c in SOFTCAPS):
+            out.append(pytest.param(dict(
+                family=fam, causal=causal, window=window, softcap=softcap,
+                head_dim=dims[idx % len(dims)], shape=SHAPES[(idx // 2 + idx) % len(SHAPES)],
+                dtype=DTYPES[idx % 2], layout=LAYOUTS[(idx // 3) % 2], heads_kv=HKV[idx % 3],
+                deterministic=idx % 4 == 3),
+                id=f"{fam}-{'causal-' if causal else ''}w{window[0]}_{window[1]}"
+                   f"-cap{softcap or 0:g}-i{idx}"))
+    return out
+
+
+def _shape(c):
+    sq, sk = c["shape"]
+    return dict(batch=1, heads_q=4, heads_kv=c["heads_kv"], seqlen_q=sq, seqlen_k=sk,
+                head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
+
+
+def _inputs(c, what):
+    import cupy
+
+    magnitude = 2.0 if c["softcap"] else 1.0   # scores up to ~10: the cap bends them
+    q, k, v, _ = make_qkv(cupy, seed_for(what, c["family"], c["window"], c["softcap"],
+                                         c["head_dim"]), magnitude=magnitude, **_shape(c))
+    return q, k, v
+
+
+def _band(sq, sk, causal, window):
+    """keep[i, j]: written out from the convention, bottom-right aligned."""
+    i = np.arange(sq)[:, None] + (sk - sq)
+    j = np.arange(sk)[None, :]
+    left, right = window
+    keep = np.ones((sq, sk), dtype=bool)
+    if causal:
+        keep &= j <= i
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def _same(q, k, v, c, dout=None, out=None):
+    """TESTING.md's ``same`` on the host: inputs rounded to the dtype, fp32 scores,
+    softcap and softmax, P rounded to the dtype before P @ V, results rounded. With
+    ``dout`` (and the forward's ``out``): the gradients instead, fp32 throughout."""
+    dtype, layout = c["dtype"], c["layout"]
+    f32 = np.float32
+    q, k, v = (round_to(to_bhsd(as_float(x).get(), layout), dtype, np).astype(f32)
+               for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scale = f32(1.0 / math.sqrt(q.shape[-1]))
+    raw = np.matmul(q, kr.swapaxes(-1, -2)) * scale
+    s, t = raw, None
+    if c["softcap"]:
+        cap = f32(c["softcap"])
+        t = np.tanh(raw / cap)
+        s = cap * t
+    keep = np.broadcast_to(_band(q.shape[2], k.shape[2], c["causal"], c["window"]), s.shape)
+    s = np.where(keep, s, f32(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), f32(0), m)
+    e = np.exp(s - m)
+    l_ = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(l_ > 0, l_, f32(1))
+    if dout is None:
+        o = round_to(np.matmul(round_to(p, dtype, np).astype(f32), vr), dtype, np)
+        with np.errstate(divide="ignore"):
+            lse = np.where(l_ > 0, np.log(np.where(l_ > 0, l_, f32(1))) + m, -np.inf)[..., 0]
+        return o.astype(np.float64), lse.astype(np.float64)
+    do, o = (round_to(to_bhsd(as_float(x).get(), layout), dtype, np).astype(f32)
+             for x in (dout, out))
+    dv = np.matmul(p.swapaxes(-1, -2), do)
+    dp = np.matmul(do, vr.swapaxes(-1, -2))
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    if t is not None:
+        ds = ds * (f32(1) - t * t)
+    dq = np.matmul(ds, kr) * scale
+    dk = np.matmul(ds.swapaxes(-1, -2), q) * scale
+
+    def per_kv(x):
+        b, h, s_, d = x.shape
+        return x.reshape(b, h // group, group, s_, d).sum(axis=2)
+
+    return tuple(round_to(g, dtype, np).astype(np.float64) for g in (dq, per_kv(dk), per_kv(dv)))
+
+
+def _skip_unless_forward(c, cc):
+    p = problem_for(causal=c["causal"], **_shape(c))
+    reason = FAMILIES[c["family"]].check(p, cc)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _skip_unless_backward(c, cc):
+    from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
+
+    import cupy
+
+    from cupy_attention import device
+
+    p = problem_for(causal=c["causal"], **_shape(c))
+    smem = device.max_shared_per_block(cupy.cuda.runtime.getDevice())
+    fam = c["family"]
+    reason = (flash_bwd.check(p, cc) if fam == "flash" else
+              flash_mma_bwd.check(p, cc, smem) if fam == "flash_mma" else
+              flash_wgmma_bwd.check(p, cc, smem))
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _empty_rows(c):
+    sq, sk = c["shape"]
+    return ~_band(sq, sk, c["causal"], c["window"]).any(axis=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_in_parallel():
+    """Compile every instantiation this module launches in a process pool first (the
+    families' launches run with a recording get_function; nothing executes)."""
+    import concurrent.futures as cf
+    import multiprocessing
+    import os
+
+    import cupy
+
+    from cupy_attention import jit
+
+    from helpers import _compile_into_cache
+
+    if not jit.cache_enabled():
+        return
+    wanted: dict = {}
+
+    class _NoLaunch:
+        max_dynamic_smem = 0
+
+        def launch(self, *args, **kwargs):
+            pass
+
+    def record(spec, arch, device_id):
+        wanted[(spec, arch)] = None
+        return _NoLaunch()
+
+    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    jit.get_function = record
+    jit.LoadedKernel.launch = lambda self, *a, **k: None
+    try:
+        for param in _cases(FWD_FAMILIES) + _cases(BWD_FAMILIES):
+            c = param.values[0]
+            q, k, v, _ = make_qkv(cupy, 0, values=False, **_shape(c))
+            out_b, lse_b = make_out(cupy, batch=1, heads_q=4, seqlen_q=c["shape"][0],
+                                    head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
+            opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
+                        layout=c["layout"])
+            try:
+                ca.attention(q, k, v, out=out_b.view, lse_out=lse_b.view, kernel=c["family"],
+                             **opts)
+                if c["family"] in BWD_FAMILIES:
+                    ca.attention_backward(out_b.view, q, k, v, out_b.view, lse_b.view,
+                                          kernel=c["family"], deterministic=c["deterministic"],
+                                          **opts)
+            except Exception:   # unsupported here: the test says so
+                continue
+    finally:
+        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
+    cupy.cuda.runtime.deviceSynchronize()
+    jobs = list(wanted)
+    if jobs:
+        workers = max(1, min(len(jobs), os.cpu_count() or 1))
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            list(pool.map(_compile_into_cache, jobs))
+
+
+@pytest.mark.parametrize("c", _cases(FWD_FAMILIES))
+def test_forward(c, device_cc):
+    import cupy
+
+    _skip_unless_forward(c, device_cc)
+    q, k, v = _inputs(c, "fwd")
+    out_b, lse_b = make_out(cupy, batch=1, heads_q=4, seqlen_q=c["shape"][0],
+                            head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
+    out, lse = ca.attention(q, k, v, causal=c["causal"], window=c["window"],
+                            softcap=c["softcap"], layout=c["layout"], out=out_b.view,
+                            lse_out=lse_b.view, return_lse=True, kernel=c["family"])
+    host = [as_float(x).get() for x in (q, k, v)]
+    ref, ref_lse = attention_reference(*host, causal=c["causal"], window=c["window"],
+                                       softcap=c["softcap"], layout=c["layout"])
+    same, same_lse = _same(q, k, v, c)
+    got = to_bhsd(as_float(out).get(), c["layout"])
+    got_lse = lse.get().astype(np.float64)
+    tolerance(got, to_bhsd(ref, c["layout"]), same, c["dtype"], "out")
+    fin = np.isfinite(ref_lse)
+    lse_extra = 4 * 2.0 ** -23 * max(1.0, float(np.abs(ref_lse[fin]).max())) / math.log(2)
+    tolerance(got_lse, ref_lse, same_lse, "float32", "lse", extra=lse_extra)
+    empty = _empty_rows(c)
+    assert (got[:, :, empty] == 0).all(), "rows that see no key must give exactly 0"
+    assert np.isneginf(got_lse[:, :, empty]).all(), "rows that see no key must give LSE -inf"
+    assert out_b.outside_untouched() and lse_b.outside_untouched()
+
+
+@pytest.mark.parametrize("c", _cases(BWD_FAMILIES))
+def test_backward(c, device_cc):
+    import cupy
+
+    _skip_unless_backward(c, device_cc)
+    q, k, v = _inputs(c, "bwd")
+    opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"], layout=c["layout"])
+    out, lse = ca.attention(q, k, v, return_lse=True, kernel="auto", **opts)
+    dout, _, _, _ = make_qkv(cupy, seed_for("dout", c["family"], c["window"]), **_shape(c))
+    dout = cupy.ascontiguousarray(dout)
+    grads = ca.attention_backward(dout, q, k, v, out, lse, kernel=c["family"],
+                                  deterministic=c["deterministic"], **opts)
+    host = [as_float(x).get() for x in (dout, q, k, v)]
+    refs = attention_backward_reference(*host, causal=c["causal"], window=c["window"],
+                                        softcap=c["softcap"], layout=c["layout"])
+    sames = _same(q, k, v, c, dout=dout, out=out)
+    empty = _empty_rows(c)
+    for name, g, r, s in zip(("dq", "dk", "dv"), grads, refs, sames):
+        got = to_bhsd(as_float(g).get(), c["layout"])
+        r = to_bhsd(r, c["layout"])
+        # window (0, 0) with Sq == Sk: one key per row, so dq = dk = 0 exactly in float64
+        # and the rule's noise floor is 0; allow the dtype's noise at the kernel's scale.
+        extra = noise_floor(s, c["dtype"]) if not np.abs(r).max() else 0.0
+        tolerance(got, r, s, c["dtype"], name, factor=3.0, extra=extra)
+        if name == "dq":
+            assert (got[:, :, empty] == 0).all(), "rows that see no key get zero dq"
+
+
+def test_hot_path_keeps_windows_apart():
+    """Repeated calls with the same arrays (the hot path) and different windows or
+    softcaps each give their own result."""
+    import cupy
+
+    c = dict(family="auto", causal=False, window=(16, 0), softcap=None, head_dim=64,
+             shape=(200, 200), dtype="float16", layout="bhsd", heads_kv=2)
+    q, k, v = _inputs(c, "hot")
+    host = [as_float(x).get() for x in (q, k, v)]
+    for window, softcap in [((16, 0), None), ((-1, 5), None), ((16, 0), 2.0), ((16, 0), None),
+                            (None, None)] * 2:
+        out = ca.attention(q, k, v, window=window, softcap=softcap)
+        cupy.cuda.get_current_stream().synchronize()
+        ref, _ = attention_reference(*host, window=window, softcap=softcap)
+        err = float(np.abs(as_float(out).get() - ref).max())
+        assert err < 1e-2, f"window={window} softcap={softcap}: max err {err}"
+
+
+def test_torch_autograd_passes_window_and_softcap():
+    torch = pytest.importorskip("torch")
+    import cupy_attention.torch as cat
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 300, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for _ in range(3))
+    k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    out = cat.attention(q, k, v, causal=True, window=(40, -1), softcap=5.0)
+    dout = torch.randn(out.shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    out.backward(dout)
+    host = [x.detach().double().cpu().numpy() for x in (q, k, v)]
+    ref, _ = attention_reference(*host, causal=True, window=(40, -1), softcap=5.0)
+    grads = attention_backward_reference(dout.double().cpu().numpy(), *host, causal=True,
+                                         window=(40, -1), softcap=5.0)
+    assert float(np.abs(out.detach().double().cpu().numpy() - ref).max()) < 3e-2
+    for x, g in zip((q, k, v), grads):
+        scale = max(1.0, float(np.abs(g).max()))
+        assert float(np.abs(x.grad.double().cpu().numpy() - g).max()) < 5e-2 * scale
+
+
+def test_window_with_dense_mask(device_cc):
+    """A window and a boolean mask together (the families that take dense masks):
+    the keys kept are the intersection."""
+    import cupy
+
+    c = dict(family="flash", causal=False, window=(32, 8), softcap=None, head_dim=64,
+             shape=(150, 170), dtype="float16", layout="bhsd", heads_kv=4)
+    q, k, v = _inputs(c, "mask")
+    rng = np.random.default_rng(11)
+    mask = rng.random((1, 1, 150, 170)) < 0.7
+    host = [as_float(x).get() for x in (q, k, v)]
+    ref, ref_lse = attention_reference(*host, window=(32, 8), mask=mask)
+    p = problem_for(batch=1, heads_q=4, heads_kv=4, seqlen_q=150, seqlen_k=170, head_dim=64,
+                    dtype="float16", mask=mask)
+    for fam in ("naive", "tiled", "flash", "flash_mma"):
+        if FAMILIES[fam].check(p, device_cc) is not None:
+            continue
+        out, lse = ca.attention(q, k, v, window=(32, 8), mask=cupy.asarray(mask),
+                                return_lse=True, kernel=fam)
+        got = as_float(out).get()
+        assert float(np.abs(got - ref).max()) < 1e-2, fam
+        same_inf = np.isneginf(lse.get()) == np.isneginf(ref_lse)
+        assert same_inf.all(), fam
