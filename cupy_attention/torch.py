@@ -9,57 +9,111 @@ Tensors cross to the kernels zero-copy (DLPack) and run on torch's current strea
 the forward saves q, k, v, out and the row log-sum-exp (O(S), never the S x S
 probabilities) for the backward.
 
-torch.compile: not supported yet. :class:`AttentionFunction` is a plain
-``torch.autograd.Function``, not a ``torch.library`` custom op, so dynamo cannot
-trace into it: compiled models graph-break around the attention call (the rest
-still compiles) and ``fullgraph=True`` fails.
+torch.compile: the forward and the backward are ``torch.library`` custom operators
+(``cupy_attention::attention_fwd``, ``cupy_attention::attention_bwd``) with fake
+implementations (shapes and dtypes only) and a registered autograd formula, so
+``torch.compile(model, fullgraph=True)`` traces through :func:`attention` and
+:class:`CUDAAttention` without a graph break, and the compiled backward calls our
+backward kernel. Outputs are fresh contiguous tensors (never views of an input).
 """
 
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import torch
 
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
+from .problem import check_softcap, check_window
 
 
-class AttentionFunction(torch.autograd.Function):
-    """``out = attention(q, k, v, ...)`` with gradients for q, k and v.
+def _window(window_left: int, window_right: int):
+    """The op's two ints back to :func:`cupy_attention.attention`'s ``window``
+    (``NO_WINDOW`` in the left slot: none)."""
+    return None if window_left == NO_WINDOW else (window_left, window_right)
 
-    ``kernel`` picks the forward kernel (any :func:`cupy_attention.kernels` name);
-    the backward runs the fused backward kernels, or the float64 host reference
-    when ``kernel="reference"`` (which also works on CPU tensors, for checking).
-    """
 
-    @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, layout, deterministic, kernel, window=None,
-                softcap=None):
-        out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
-                              return_lse=True, kernel=kernel, window=window, softcap=softcap)
-        ctx.save_for_backward(q, k, v, out, lse, mask)
-        ctx.options = dict(causal=causal, scale=scale, layout=layout, window=window,
-                           softcap=softcap,
-                           deterministic=deterministic,
-                           kernel="reference" if kernel == "reference" else "auto")
-        return out
+NO_WINDOW = -2  # -1 already means "unbounded" inside a window
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse, mask = ctx.saved_tensors
-        # Autograd may hand over broadcast (stride 0) or transposed gradients.
-        if dout.stride(-1) != 1 or 0 in dout.stride():
-            dout = dout.contiguous()
-        dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, mask=mask, **ctx.options)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+@torch.library.custom_op("cupy_attention::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                  causal: bool, scale: Optional[float], layout: str, window_left: int,
+                  window_right: int, softcap: Optional[float], kernel: str,
+                  deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of :func:`cupy_attention.attention` as a torch operator
+    (``deterministic`` is the backward's: kept for the registered autograd formula)."""
+    out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
+                          return_lse=True, kernel=kernel,
+                          window=_window(window_left, window_right), softcap=softcap)
+    return out, lse
+
+
+@attention_fwd.register_fake
+def _(q, k, v, mask, causal, scale, layout, window_left, window_right, softcap, kernel,
+      deterministic):
+    batch, heads, rows = ((q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd"
+                          else tuple(q.shape[:3]))
+    return q.new_empty(q.shape), q.new_empty((batch, heads, rows), dtype=torch.float32)
+
+
+@torch.library.custom_op("cupy_attention::attention_bwd", mutates_args=())
+def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, mask: Optional[torch.Tensor],
+                  causal: bool, scale: Optional[float], layout: str, window_left: int,
+                  window_right: int, softcap: Optional[float], deterministic: bool,
+                  kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of :func:`cupy_attention.attention_backward` as a torch operator."""
+    # Autograd may hand over broadcast (stride 0) or transposed gradients.
+    if dout.stride(-1) != 1 or 0 in dout.stride():
+        dout = dout.contiguous()
+    dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
+                                     mask=mask, layout=layout,
+                                     window=_window(window_left, window_right),
+                                     softcap=softcap, deterministic=deterministic, kernel=kernel)
+    # the operator's contract: fresh contiguous tensors, as its fake says
+    return tuple(g if g.is_contiguous() else g.contiguous() for g in (dq, dk, dv))
+
+
+@attention_bwd.register_fake
+def _(dout, q, k, v, out, lse, mask, causal, scale, layout, window_left, window_right, softcap,
+      deterministic, kernel):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, mask, causal, scale, layout, window_left, window_right, softcap, kernel,
+     deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, mask)
+    ctx.options = (causal, scale, layout, window_left, window_right, softcap, deterministic,
+                   "reference" if kernel == "reference" else "auto")
+
+
+def _backward(ctx, dout, dlse):
+    # the LSE is an output of the operator, not of attention(): nothing flows into it
+    q, k, v, out, lse, mask = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, *ctx.options)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
+                                setup_context=_setup_context)
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
               deterministic=False, kernel="auto", window=None, softcap=None):
     """Differentiable :func:`cupy_attention.attention` (same arguments, ``window`` and
     ``softcap`` included; the mask gets no gradient). ``deterministic=True`` makes the
-    backward bitwise reproducible."""
-    return AttentionFunction.apply(q, k, v, mask, causal, scale, layout, deterministic, kernel,
-                                   window, softcap)
+    backward bitwise reproducible. Traceable by ``torch.compile`` (custom operators)."""
+    window = check_window(window, bool(causal), 1 << 62, 1 << 62)  # typed errors, no clipping
+    window_left, window_right = (NO_WINDOW, 0) if window is None else window
+    softcap = check_softcap(softcap) or None
+    out, _ = attention_fwd(q, k, v, mask, bool(causal), None if scale is None else float(scale),
+                           layout, window_left, window_right, softcap, kernel,
+                           bool(deterministic))
+    return out
 
 
 class CUDAAttention(torch.nn.Module):
