@@ -6,6 +6,7 @@ import numpy as np
 
 from . import device as _device
 from . import dispatch, interop
+from .arrays import device_mask, host64, like
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
 from .reference import attention_reference
@@ -179,7 +180,7 @@ def _torch_operands(p: Problem, ctx, q, k, v, mask, out, lse_out, want_lse):
             m = interop.torch_view(m.expand(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k),
                                    "mask", ctx)
         else:
-            m = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
+            m = device_mask(interop.to_cupy(mask, "mask", ctx), p)
     view = interop.torch_view
     tensors = Tensors(view(q, "q", ctx), view(k, "k", ctx), view(v, "v", ctx),
                       view(out, "out", ctx),
@@ -200,20 +201,8 @@ def _cupy_operands(p: Problem, ctx, q, k, v, mask, out, lse_out, want_lse):
         lc = cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32)
     mc = None
     if mask is not None and not p.empty and p.seqlen_k:
-        mc = _device_mask(interop.to_cupy(mask, "mask", ctx), p)
+        mc = device_mask(interop.to_cupy(mask, "mask", ctx), p)
     return Tensors(qc, kc, vc, oc, lc, mc), (oc, lc)
-
-
-def _device_mask(mc, p: Problem):
-    """The user mask as the kernels read it: uint8 or float32, broadcast (stride 0)."""
-    if mc is None:
-        return None
-    cupy = _device.require_cupy()
-    if p.mask_kind == "bool":
-        mc = mc.view(cupy.uint8)
-    elif mc.dtype != cupy.float32:
-        mc = mc.astype(cupy.float32)
-    return cupy.broadcast_to(mc, (p.batch, p.heads_q, p.seqlen_q, p.seqlen_k))
 
 
 def _fill(arr, value: float) -> None:
@@ -234,27 +223,13 @@ def _give_back(arr, user_array, ctx):
     return user_array
 
 
-def _host(x):
-    """A float64 NumPy copy of any supported array."""
-    if x is None:
-        return None
-    if type(x).__module__.startswith("torch"):
-        x = x.detach()
-        return (x.cpu().numpy() if str(x.dtype) == "torch.bool"
-                else x.to(dtype=__import__("torch").float64).cpu().numpy())
-    if type(x).__module__.startswith("cupy"):
-        x = x.get()
-    x = np.asarray(x)
-    return x if x.dtype == np.bool_ else x.astype(np.float64)
-
-
 def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse):
-    ref_out, ref_lse = attention_reference(_host(q), _host(k), _host(v), causal=p.causal,
-                                           scale=p.scale, mask=_host(mask), layout=p.layout,
+    ref_out, ref_lse = attention_reference(host64(q), host64(k), host64(v), causal=p.causal,
+                                           scale=p.scale, mask=host64(mask), layout=p.layout,
                                            window=p.window, softcap=p.softcap)
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
-    o = _like(ref_out, q, kind)
-    lse = _like(ref_lse, q, kind, float32=True)
+    o = like(ref_out, q, kind)
+    lse = like(ref_lse, q, kind, float32=True)
     if out is not None:
         out[...] = o
         o = out
@@ -262,18 +237,3 @@ def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse):
         lse_out[...] = lse
         lse = lse_out
     return (o, lse) if return_lse else o
-
-
-def _like(x64, proto, kind, float32=False):
-    """Cast a float64 host result to ``proto``'s dtype and array kind."""
-    if kind == "torch":
-        import torch
-
-        t = torch.from_numpy(np.ascontiguousarray(x64))
-        dtype = torch.float32 if float32 else proto.dtype
-        return t.to(device=proto.device, dtype=dtype)
-    dtype = np.float32 if float32 else proto.dtype
-    if kind == "cupy":
-        cupy = _device.require_cupy()
-        return cupy.asarray(x64.astype(dtype))
-    return x64.astype(dtype)

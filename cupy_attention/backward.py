@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from . import device as _device
 from . import interop
-from .api import _device_mask, _host, _like
+from .arrays import device_mask, host64, like
+from .dispatch import BACKWARD_FAMILIES, BackwardFamily, choose_backward
 from .errors import DTypeError, ShapeError, UnsupportedError
-from .families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
+from .families import flash_bwd
 from .families.base import Tensors
 from .problem import Problem, check_like, describe, out_shape, validate
 from .reference import attention_backward_reference
 
-BACKWARD_KERNELS = ("auto", "flash_wgmma", "flash_mma", "flash", "reference")
+BACKWARD_KERNELS = ("auto", *BACKWARD_FAMILIES, "reference")
 
 
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
@@ -70,26 +71,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family)
 
 
-def _choose(p: Problem, kernel: str, device_id: int):
-    """The backward family module (flash_wgmma_bwd, flash_mma_bwd or flash_bwd) that
-    runs ``p``."""
-    cc = _device.compute_capability(device_id)
-    smem = _device.max_shared_per_block(device_id)
-    tensor_core = (("flash_wgmma", flash_wgmma_bwd), ("flash_mma", flash_mma_bwd))
-    for name, family in tensor_core:
-        reason = family.check(p, cc, smem)
-        if kernel == name or (kernel == "auto" and reason is None):
-            if reason is not None:
-                alts = [n for n, f in tensor_core if n != name and f.check(p, cc, smem) is None]
-                if flash_bwd.check(p, cc) is None:
-                    alts.append("flash")
-                alt = " or ".join(f"kernel='{a}'" for a in alts + ["reference"])
-                raise UnsupportedError(f"{reason}; {alt} runs it")
-            return family
-    reason = flash_bwd.check(p, cc)
-    if reason is not None:
-        raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")
-    return flash_bwd
+def _choose(p: Problem, kernel: str, device_id: int) -> BackwardFamily:
+    """The backward family that runs ``p`` on ``device_id`` (dispatch.choose_backward)."""
+    return choose_backward(p, kernel, _device.compute_capability(device_id),
+                           _device.max_shared_per_block(device_id))
 
 
 def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
@@ -118,7 +103,7 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
             if lc.strides[-1] != 4:
                 lc = cupy.ascontiguousarray(lc)   # the kernels read LSE rows with unit stride
             t = flash_bwd.BwdTensors(
-                fwd=Tensors(qc, kc, vc, oc, lc, _device_mask(interop.to_cupy(mask, "mask", ctx), p)),
+                fwd=Tensors(qc, kc, vc, oc, lc, device_mask(interop.to_cupy(mask, "mask", ctx), p)),
                 dout=dc, dq=dq, dk=dk, dv=dv,
                 delta=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
                 dq_accum=None if deterministic else cupy.empty(
@@ -129,8 +114,8 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
 
 
 def _reference(p: Problem, dout, q, k, v, mask):
-    grads = attention_backward_reference(_host(dout), _host(q), _host(k), _host(v),
-                                         causal=p.causal, scale=p.scale, mask=_host(mask),
+    grads = attention_backward_reference(host64(dout), host64(q), host64(k), host64(v),
+                                         causal=p.causal, scale=p.scale, mask=host64(mask),
                                          layout=p.layout, window=p.window, softcap=p.softcap)
     kind = interop.array_kind(q)
-    return tuple(_like(g, q, kind) for g in grads)
+    return tuple(like(g, q, kind) for g in grads)

@@ -60,7 +60,7 @@ from rich.table import Table
 import cupy_attention as ca
 
 from . import device, dispatch, jit
-from .api import _host as host64
+from .arrays import host64
 from .errors import NoDeviceError, UnsupportedError
 from .interop import _is_torch
 from .problem import Problem

@@ -1,13 +1,17 @@
 """Kernel families by name, and the choice behind ``kernel="auto"``.
 
-``FAMILIES`` lists the device families fastest first: ``auto`` takes the first one
-whose :meth:`~cupy_attention.families.base.Family.check` accepts the problem on the
+``FAMILIES`` (forward) and ``BACKWARD_FAMILIES`` list the device families fastest
+first: ``auto`` takes the first one whose ``check`` accepts the problem on the
 current device. ``reference`` (float64 NumPy on the host) is handled by the API.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from types import ModuleType
+
 from .errors import UnsupportedError
+from .families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from .families.base import Family
 from .families.decode import Decode
 from .families.flash import Flash
@@ -50,3 +54,50 @@ def choose(p: Problem, kernel: str, cc: int | None) -> Family:
         others = [n for n in supporting(p, cc) if n != kernel] + list(HOST_KERNELS)
         raise UnsupportedError(f"{reason}; kernels that run this problem: {', '.join(others)}")
     return family
+
+
+# ---------------------------------------------------------------------------
+# Backward
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardFamily:
+    """A backward family module (``check``, ``launch``, ``specs``, ``ci_specs``)
+    under its kernel name. ``smem_bound``: its ``check`` takes the device's
+    shared-memory limit per block (the tensor-core ones size tiles by it)."""
+    name: str
+    module: ModuleType
+    smem_bound: bool
+
+    def check(self, p: Problem, cc: int | None, smem: int) -> str | None:
+        return self.module.check(p, cc, smem) if self.smem_bound else self.module.check(p, cc)
+
+    def launch(self, p: Problem, t, stream, device_id: int, arch: str,
+               deterministic: bool) -> None:
+        self.module.launch(p, t, stream, device_id, arch, deterministic)
+
+
+BACKWARD_FAMILIES: dict[str, BackwardFamily] = {f.name: f for f in (
+    BackwardFamily("flash_wgmma", flash_wgmma_bwd, True),
+    BackwardFamily("flash_mma", flash_mma_bwd, True),
+    BackwardFamily("flash", flash_bwd, False))}
+
+
+def choose_backward(p: Problem, kernel: str, cc: int | None, smem: int) -> BackwardFamily:
+    """The backward family that runs ``p`` (``kernel`` "auto" or a name of
+    ``BACKWARD_FAMILIES``); a typed error naming the alternatives if none can."""
+    if kernel == "auto":
+        for family in BACKWARD_FAMILIES.values():
+            if family.check(p, cc, smem) is None:
+                return family
+        last = list(BACKWARD_FAMILIES.values())[-1]
+        raise UnsupportedError(f"{last.check(p, cc, smem)}; kernel='reference' runs it on the host")
+    family = BACKWARD_FAMILIES[kernel]
+    reason = family.check(p, cc, smem)
+    if reason is None:
+        return family
+    alts = [n for n, f in BACKWARD_FAMILIES.items() if n != kernel and f.check(p, cc, smem) is None]
+    if not alts:
+        raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")
+    alt = " or ".join(f"kernel='{a}'" for a in alts + ["reference"])
+    raise UnsupportedError(f"{reason}; {alt} runs it")

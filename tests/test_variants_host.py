@@ -259,3 +259,29 @@ def test_hot_signature_separates_windows():
             for w, c in ((None, None), ((1, 0), None), ((True, 0), None), ((1, 0), 2.0),
                          ((1, 0), 2))}
     assert len(keys) == 5
+
+
+# ---------------------------------------------------------------------------
+# The backward registry (dispatch.choose_backward), device properties given
+
+
+def test_choose_backward_order_and_errors():
+    from cupy_attention.dispatch import BACKWARD_FAMILIES, choose_backward
+    from cupy_attention.errors import UnsupportedError
+
+    from helpers import problem_for, standin
+
+    hopper_smem = 227 * 1024
+    shape = dict(batch=1, heads_q=2, heads_kv=1, seqlen_q=64, seqlen_k=64, head_dim=128)
+    assert list(BACKWARD_FAMILIES) == ["flash_wgmma", "flash_mma", "flash"]
+    p16 = problem_for(dtype="float16", **shape)
+    assert choose_backward(p16, "auto", 90, hopper_smem).name == "flash_wgmma"
+    assert choose_backward(p16, "auto", 80, 163 * 1024).name == "flash_mma"
+    p32 = problem_for(dtype="float32", **shape)
+    assert choose_backward(p32, "auto", 90, hopper_smem).name == "flash"
+    with pytest.raises(UnsupportedError, match="kernel='flash' or kernel='reference' runs it"):
+        choose_backward(p32, "flash_mma", 90, hopper_smem)
+    masked = problem_for(dtype="float16", mask=standin((1, 1, 64, 64), "bool"), **shape)
+    assert choose_backward(masked, "auto", 90, hopper_smem).name == "flash"
+    with pytest.raises(UnsupportedError, match="dense mask"):
+        choose_backward(masked, "flash_wgmma", 90, hopper_smem)
