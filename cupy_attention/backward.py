@@ -94,10 +94,10 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
                               ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout")))
         kv_shape = out_shape(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, p.layout)
         empty = p.empty or p.seqlen_k == 0
-        alloc = cupy.zeros if empty else cupy.empty
-        dq = alloc(qc.shape, dtype=qc.dtype)
-        dk = alloc(kv_shape, dtype=qc.dtype)
-        dv = alloc(kv_shape, dtype=qc.dtype)
+        alloc = _allocator(ctx, q)
+        dq = alloc(qc.shape, qc.dtype, empty)
+        dk = alloc(kv_shape, qc.dtype, empty)
+        dv = alloc(kv_shape, qc.dtype, empty)
         if not empty:
             lc = interop.to_cupy(lse, "lse", ctx)
             if lc.strides[-1] != 4:
@@ -105,12 +105,29 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
             t = flash_bwd.BwdTensors(
                 fwd=Tensors(qc, kc, vc, oc, lc, device_mask(interop.to_cupy(mask, "mask", ctx), p)),
                 dout=dc, dq=dq, dk=dk, dv=dv,
-                delta=cupy.empty((p.batch, p.heads_q, p.seqlen_q), dtype=cupy.float32),
-                dq_accum=None if deterministic else cupy.empty(
-                    (p.batch, p.heads_q, p.seqlen_q, p.head_dim), dtype=cupy.float32))
+                delta=alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
+                dq_accum=None if deterministic else alloc(
+                    (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
             family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                           deterministic)
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
+
+
+def _allocator(ctx, q):
+    """``alloc(shape, cupy dtype, zero)`` -> a CuPy array on ``ctx``'s device. With torch
+    tensors the memory comes from torch's caching allocator (viewed through DLPack),
+    which CUDA-graph capture understands; CuPy's pool may call cudaMalloc, which a
+    capturing stream refuses."""
+    cupy = _device.require_cupy()
+    if ctx.kind != "torch":
+        return lambda shape, dtype, zero: (cupy.zeros if zero else cupy.empty)(shape, dtype=dtype)
+    import torch
+
+    def alloc(shape, dtype, zero):
+        tdtype = ctx.torch_dtype if cupy.dtype(dtype).itemsize == 2 else torch.float32
+        t = (torch.zeros if zero else torch.empty)(shape, dtype=tdtype, device=q.device)
+        return interop.to_cupy(t, "scratch", ctx)
+    return alloc
 
 
 def _reference(p: Problem, dout, q, k, v, mask):
