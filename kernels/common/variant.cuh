@@ -207,7 +207,8 @@ struct GridFrag {
 
 template <class V>
 struct Scores {
-  // x(r, c) = partial && (r, c) is masked ? fill : op(x(r, c), r, c, i, j) for every
+  // x(r, c) = partial && (r, c) is masked (outside the band, key past Sk or query
+  // past Sq) ? fill : op(x(r, c), r, c, i, j) for every
   // element of fragment `f`, whose tile corner is query i0, key j0. With TRANSPOSED
   // the fragment's rows are keys and its columns queries (the backward's S^T).
   // `at(idx)` returns a reference to flat element idx = Frag::at(r, c); `op` maps
@@ -237,13 +238,16 @@ struct Scores {
     for (int r = 0; r < Frag::ROWS; ++r) {
       const int row = row_base + Frag::row(r);
       // The row's kept columns, relative to the fragment's first column: [lo, hi).
+      // Queries past Sq (tile padding) keep nothing: their zero-filled q meets a
+      // NaN key as NaN, which must not reach dK through a P that is not 0.
       int lo, hi;
       if constexpr (TRANSPOSED) {
         lo = V::Band::col_begin(p, row) - col_base;
-        hi = (row < p.seqlen_k ? V::Band::col_end(p, row) : -(1 << 30)) - col_base;
+        hi = (row < p.seqlen_k ? cmin(V::Band::col_end(p, row), p.seqlen_q) : -(1 << 30)) -
+             col_base;
       } else {
         lo = V::Band::row_begin(p, row) - col_base;
-        hi = V::Band::row_end(p, row) - col_base;
+        hi = row < p.seqlen_q ? V::Band::row_end(p, row) - col_base : -(1 << 30);
       }
 #pragma unroll
       for (int c = 0; c < Frag::COLS; ++c) {
