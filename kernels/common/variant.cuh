@@ -268,7 +268,8 @@ struct Scores {
   // dense mask, op runs once on every element (one copy of it in the code) and a
   // partial tile then selects its masked elements to fill; with a dense mask, map
   // (op reads memory: kept elements only). One copy of op keeps the plain kernels'
-  // register allocation (map's two copies spill flash_mma at D = 128).
+  // register allocation (map's two copies spill flash_mma at D = 128); the
+  // backward's p_ds is the other way round.
   template <bool TRANSPOSED = false, class Frag, class At, class Op>
   __device__ __forceinline__ static void apply(const Frag& f, At&& at, const FwdParams& p, int i0,
                                                int j0, bool partial, float fill, Op&& op) {
@@ -300,7 +301,9 @@ struct Scores {
   __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
                                               const FwdParams& p, int b, int h, int i0, int j0,
                                               bool partial, Lse&& lse2, Delta&& delta) {
-    apply<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
+    // map, not apply: its per-branch copies keep the mma backward's registers lower
+    // (apply spills flash_mma_bwd_dkdv at D = 112).
+    map<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
       const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
       float& y = dp(Frag::at(r, c));
       y = pij * (y - delta(r, c)) * V::Logits::grad(p, dot);
