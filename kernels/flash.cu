@@ -313,10 +313,9 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_fwd(const F
     // Block-uniform: only tiles crossing Sk or a band edge need an element test.
     // Masked scores are selected to -inf, not multiplied: Inf/NaN from masked-out K
     // stays out.
-    Scores<VT>::map(GridFrag<TM, TN, 1, 1>(ty * TM, tx * TN),
-                    [&](int x) -> float& { return s[x / TN][x % TN]; }, p, q0, k0,
-                    VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1), -CA_INF,
-                    ScoreOp<VT, true>{p, b, h});
+    Scores<VT>::template forward<true>(GridFrag<TM, TN, 1, 1>(ty * TM, tx * TN),
+                                       [&](int x) -> float& { return s[x / TN][x % TN]; }, p, b, h,
+                                       q0, k0, VT::partial(p, q0, q_last, k0, k0 + Tr::BLOCK_N - 1));
 #pragma unroll
     for (int r = 0; r < TM; ++r) {
       float tile_max = -CA_INF;

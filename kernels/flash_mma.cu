@@ -323,8 +323,8 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams p) 
                                   k0 + KT::BLOCK_N - 1);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      Scores<VT>::map(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
-                      p, q0 + row0 + 16 * mt, k0, edge, -CA_INF, ScoreOp<VT>{p, b, h});
+      Scores<VT>::forward(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
+                          p, b, h, q0 + row0 + 16 * mt, k0, edge);
     softmax_tile<KT>(s, acc, row);
     pv_tile<KT>(acc, s, v_addr + buf_bytes);
   }

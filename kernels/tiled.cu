@@ -91,10 +91,9 @@ __global__ void __launch_bounds__(Tr::THREADS) tiled_scores(const FwdParams p) {
   float s2[Tr::ROWS_PER_THREAD];
 #pragma unroll
   for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) s2[r] = float(dot[r]);
-  Scores<VT>::map(GridFrag<Tr::ROWS_PER_THREAD, 1, Tr::ROW_STEP, 1>(ty, tx),
-                  [&](int x) -> float& { return s2[x]; }, p, q0, k0,
-                  VT::partial(p, q0, q_last, k0, k0 + Tr::TILE - 1), -CA_INF,
-                  ScoreOp<VT, true>{p, b, h});
+  Scores<VT>::template forward<true>(GridFrag<Tr::ROWS_PER_THREAD, 1, Tr::ROW_STEP, 1>(ty, tx),
+                                     [&](int x) -> float& { return s2[x]; }, p, b, h, q0, k0,
+                                     VT::partial(p, q0, q_last, k0, k0 + Tr::TILE - 1));
 #pragma unroll
   for (int r = 0; r < Tr::ROWS_PER_THREAD; ++r) {
     const int row = ty + r * Tr::ROW_STEP;

@@ -28,8 +28,10 @@
 //                                             per-element work (every row sees every
 //                                             key, no dense mask, no key past Sk)
 //   kFastSoftmax                              the max-free softmax stays valid
-//   Scores<V>::map / map_t (below)            the one loop that applies band, logits
-//                                             and dense mask to a thread's scores
+//   Scores<V>::map (below)                    the one loop that applies band, logits
+//                                             and dense mask to a thread's scores;
+//                                             apply, forward and p_ds (the backward's
+//                                             P and dS) are built on it
 // Hazards: a masked score is *selected* to a fill value (-inf before a softmax, 0
 // after an exp), never multiplied, so NaN/Inf in masked keys stays out.
 #pragma once
@@ -205,6 +207,9 @@ struct GridFrag {
   __device__ __forceinline__ static constexpr int at(int r, int c) { return r * TN + c; }
 };
 
+template <class V, bool EXACT = false>
+struct ScoreOp;
+
 template <class V>
 struct Scores {
   // x(r, c) = partial && (r, c) is masked (outside the band, key past Sk or query
@@ -267,6 +272,32 @@ struct Scores {
       }
     }
   }
+  // map's result in the shape the CUDA-core and mma.sync kernels want: without a
+  // dense mask, op runs once on every element (one copy of it in the code) and a
+  // partial tile then selects its masked elements to fill; with a dense mask, map
+  // (op reads memory: kept elements only). One copy of op keeps the plain kernels'
+  // register allocation (map's two copies spill flash_mma at D = 128); the
+  // backward's p_ds is the other way round.
+  template <bool TRANSPOSED = false, class Frag, class At, class Op>
+  __device__ __forceinline__ static void apply(const Frag& f, At&& at, const FwdParams& p, int i0,
+                                               int j0, bool partial, float fill, Op&& op) {
+    if constexpr (V::Dense::enabled) {
+      map<TRANSPOSED>(f, at, p, i0, j0, partial, fill, op);
+    } else {
+      map<TRANSPOSED>(f, at, p, i0, j0, false, fill, op);
+      if (partial)
+        map<TRANSPOSED>(f, at, p, i0, j0, true, fill, [](float x, int, int, int, int) { return x; });
+    }
+  }
+
+  // The forward's scores of one fragment: x = V::score(x) in the exp2 domain, -inf
+  // where masked (EXACT as PlainLogits says).
+  template <bool EXACT = false, class Frag, class At>
+  __device__ __forceinline__ static void forward(const Frag& f, At&& at, const FwdParams& p, int b,
+                                                 int h, int i0, int j0, bool partial) {
+    apply(f, at, p, i0, j0, partial, -CA_INF, ScoreOp<V, EXACT>{p, b, h});
+  }
+
   // The backward's P and dS of one fragment, from the raw dot products in `s` and dP
   // in `dp` (the same layout): P = exp2(score(dot) - lse2), dS = P (dP - delta)
   // Logits::grad(dot), the gradient of the raw dot before the final multiplication by
@@ -278,6 +309,8 @@ struct Scores {
   __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
                                               const FwdParams& p, int b, int h, int i0, int j0,
                                               bool partial, Lse&& lse2, Delta&& delta) {
+    // map, not apply: its per-branch copies keep the mma backward's registers lower
+    // (apply spills flash_mma_bwd_dkdv at D = 112).
     map<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
       const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
       float& y = dp(Frag::at(r, c));
@@ -305,7 +338,7 @@ struct Scores {
 };
 
 // The forward's op for Scores<V>::map: the score s2 of query i, key j.
-template <class V, bool EXACT = false>
+template <class V, bool EXACT>
 struct ScoreOp {
   const FwdParams& p;
   int b, h;
