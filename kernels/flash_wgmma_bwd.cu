@@ -84,10 +84,9 @@
 // Config.smem must equal (tests/test_wgmma_bwd_storage.py).
 // Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
 // fence_proxy_async() before the barrier that publishes them.
-// Variant: p_from_s applies it through Scores<VT>::map<true> (S^T: rows are keys),
-// once per tile, element by element only where the warp's keys x the tile's
-// queries are partial (VT::partial: Sk, the band's edges); query rows past Sq read
-// lse = +inf (P = 0). A logits transform (softcap) enters dS^T as d s / d dot
+// Variant: p_from_s applies it once per tile (VT::Logits, and VT::keep element by
+// element only where the warp's keys x the tile's queries are partial: Sk, the
+// band's edges); query rows past Sq read lse = +inf (P = 0). A logits transform (softcap) enters dS^T as d s / d dot
 // (logits_grad_of_score, variant.cuh) of the score recomputed from P: s2 = log2 P +
 // lse2 (p_times_grad), so no register holds S^T past P^T.
 // Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
@@ -316,44 +315,42 @@ struct Producer {
 // ---------------------------------------------------------------------------
 // Consumer steps: one warp's registers; the caller fences and waits around them.
 
-// lse of the tile's queries in the exp2 domain, per column c of an MmaFrag (query
-// m0 + Frag::col(c) + 2t); rows past Sq and rows that attend nothing: +inf, so P =
-// exp2(-inf) = 0. Reads lse of the tile's stage.
-template <class KT>
-__device__ __forceinline__ void lse2_of_columns(float (&lse2)[KT::BLOCK_M / 4], const FwdParams& f,
-                                                const float* s_lse, int m0, int t) {
+// P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
+// query m0 + 8 nt + 2 t + c. The variant: its logits (VT::Logits::s2), and where
+// the warp's 16 keys x the tile are partial (VT::partial: Sk, the band's edges) its
+// per-element test VT::keep, P selected to 0 where it fails. Column pairs outer,
+// rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
+// keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
+// 13). Reads lse of the tile's stage.
+template <class KT, class VT>
+__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+                                         const float* s_lse, int m0, int j0, int lane) {
+  static_assert(!VT::Dense::enabled, "no dense masks in this family");
+  const int g = lane / 4, t = lane % 4;
+  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
 #pragma unroll
   for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
     const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
+      const int i = m0 + col + c;
       const float l = c ? lse.y : lse.x;
-      lse2[2 * nt + c] = (m0 + col + c < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+      // Rows past Sq and rows that attend nothing: +inf, so P = exp2(-inf) = 0.
+      const float lse2 = (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = j0 + g + 8 * r;
+        const bool kept = !partial || VT::keep(f, i, j);
+        float& x = s[nt * 4 + 2 * r + c];
+        if constexpr (VT::Logits::kTransform) {
+          x = kept ? fast_exp2(VT::Logits::s2(f, x) - lse2) : 0.f;
+        } else {
+          x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+        }
+      }
     }
   }
-}
-
-// P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
-// query m0 + 8 nt + 2 t + c (MmaFrag, TRANSPOSED). The variant through
-// Scores<VT>::map<true>: element masks only where the warp's 16 keys x the tile are
-// partial; P selected to 0 where masked.
-template <class KT, class VT>
-__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
-                                         const float* s_lse, int m0, int j0, int lane) {
-  using Frag = MmaFrag<KT::Q_TILES>;
-  float lse2[Frag::COLS];
-  lse2_of_columns<KT>(lse2, f, s_lse, m0, lane % 4);
-  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
-  Scores<VT>::template map<true>(
-      Frag(lane), [&](int idx) -> float& { return s[idx]; }, f, m0, j0, partial, 0.f,
-      [&](float dot, int, int c, int, int) {
-        if constexpr (VT::Logits::kTransform) {
-          return fast_exp2(VT::Logits::s2(f, dot) - lse2[c]);
-        } else {
-          return fast_exp2(fmaf(dot, f.scale_log2, -lse2[c]));
-        }
-      });
 }
 
 // Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
