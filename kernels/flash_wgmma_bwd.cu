@@ -39,8 +39,8 @@
 //      and at the start of the next tile, after its proxy fence and barrier, dQ /
 //      scale is added into dq_accum with fp32 reductions (red.global.add.v2.f32;
 //      their order varies from run to run). The proxy fence is a memory barrier:
-//      placed after the reductions it waited for them (H200, bf16: up to 14%
-//      slower, D = 128 causal the most).
+//      placed after the reductions it would wait for them (measured:
+//      benchmarks/results/notes-wgmma-bwd-comments.md).
 //      The async MMAs overlap the warpgroup's own element-wise work; the block's
 //      two warpgroups keep the tensor cores fed between each other's waits. No MMA
 //      is in flight across iterations: in every variant tried that overlapped a
@@ -73,16 +73,22 @@
 //      and are bitwise reproducible.
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
 //      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
-// Shared memory (16-bit swizzled tiles, SwizzledTile of wgmma.cuh; rows of D_K, D
-// rounded up to 16, columns D..D_K zero-filled for the k16 steps, and the tiles
-// themselves take whole 64-column blocks):
-//   sK, sV [BLOCK_N][D_K]   sQ, sdO [2][BLOCK_M][D_K]   sdS [BLOCK_N][BLOCK_M]
-//   (wide) sP [BLOCK_N * BLOCK_M] fp32   sStats [2][2][BLOCK_M] fp32 (lse, then
-//   delta, per buffer)
+// Roles: TileScheduler (the block's keys and the query tiles that see them),
+// Producer (cp.async copies into the stage its PipelineState names), the consumer
+// steps (scores, P^T, dS^T, the accumulating wgmma, dQ), Epilogue (dQ reductions,
+// dK and dV stores); the two kernels at the end run them.
+// Shared memory: WgmmaBwdTraits::Storage (16-bit swizzled tiles, SwizzledTile of
+// wgmma.cuh; rows of D_K, D rounded up to 16, columns D..D_K zero-filled for the
+// k16 steps, and the tiles themselves take whole 64-column blocks); its sizeof plus
+// the alignment slack is SMEM_BYTES (storage.cuh: smem_bytes<KT>), which the host's
+// Config.smem must equal (tests/test_wgmma_bwd_storage.py).
 // Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
 // fence_proxy_async() before the barrier that publishes them.
-// Masking: as flash_mma_bwd. Tiles that cross Sk or the causal diagonal are masked
-// element by element (P selected to 0); query rows past Sq read lse = +inf (P = 0).
+// Variant: p_from_s applies it once per tile (VT::Logits, and VT::keep element by
+// element only where the warp's keys x the tile's queries are partial: Sk, the
+// band's edges); query rows past Sq read lse = +inf (P = 0). A logits transform (softcap) enters dS^T as d s / d dot
+// (logits_grad_of_score, variant.cuh) of the score recomputed from P: s2 = log2 P +
+// lse2 (p_times_grad), so no register holds S^T past P^T.
 // Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
 // sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
 // read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
@@ -90,7 +96,12 @@
 // Constraints: D a multiple of 8 from 64 to 256; 16-byte aligned base pointers and
 // strides of q, k, v, dout (the host runs flash_mma_bwd otherwise). No dense masks.
 #include "common/bwd_tiles.cuh"
+#include "common/storage.cuh"
 #include "common/wgmma.cuh"
+
+// One of two types by a compile-time flag.
+template <bool C, class A, class B> struct SelectType { using type = A; };
+template <class A, class B> struct SelectType<false, A, B> { using type = B; };
 
 template <int D_, int BLOCK_M_, class T_>
 struct WgmmaBwdTraits {
@@ -101,6 +112,7 @@ struct WgmmaBwdTraits {
   static constexpr int BLOCK_M = BLOCK_M_;        // queries per tile
   static constexpr int BLOCK_N = WIDE ? 64 : 128; // keys per block
   static constexpr int THREADS = 256;
+  static constexpr int kStages = 2;               // query-tile buffers: Q, dout, lse, delta
   static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
@@ -133,21 +145,92 @@ struct WgmmaBwdTraits {
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
-  static constexpr int SMEM_KV = KVTile::BYTES;
-  static constexpr int SMEM_Q = QTile::BYTES;     // one buffer of sQ or of sdO
-  static constexpr int SMEM_DS = DsTile::BYTES;
-  static constexpr int SMEM_P = WIDE ? BLOCK_N * BLOCK_M * 4 : 0;
-  static constexpr int SMEM_STATS = 2 * BLOCK_M * 4;  // one buffer: lse, delta
-  // + 1024: the base is rounded up to the 1024-byte boundary the swizzle is defined on.
-  static constexpr int SMEM_BYTES =
-      2 * SMEM_KV + 4 * SMEM_Q + SMEM_DS + SMEM_P + 2 * SMEM_STATS + 1024;
+
+  // Shared memory, placed at a 1024-byte boundary (storage_base): the swizzled tiles
+  // first, each a whole number of 1024-byte swizzle atoms.
+  struct Tiles {
+    unsigned char k[KVTile::BYTES];                // the block's keys, resident
+    unsigned char v[KVTile::BYTES];
+    unsigned char q[kStages][QTile::BYTES];        // the query tile, per stage
+    unsigned char dout[kStages][QTile::BYTES];
+    unsigned char ds[DsTile::BYTES];               // dS^T [key][query], for dQ = dS K
+    float stats[kStages][2][BLOCK_M];              // per stage: lse, then delta
+  };
+  // The wide kernel hands P^T from warpgroup 0 to 1 in fp32.
+  struct WideTiles : Tiles {
+    float p[BLOCK_N * BLOCK_M];
+  };
+  using Storage = typename SelectType<WIDE, WideTiles, Tiles>::type;
+  static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
   static_assert(!WIDE || BLOCK_M == 64, "the wide kernel takes 64-query tiles");
   static_assert(2 * BLOCK_M <= THREADS, "one thread per lse/delta value");
+  static_assert(KVTile::BYTES % 1024 == 0 && QTile::BYTES % 1024 == 0 && DsTile::BYTES % 1024 == 0,
+                "tiles stay on the 1024-byte boundaries of the swizzle");
 };
+
+// Named barriers (bar.sync ids; 0 is __syncthreads'): the wide kernel's hand-overs.
+enum WgmmaBwdBarrier : int {
+  kBarP = 1,   // sP written by warpgroup 0, read by 1
+  kBarDs = 2,  // sdS written by warpgroup 1, read by both (dQ)
+};
+
+extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
+
+// The Storage fields' shared addresses from one 32-bit base (storage.cuh), and plain
+// pointers for the fields read or written by ordinary loads and stores.
+template <class KT>
+struct BwdSmem {
+  using S = typename KT::Storage;
+  u32 base;
+  __device__ __forceinline__ u32 k() const { return CA_FIELD(base, S, k); }
+  __device__ __forceinline__ u32 v() const { return CA_FIELD(base, S, v); }
+  __device__ __forceinline__ u32 q(int stage) const {
+    return CA_FIELD(base, S, q) + stage * KT::QTile::BYTES;
+  }
+  __device__ __forceinline__ u32 dout(int stage) const {
+    return CA_FIELD(base, S, dout) + stage * KT::QTile::BYTES;
+  }
+  __device__ __forceinline__ u32 ds() const { return CA_FIELD(base, S, ds); }
+  __device__ __forceinline__ u32 stats(int stage) const {
+    return CA_FIELD(base, S, stats) + stage * (2 * KT::BLOCK_M * 4);
+  }
+  __device__ __forceinline__ const float* lse(int stage) const {
+    return shared_ptr<const float>(wgmma_bwd_smem, stats(stage));
+  }
+  __device__ __forceinline__ const float* delta(int stage) const { return lse(stage) + KT::BLOCK_M; }
+  __device__ __forceinline__ unsigned char* bytes(u32 a) const {
+    return shared_ptr<unsigned char>(wgmma_bwd_smem, a);
+  }
+  __device__ __forceinline__ float* p_slots() const {  // the wide kernel's P^T
+    return shared_ptr<float>(wgmma_bwd_smem, CA_FIELD(base, S, p));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Tile scheduler: the block's work. One block per (key block, KV head, batch) of
+// the grid, so no claim counter: keys n0.. of KV head h_kv, batch b, against the
+// query tiles that see them (QueryTileWalk: the variant's q_begin, q_end, over each
+// query head of the KV head's group in turn). Reads params only.
+template <class KT, class VT>
+struct TileScheduler {
+  const FwdParams& f;
+  const int n0, h_kv, b;
+  const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk;
+
+  __device__ __forceinline__ explicit TileScheduler(const FwdParams& f_)
+      : f(f_), n0(blockIdx.x * KT::BLOCK_N), h_kv(blockIdx.y), b(blockIdx.z),
+        walk(f_, blockIdx.x * KT::BLOCK_N) {}
+  __device__ __forceinline__ int iters() const { return walk.iters; }
+  __device__ __forceinline__ int head(int it) const { return walk.head(it, h_kv, f.group); }
+  __device__ __forceinline__ int m0(int it) const { return walk.m0(it); }
+};
+
+// ---------------------------------------------------------------------------
+// Producer: cp.async copies by all 256 threads, one commit group per query tile.
 
 // Copy rows [0, ROWS) of a tile of D columns (row stride `stride`) into the
 // swizzled tile at shared address `s`, zero-filling rows outside [row_lo, row_hi)
@@ -155,21 +238,20 @@ struct WgmmaBwdTraits {
 // (cp.async with 0 source bytes). Each thread takes one chunk slot (8 columns; 8, 16
 // or 32 slots a row, those past D_K idle) at rows r0, r0 + PASS_ROWS, ...; those
 // rows agree mod 8, so the swizzled destination advances by a constant.
-// (flash_wgmma.cu's producer copies the same layout with 128 threads and partly
-// unrolled loops; this kernel at 241-252 registers measured 12% slower at D = 64
-// with that loop shape, so each kernel keeps its own.)
-template <class K, class Tile, int ROWS>
-__device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 stride, int row_lo,
-                                          int row_hi, const typename K::T* head) {
-  constexpr int CHUNKS = K::D / 8, K_CHUNKS = K::D_K / 8;
+// (flash_wgmma.cu's producer copies the same layout with its own loop shape, which
+// measured slower here: benchmarks/results/notes-wgmma-bwd-comments.md.)
+template <class KT, class Tile, int ROWS>
+__device__ __forceinline__ void load_rows(u32 s, const typename KT::T* g, i64 stride, int row_lo,
+                                          int row_hi, const typename KT::T* head) {
+  constexpr int CHUNKS = KT::D / 8, K_CHUNKS = KT::D_K / 8;
   constexpr int SLOTS = K_CHUNKS <= 8 ? 8 : K_CHUNKS <= 16 ? 16 : 32;
-  constexpr int PASS_ROWS = K::THREADS / SLOTS;
+  constexpr int PASS_ROWS = KT::THREADS / SLOTS;
   static_assert(ROWS % PASS_ROWS == 0 && PASS_ROWS % 8 == 0, "whole passes of 8-row groups");
   const int r0 = threadIdx.x / SLOTS, chunk = threadIdx.x % SLOTS;
   if (chunk >= K_CHUNKS) return;
   const bool data = chunk < CHUNKS;
   const u32 dst = s + Tile::offset(r0, chunk);
-  const typename K::T* src = g + r0 * stride + (data ? chunk * 8 : 0);
+  const typename KT::T* src = g + r0 * stride + (data ? chunk * 8 : 0);
 #pragma unroll
   for (int i = 0; i < ROWS / PASS_ROWS; ++i) {
     const int r = r0 + i * PASS_ROWS;
@@ -178,133 +260,76 @@ __device__ __forceinline__ void load_rows(u32 s, const typename K::T* g, i64 str
   }
 }
 
-// What both dK/dV kernels share: the shared-memory layout, the block's place in the
-// problem, the copies of K, V and the query tiles, the dQ reductions and the
-// epilogue's stores.
-template <class K, class VT>
-struct DkdvBlock {
-  using T = typename K::T;
+// Writes: sK, sV once; per query tile, its stage's sQ, sdO, lse and delta (stage
+// from `next`, advanced per tile). Signals: one cp.async group per load_first /
+// load_q; the consumers wait for it (cp_async_wait) and publish it to the async
+// proxy (fence_proxy_async, a block barrier) before any wgmma reads it.
+template <class KT, class VT>
+struct Producer {
+  using T = typename KT::T;
   const BwdParams& p;
-  unsigned char* const smem;
-  const u32 sK, sV, sQ, sdO, sdS, sP, sStats;  // sQ, sdO, sStats: two buffers each
-  const int n0, h_kv, b;
-  const QueryTileWalk<K::BLOCK_M, K::BLOCK_N, VT> walk;
+  const BwdSmem<KT> st;
+  const TileScheduler<KT, VT>& sched;
+  PipelineState<KT::kStages> next;  // the stage of the next query tile loaded
 
-  __device__ __forceinline__ DkdvBlock(const BwdParams& p_, unsigned char* smem_)
-      : p(p_), smem(smem_), sK((smem_addr(smem_) + 1023) & ~1023u), sV(sK + K::SMEM_KV),
-        sQ(sV + K::SMEM_KV), sdO(sQ + 2 * K::SMEM_Q), sdS(sdO + 2 * K::SMEM_Q),
-        sP(sdS + K::SMEM_DS), sStats(sP + K::SMEM_P), n0(blockIdx.x * K::BLOCK_N),
-        h_kv(blockIdx.y), b(blockIdx.z), walk(p_.fwd, blockIdx.x * K::BLOCK_N) {}
-
-  // Generic pointer to shared address `a`, for plain loads and stores.
-  __device__ __forceinline__ unsigned char* at(u32 a) const {
-    return smem + (a - smem_addr(smem));
-  }
-  __device__ __forceinline__ const float* lse(int buf) const {
-    return reinterpret_cast<const float*>(at(sStats + buf * K::SMEM_STATS));
-  }
-  __device__ __forceinline__ const float* delta(int buf) const { return lse(buf) + K::BLOCK_M; }
-
-  // Query tile `it` (Q, dout, lse, delta) into buffer it % 2, as one cp.async group.
-  __device__ __forceinline__ void load_q(int it) const {
+  // Query tile `it` (Q, dout, lse, delta) into stage next.index().
+  __device__ __forceinline__ void load_q(int it) {
     const FwdParams& f = p.fwd;
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
-    const int buf = it & 1;
-    const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+    const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
+    const T* q_head = static_cast<const T*>(f.q) + sched.b * f.q_batch_stride + h * f.q_head_stride;
     const T* o_head =
-        static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
-    const int lo = walk.row_lo(f, m0), hi = walk.row_hi(f, m0);
-    load_rows<K, typename K::QTile, K::BLOCK_M>(sQ + buf * K::SMEM_Q, q_head + m0 * f.q_row_stride,
-                                                f.q_row_stride, lo, hi, q_head);
-    load_rows<K, typename K::QTile, K::BLOCK_M>(sdO + buf * K::SMEM_Q,
-                                                o_head + m0 * p.dout_row_stride,
-                                                p.dout_row_stride, lo, hi, o_head);
-    const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-    const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
-    copy_row_stats<K::BLOCK_M>(sStats + buf * K::SMEM_STATS, lse, delta, hi, f.lse);
+        static_cast<const T*>(p.dout) + sched.b * p.dout_batch_stride + h * p.dout_head_stride;
+    using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
+    const int lo = Walk::row_lo(f, m0), hi = Walk::row_hi(f, m0);
+    load_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.q(stage), q_head + m0 * f.q_row_stride,
+                                                   f.q_row_stride, lo, hi, q_head);
+    load_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.dout(stage), o_head + m0 * p.dout_row_stride,
+                                                   p.dout_row_stride, lo, hi, o_head);
+    const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+    const float* delta = p.delta + (i64(sched.b) * f.heads_q + h) * f.seqlen_q + m0;
+    copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, hi, f.lse);
     cp_async_commit();
+    next.advance();
   }
 
   // The block's K and V, in the same cp.async group as query tile 0.
-  __device__ __forceinline__ void load_first() const {
+  __device__ __forceinline__ void load_first() {
     const FwdParams& f = p.fwd;
-    const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
-    const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
-    const int k_rows = f.seqlen_k - n0;
-    load_rows<K, typename K::KVTile, K::BLOCK_N>(sK, k_head + n0 * f.k_row_stride, f.k_row_stride,
-                                                 0, k_rows, k_head);
-    load_rows<K, typename K::KVTile, K::BLOCK_N>(sV, v_head + n0 * f.v_row_stride, f.v_row_stride,
-                                                 0, k_rows, v_head);
-    if (walk.iters > 0) {
+    const T* k_head =
+        static_cast<const T*>(f.k) + sched.b * f.k_batch_stride + sched.h_kv * f.k_head_stride;
+    const T* v_head =
+        static_cast<const T*>(f.v) + sched.b * f.v_batch_stride + sched.h_kv * f.v_head_stride;
+    const int k_rows = f.seqlen_k - sched.n0;
+    load_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.k(), k_head + sched.n0 * f.k_row_stride,
+                                                    f.k_row_stride, 0, k_rows, k_head);
+    load_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.v(), v_head + sched.n0 * f.v_row_stride,
+                                                    f.v_row_stride, 0, k_rows, v_head);
+    if (sched.iters() > 0) {
       load_q(0);
     } else {
       cp_async_commit();
     }
   }
-
-  // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
-  // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
-  // only columns col0 + [skip, cols) are added.
-  template <int N>
-  __device__ __forceinline__ void add_dq(int it, const float (&dq)[N / 2], int row0, int col0,
-                                         int skip, int cols, int g, int t) const {
-    const FwdParams& f = p.fwd;
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
-    float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * K::D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + 8 * r;
-      if (m0 + row < f.seqlen_q) {
-#pragma unroll
-        for (int dt = 0; dt < N / 8; ++dt)
-          if (8 * dt >= skip && 8 * dt < cols)
-            red_add_f32x2(dq_tile + row * K::D + col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
-                          dq[dt * 4 + 2 * r + 1]);
-      }
-    }
-  }
-
-  // Epilogue, one warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV
-  // fragment) staged in those rows of the tile at `stage`, then whole rows stored
-  // to `out` (the KV head's rows of dK or dV) with 16-byte stores.
-  __device__ __forceinline__ void store_keys(const float (&acc)[K::D / 2], float mul, u32 stage,
-                                             T* out, i64 row_stride, int key0, int lane) const {
-    const int g = lane / 4, t = lane % 4;
-    unsigned char* bytes = at(stage);
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int dt = 0; dt < K::D / 8; ++dt)
-        *reinterpret_cast<u32*>(bytes + K::KVTile::offset(key0 + g + 8 * r, dt) + 4 * t) =
-            MmaType<T>::pack(acc[dt * 4 + 2 * r] * mul, acc[dt * 4 + 2 * r + 1] * mul);
-    __syncwarp();
-    constexpr int CHUNKS = K::D / 8;
-#pragma unroll
-    for (int c = lane; c < 16 * CHUNKS; c += 32) {
-      const int r = c / CHUNKS, chunk = c % CHUNKS;
-      const int j = n0 + key0 + r;
-      if (j < p.fwd.seqlen_k)
-        *reinterpret_cast<uint4*>(out + j * row_stride + chunk * 8) =
-            *reinterpret_cast<const uint4*>(bytes + K::KVTile::offset(key0 + r, chunk));
-    }
-  }
-  __device__ __forceinline__ T* dk_head() const {
-    return static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-  }
-  __device__ __forceinline__ T* dv_head() const {
-    return static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
-  }
 };
 
-// P^T in place of S^T: s[nt * 4 + 2 r + c] is key j0 + g + 8 r, query m0 + 8 nt + 2 t
-// + c; element masks only where the warp's 16 keys x the tile cross Sk or the
-// causal diagonal.
-template <class K, class VT>
-__device__ __forceinline__ void p_from_s(float (&s)[K::BLOCK_M / 2], const FwdParams& f,
-                                         const float* s_lse, int m0, int j0, int g, int t) {
-  const bool edge = VT::partial(f, m0, m0 + K::BLOCK_M - 1, j0, j0 + 15);
+// ---------------------------------------------------------------------------
+// Consumer steps: one warp's registers; the caller fences and waits around them.
+
+// P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
+// query m0 + 8 nt + 2 t + c. The variant: its logits (VT::Logits::s2), and where
+// the warp's 16 keys x the tile are partial (VT::partial: Sk, the band's edges) its
+// per-element test VT::keep, P selected to 0 where it fails. Column pairs outer,
+// rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
+// keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
+// 13). Reads lse of the tile's stage.
+template <class KT, class VT>
+__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+                                         const float* s_lse, int m0, int j0, int lane) {
+  static_assert(!VT::Dense::enabled, "no dense masks in this family");
+  const int g = lane / 4, t = lane % 4;
+  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
 #pragma unroll
-  for (int nt = 0; nt < K::Q_TILES; ++nt) {
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
     const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
 #pragma unroll
@@ -316,21 +341,48 @@ __device__ __forceinline__ void p_from_s(float (&s)[K::BLOCK_M / 2], const FwdPa
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
-        const bool kept = !edge || VT::keep(f, i, j);
+        const bool kept = !partial || VT::keep(f, i, j);
         float& x = s[nt * 4 + 2 * r + c];
-        x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+        if constexpr (VT::Logits::kTransform) {
+          x = kept ? fast_exp2(VT::Logits::s2(f, x) - lse2) : 0.f;
+        } else {
+          x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+        }
       }
     }
   }
 }
 
-// dS^T = P^T (dP^T - delta) in place of dP^T, selected to 0 where P = 0.
-template <class K>
-__device__ __forceinline__ void ds_from_dp(float (&dp)[K::BLOCK_M / 2],
-                                           const float (&pt)[K::BLOCK_M / 2],
+// Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
+// dot: `pg` = that, from P^T in `pt` (the score recomputed as s2 = log2 P + lse2, no
+// register kept from S^T), selected to 0 where P = 0. Reads lse of the stage.
+template <class KT, class VT>
+__device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
+                                             const float (&pt)[KT::BLOCK_M / 2],
+                                             const FwdParams& f, const float* s_lse, int t) {
+  static_assert(!VT::Dense::enabled, "the score from P includes no dense mask");
+#pragma unroll
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      // P = 0 wherever lse2 would be +inf (rows past Sq, rows that attend nothing)
+      const float p = pt[nt * 4 + e], lse2 = (e % 2 ? lse.y : lse.x) * CA_LOG2E;
+      const float s2 = __log2f(p) + lse2;
+      pg[nt * 4 + e] = p == 0.f ? 0.f : p * logits_grad_of_score<typename VT::Logits>(f, s2);
+    }
+  }
+}
+
+// dS^T = P^T (dP^T - delta) in place of dP^T, selected to 0 where P = 0 (`pt` is
+// P^T, or P^T * d s / d dot under a logits transform). Reads delta of the stage.
+template <class KT>
+__device__ __forceinline__ void ds_from_dp(float (&dp)[KT::BLOCK_M / 2],
+                                           const float (&pt)[KT::BLOCK_M / 2],
                                            const float* s_delta, int t) {
 #pragma unroll
-  for (int nt = 0; nt < K::Q_TILES; ++nt) {
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const float2 delta = *reinterpret_cast<const float2*>(s_delta + nt * 8 + 2 * t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -342,63 +394,171 @@ __device__ __forceinline__ void ds_from_dp(float (&dp)[K::BLOCK_M / 2],
 }
 
 // Two n8 groups of an M = 64 accumulator are one k16 step of its 16-bit A operand.
-template <class K>
-__device__ __forceinline__ void pack_a(u32 (&a)[K::KV_STEPS][4], const float (&x)[K::BLOCK_M / 2]) {
+template <class KT>
+__device__ __forceinline__ void pack_a(u32 (&a)[KT::KV_STEPS][4],
+                                       const float (&x)[KT::BLOCK_M / 2]) {
 #pragma unroll
-  for (int ks = 0; ks < K::KV_STEPS; ++ks)
+  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      a[ks][e] = MmaType<typename K::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
+      a[ks][e] = MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
 }
 
 // dS^T [key][query] for dS K: da[ks][e] holds key key0 + g + 8 (e % 2), queries 16 ks
-// + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2).
-template <class K>
-__device__ __forceinline__ void store_ds(unsigned char* ds_bytes, const u32 (&da)[K::KV_STEPS][4],
+// + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller fences and publishes.
+template <class KT>
+__device__ __forceinline__ void store_ds(unsigned char* ds_bytes, const u32 (&da)[KT::KV_STEPS][4],
                                          int key0, int g, int t) {
 #pragma unroll
-  for (int ks = 0; ks < K::KV_STEPS; ++ks)
+  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      *reinterpret_cast<u32*>(ds_bytes + K::DsTile::offset(key0 + g + 8 * (e % 2), 2 * ks + e / 2) +
-                              4 * t) = da[ks][e];
+      *reinterpret_cast<u32*>(ds_bytes +
+                              KT::DsTile::offset(key0 + g + 8 * (e % 2), 2 * ks + e / 2) + 4 * t) =
+          da[ks][e];
 }
 
-template <class K, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams p) {
-  static_assert(!K::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
-  using T = typename K::T;
-  using KVTile = typename K::KVTile;
-  using QTile = typename K::QTile;
-  using DsTile = typename K::DsTile;
+// Issue x (=) A B^T over D_K: 64 keys of `a_tile` (from row a_row0, K-major) against
+// the tile's queries of `b_tile` (K-major); one commit group. S^T = K Q^T, dP^T = V dout^T.
+template <class KT>
+__device__ __forceinline__ void issue_transposed(float (&x)[KT::BLOCK_M / 2], u32 a_tile,
+                                                 int a_row0, u32 b_tile) {
+#pragma unroll
+  for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+    Wgmma<KT::BLOCK_M>::ss(x, KT::KVTile::kmajor(a_tile, a_row0, ks),
+                           KT::QTile::kmajor(b_tile, 0, ks), ks > 0, typename KT::T{});
+  wgmma_commit();
+}
+
+// Issue acc += X^T C: the 16-bit A fragments xa (keys x queries) against the tile
+// `c_tile` (queries x D, MN-major); one commit group. dV += P^T dout, dK += dS^T Q.
+template <class KT>
+__device__ __forceinline__ void issue_accumulate(float (&acc)[KT::D / 2],
+                                                 const u32 (&xa)[KT::KV_STEPS][4], u32 c_tile) {
+#pragma unroll
+  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+    Wgmma<KT::D>::rs(acc, xa[ks], KT::QTile::mnmajor(c_tile, ks), typename KT::T{});
+  wgmma_commit();
+}
+
+// Issue dq = dS K over the block's keys: A = sdS from `ds_a` (MN-major: TRANS_A), B =
+// sK's columns from `k_b` (MN-major); one commit group.
+template <class KT>
+__device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 ds_a, u32 k_b) {
+#pragma unroll
+  for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
+    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, KT::DsTile::mnmajor(ds_a, ks),
+                                       KT::KVTile::mnmajor(k_b, ks), ks > 0, typename KT::T{});
+  wgmma_commit();
+}
+
+// ---------------------------------------------------------------------------
+// Epilogue: the dQ reductions (per tile) and the dK, dV stores (once).
+template <class KT, class VT>
+struct Epilogue {
+  using T = typename KT::T;
+  const BwdParams& p;
+  const BwdSmem<KT> st;
+  const TileScheduler<KT, VT>& sched;
+
+  // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
+  // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
+  // only columns col0 + [skip, cols) are added. Writes global memory only
+  // (red.global.add: no ordering among blocks).
+  template <int N>
+  __device__ __forceinline__ void add_dq(int it, const float (&dq)[N / 2], int row0, int col0,
+                                         int skip, int cols, int g, int t) const {
+    const FwdParams& f = p.fwd;
+    const int h = sched.head(it), m0 = sched.m0(it);
+    float* dq_tile = p.dq_accum + ((i64(sched.b) * f.heads_q + h) * f.seqlen_q + m0) * KT::D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + 8 * r;
+      if (m0 + row < f.seqlen_q) {
+#pragma unroll
+        for (int dt = 0; dt < N / 8; ++dt)
+          if (8 * dt >= skip && 8 * dt < cols)
+            red_add_f32x2(dq_tile + row * KT::D + col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
+                          dq[dt * 4 + 2 * r + 1]);
+      }
+    }
+  }
+
+  // One warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV fragment)
+  // staged in those rows of the tile at `stage` (sK or sV: the caller has waited
+  // for every MMA reading it), then whole rows stored to `out` (the KV head's rows
+  // of dK or dV) with 16-byte stores.
+  __device__ __forceinline__ void store_keys(const float (&acc)[KT::D / 2], float mul, u32 stage,
+                                             T* out, i64 row_stride, int key0, int lane) const {
+    const int g = lane / 4, t = lane % 4;
+    unsigned char* bytes = st.bytes(stage);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int dt = 0; dt < KT::D / 8; ++dt)
+        *reinterpret_cast<u32*>(bytes + KT::KVTile::offset(key0 + g + 8 * r, dt) + 4 * t) =
+            MmaType<T>::pack(acc[dt * 4 + 2 * r] * mul, acc[dt * 4 + 2 * r + 1] * mul);
+    __syncwarp();
+    constexpr int CHUNKS = KT::D / 8;
+#pragma unroll
+    for (int c = lane; c < 16 * CHUNKS; c += 32) {
+      const int r = c / CHUNKS, chunk = c % CHUNKS;
+      const int j = sched.n0 + key0 + r;
+      if (j < p.fwd.seqlen_k)
+        *reinterpret_cast<uint4*>(out + j * row_stride + chunk * 8) =
+            *reinterpret_cast<const uint4*>(bytes + KT::KVTile::offset(key0 + r, chunk));
+    }
+  }
+  __device__ __forceinline__ void store_dk(const float (&dk)[KT::D / 2], int key0, int lane) const {
+    T* out = static_cast<T*>(p.dk) + sched.b * p.dk_batch_stride + sched.h_kv * p.dk_head_stride;
+    store_keys(dk, p.fwd.scale, st.k(), out, p.dk_row_stride, key0, lane);
+  }
+  __device__ __forceinline__ void store_dv(const float (&dv)[KT::D / 2], int key0, int lane) const {
+    T* out = static_cast<T*>(p.dv) + sched.b * p.dv_batch_stride + sched.h_kv * p.dv_head_stride;
+    store_keys(dv, 1.f, st.v(), out, p.dv_row_stride, key0, lane);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The kernels: every thread is producer (cp.async) and consumer (wgmma).
+
+// D <= 128: warpgroup w owns keys 64w..64w+63. Per tile: wait for the tile's copies
+// and barrier (the previous tile's buffers and sdS are free), the previous tile's
+// dQ reductions, then S^T, dP^T, dV, dK, dQ as the header describes; every MMA
+// waited for before the next tile.
+template <class KT, class VT, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams p) {
+  static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   const FwdParams& f = p.fwd;
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const DkdvBlock<K, VT> blk(p, smem);
+  const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
+  const TileScheduler<KT, VT> sched(f);
+  Producer<KT, VT> producer{p, st, sched};
+  const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
-  const int n_iters = blk.walk.iters;
-  blk.load_first();
+  const int n_iters = sched.iters();
+  producer.load_first();
 
-  float dk[K::D / 2], dv[K::D / 2];  // this warpgroup's 64 keys x D
+  float dk[KT::D / 2], dv[KT::D / 2];  // this warpgroup's 64 keys x D
 #pragma unroll
-  for (int i = 0; i < K::D / 2; ++i) dk[i] = dv[i] = 0.f;
-  float s[K::BLOCK_M / 2];           // S^T, then P^T: keys x the tile's queries
-  float dp[K::BLOCK_M / 2];          // dP^T, then dS^T
-  u32 pa[K::KV_STEPS][4];            // P^T in 16 bits: the A operand of P^T dout
-  u32 da[K::KV_STEPS][4];            // dS^T in 16 bits: the A operand of dS^T Q
-  float dq[K::DQ_N / 2];             // dQ tile slice (see DQ_SPLIT_ROWS)
+  for (int i = 0; i < KT::D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float s[KT::BLOCK_M / 2];           // S^T, then P^T (times d s / d dot): keys x queries
+  float dp[KT::BLOCK_M / 2];          // dP^T, then dS^T
+  u32 pa[KT::KV_STEPS][4];            // P^T in 16 bits: the A operand of P^T dout
+  u32 da[KT::KV_STEPS][4];            // dS^T in 16 bits: the A operand of dS^T Q
+  float dq[KT::DQ_N / 2];             // dQ tile slice (see DQ_SPLIT_ROWS)
 
   // dQ operands: rows (queries) or columns (head dim) of this warpgroup.
-  const u32 dq_a = blk.sdS + (K::DQ_SPLIT_ROWS ? wg * K::BLOCK_N * 128 : 0);  // 64-column block wg
-  const int dq_col0 = K::dq_col0(0, wg), dq_cols = K::dq_cols(0, wg);
-  const u32 dq_b = blk.sK + (dq_col0 / 64) * (K::BLOCK_N * 128);
-  const int dq_row0 = (K::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
+  const u32 dq_a = st.ds() + (KT::DQ_SPLIT_ROWS ? wg * KT::BLOCK_N * 128 : 0);  // 64-column block wg
+  const int dq_col0 = KT::dq_col0(0, wg), dq_cols = KT::dq_cols(0, wg);
+  const u32 dq_b = st.k() + (dq_col0 / 64) * (KT::BLOCK_N * 128);
+  const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
 
-  for (int it = 0; it < n_iters; ++it) {
-    const int m0 = blk.walk.m0(it);
-    const int buf = it & 1;
-    const u32 q_tile = blk.sQ + buf * K::SMEM_Q, o_tile = blk.sdO + buf * K::SMEM_Q;
+  PipelineState<KT::kStages> read;  // the stage of the tile consumed
+  for (int it = 0; it < n_iters; ++it, read.advance()) {
+    const int m0 = sched.m0(it), stage = read.index();
+    const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     // Tile it visible to both proxies; every warpgroup is done with tile it - 1 (its
     // buffers and sdS: each waited for all its MMAs). Then tile it - 1's dQ goes
     // out: after the proxy fence, a memory barrier that would wait for it.
@@ -406,51 +566,34 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
     fence_proxy_async();
     __syncthreads();
     if constexpr (ATOMIC_DQ) {
-      if (it > 0) blk.template add_dq<K::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+      if (it > 0) epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
 
     wgmma_fence();  // s, dp, dq were read by ordinary code
-#pragma unroll
-    for (int ks = 0; ks < K::QK_STEPS; ++ks)
-      Wgmma<K::BLOCK_M>::ss(s, KVTile::kmajor(blk.sK, 64 * wg, ks), QTile::kmajor(q_tile, 0, ks),
-                            ks > 0, T{});
-    wgmma_commit();
-#pragma unroll
-    for (int ks = 0; ks < K::QK_STEPS; ++ks)
-      Wgmma<K::BLOCK_M>::ss(dp, KVTile::kmajor(blk.sV, 64 * wg, ks), QTile::kmajor(o_tile, 0, ks),
-                            ks > 0, T{});
-    wgmma_commit();
-    if (it + 1 < n_iters) blk.load_q(it + 1);
+    issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
+    issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
+    if (it + 1 < n_iters) producer.load_q(it + 1);
 
     wgmma_wait<1>();
     fence_regs(s);
-    p_from_s<K, VT>(s, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
-    pack_a<K>(pa, s);
+    p_from_s<KT, VT>(s, f, st.lse(stage), m0, sched.n0 + key0, lane);
+    pack_a<KT>(pa, s);
+    if constexpr (VT::Logits::kTransform) p_times_grad<KT, VT>(s, s, f, st.lse(stage), t);
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < K::KV_STEPS; ++ks)
-      Wgmma<K::D>::rs(dv, pa[ks], QTile::mnmajor(o_tile, ks), T{});
-    wgmma_commit();
+    issue_accumulate<KT>(dv, pa, o_tile);
 
     wgmma_wait<1>();
     fence_regs(dp);
-    ds_from_dp<K>(dp, s, blk.delta(buf), t);
-    pack_a<K>(da, dp);
+    ds_from_dp<KT>(dp, s, st.delta(stage), t);
+    pack_a<KT>(da, dp);
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < K::KV_STEPS; ++ks)
-      Wgmma<K::D>::rs(dk, da[ks], QTile::mnmajor(q_tile, ks), T{});
-    wgmma_commit();
+    issue_accumulate<KT>(dk, da, q_tile);
 
     if constexpr (ATOMIC_DQ) {
-      store_ds<K>(blk.at(blk.sdS), da, key0, g, t);
+      store_ds<KT>(st.bytes(st.ds()), da, key0, g, t);
       fence_proxy_async();
       __syncthreads();  // sdS complete
-#pragma unroll
-      for (int ks = 0; ks < K::DQ_STEPS; ++ks)
-        Wgmma<K::DQ_N>::template ss<1, 1>(dq, DsTile::mnmajor(dq_a, ks),
-                                          KVTile::mnmajor(dq_b, ks), ks > 0, T{});
-      wgmma_commit();
+      issue_dq<KT>(dq, dq_a, dq_b);
     }
     wgmma_wait<0>();
     fence_regs(dk);
@@ -461,110 +604,105 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdP
   }
   if constexpr (ATOMIC_DQ) {
     if (n_iters > 0)
-      blk.template add_dq<K::DQ_N>(n_iters - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+      epi.template add_dq<KT::DQ_N>(n_iters - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
 
   // Each warp stages its own 16 keys of dK * scale and dV in its rows of sK and sV.
-  blk.store_keys(dk, f.scale, blk.sK, blk.dk_head(), p.dk_row_stride, key0, lane);
-  blk.store_keys(dv, 1.f, blk.sV, blk.dv_head(), p.dv_row_stride, key0, lane);
+  epi.store_dk(dk, key0, lane);
+  epi.store_dv(dv, key0, lane);
 }
 
-template <class K, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams p) {
-  static_assert(K::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
-  using T = typename K::T;
-  using KVTile = typename K::KVTile;
-  using QTile = typename K::QTile;
-  using DsTile = typename K::DsTile;
+// D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and
+// holds dV, warpgroup 1 computes dS^T and holds dK, one instruction stream with
+// role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
+// (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
+template <class KT, class VT, bool ATOMIC_DQ>
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams p) {
+  static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
   const FwdParams& f = p.fwd;
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const DkdvBlock<K, VT> blk(p, smem);
+  const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
+  const TileScheduler<KT, VT> sched(f);
+  Producer<KT, VT> producer{p, st, sched};
+  const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
-  const int n_iters = blk.walk.iters;
-  blk.load_first();
-  // Named barriers: sP written by warpgroup 0, sdS by warpgroup 1 (0 is __syncthreads').
-  constexpr int BAR_P = 1, BAR_DS = 2;
+  const int n_iters = sched.iters();
+  producer.load_first();
 
-  float acc[K::D / 2];  // warpgroup 0: dV, 1: dK / scale; the block's 64 keys x D
+  float acc[KT::D / 2];  // warpgroup 0: dV, 1: dK / scale; the block's 64 keys x D
 #pragma unroll
-  for (int i = 0; i < K::D / 2; ++i) acc[i] = 0.f;
-  float x[K::BLOCK_M / 2];   // warpgroup 0: S^T, then P^T; 1: dP^T, then dS^T
-  u32 xa[K::KV_STEPS][4];    // x in 16 bits: the A operand of acc's wgmma
-  float dq[K::DQ_N / 2];     // one round's columns of the tile's dQ
-  const u32 x_a = wg ? blk.sV : blk.sK;
-  // P^T handed from warpgroup 0 to 1, float4 i of a thread at slot i * 128 + thread:
-  // both warpgroups' accumulators of one shape, so thread k of each holds the same
-  // elements.
-  float4* p_slots = reinterpret_cast<float4*>(blk.at(blk.sP)) + threadIdx.x % 128;
+  for (int i = 0; i < KT::D / 2; ++i) acc[i] = 0.f;
+  float x[KT::BLOCK_M / 2];     // warpgroup 0: S^T, then P^T; 1: dP^T, then dS^T
+  u32 xa[KT::KV_STEPS][4];      // x in 16 bits: the A operand of acc's wgmma
+  float dq[KT::DQ_N / 2];       // one round's columns of the tile's dQ
+  const u32 x_a = wg ? st.v() : st.k();
+  // P^T (times d s / d dot) handed from warpgroup 0 to 1, float4 i of a thread at
+  // slot i * 128 + thread: both warpgroups' accumulators of one shape, so thread k
+  // of each holds the same elements.
+  float4* p_slots = reinterpret_cast<float4*>(st.p_slots()) + threadIdx.x % 128;
 
-  for (int it = 0; it < n_iters; ++it) {
-    const int m0 = blk.walk.m0(it);
-    const int buf = it & 1;
-    const u32 q_tile = blk.sQ + buf * K::SMEM_Q, o_tile = blk.sdO + buf * K::SMEM_Q;
+  PipelineState<KT::kStages> read;  // the stage of the tile consumed
+  for (int it = 0; it < n_iters; ++it, read.advance()) {
+    const int m0 = sched.m0(it), stage = read.index();
+    const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     // Tile it visible to both proxies; both warpgroups are done with tile it - 1.
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
 
     wgmma_fence();  // x, dq were read by ordinary code
-    const u32 x_b = wg ? o_tile : q_tile;
-#pragma unroll
-    for (int ks = 0; ks < K::QK_STEPS; ++ks)
-      Wgmma<K::BLOCK_M>::ss(x, KVTile::kmajor(x_a, 0, ks), QTile::kmajor(x_b, 0, ks), ks > 0, T{});
-    wgmma_commit();
-    if (it + 1 < n_iters) blk.load_q(it + 1);
+    issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
+    if (it + 1 < n_iters) producer.load_q(it + 1);
     wgmma_wait<0>();
     fence_regs(x);
 
     if (wg == 0) {
-      p_from_s<K, VT>(x, f, blk.lse(buf), m0, blk.n0 + key0, g, t);
+      p_from_s<KT, VT>(x, f, st.lse(stage), m0, sched.n0 + key0, lane);
+      if constexpr (VT::Logits::kTransform) {
+        float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
+        p_times_grad<KT, VT>(pg, x, f, st.lse(stage), t);
 #pragma unroll
-      for (int i = 0; i < K::BLOCK_M / 8; ++i)
-        p_slots[i * 128] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-      named_barrier_arrive(BAR_P, K::THREADS);
+        for (int i = 0; i < KT::BLOCK_M / 8; ++i)
+          p_slots[i * 128] = make_float4(pg[4 * i], pg[4 * i + 1], pg[4 * i + 2], pg[4 * i + 3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < KT::BLOCK_M / 8; ++i)
+          p_slots[i * 128] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+      }
+      named_barrier_arrive(kBarP, KT::THREADS);
     } else {
-      named_barrier_sync(BAR_P, K::THREADS);
-      float pt[K::BLOCK_M / 2];
+      named_barrier_sync(kBarP, KT::THREADS);
+      float pt[KT::BLOCK_M / 2];
 #pragma unroll
-      for (int i = 0; i < K::BLOCK_M / 8; ++i) {
+      for (int i = 0; i < KT::BLOCK_M / 8; ++i) {
         const float4 v = p_slots[i * 128];
         pt[4 * i] = v.x, pt[4 * i + 1] = v.y, pt[4 * i + 2] = v.z, pt[4 * i + 3] = v.w;
       }
-      ds_from_dp<K>(x, pt, blk.delta(buf), t);
+      ds_from_dp<KT>(x, pt, st.delta(stage), t);
     }
-    pack_a<K>(xa, x);
+    pack_a<KT>(xa, x);
     if (ATOMIC_DQ && wg == 1) {
-      store_ds<K>(blk.at(blk.sdS), xa, key0, g, t);
+      store_ds<KT>(st.bytes(st.ds()), xa, key0, g, t);
       fence_proxy_async();
-      named_barrier_arrive(BAR_DS, K::THREADS);
+      named_barrier_arrive(kBarDs, KT::THREADS);
     }
     wgmma_fence();
-    const u32 c_tile = wg ? q_tile : o_tile;
-#pragma unroll
-    for (int ks = 0; ks < K::KV_STEPS; ++ks)
-      Wgmma<K::D>::rs(acc, xa[ks], QTile::mnmajor(c_tile, ks), T{});
-    wgmma_commit();
+    issue_accumulate<KT>(acc, xa, wg ? q_tile : o_tile);
 
     if constexpr (ATOMIC_DQ) {
-      if (wg == 0) named_barrier_sync(BAR_DS, K::THREADS);
+      if (wg == 0) named_barrier_sync(kBarDs, KT::THREADS);
 #pragma unroll
-      for (int round = 0; round < K::DQ_ROUNDS; ++round) {
-        const int col0 = K::dq_col0(round, wg);
+      for (int round = 0; round < KT::DQ_ROUNDS; ++round) {
+        const int col0 = KT::dq_col0(round, wg);
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < K::DQ_STEPS; ++ks)
-          Wgmma<K::DQ_N>::template ss<1, 1>(
-              dq, DsTile::mnmajor(blk.sdS, ks),
-              KVTile::mnmajor(blk.sK + (col0 / 64) * KVTile::BLOCK_BYTES, ks), ks > 0, T{});
-        wgmma_commit();
+        issue_dq<KT>(dq, st.ds(), st.k() + (col0 / 64) * KT::KVTile::BLOCK_BYTES);
         wgmma_wait<0>();
         fence_regs(dq);
-        blk.template add_dq<K::DQ_N>(it, dq, key0, col0, K::dq_skip(wg), K::dq_cols(round, wg), g,
-                                     t);
+        epi.template add_dq<KT::DQ_N>(it, dq, key0, col0, KT::dq_skip(wg), KT::dq_cols(round, wg),
+                                      g, t);
       }
     }
     wgmma_wait<0>();
@@ -576,8 +714,8 @@ __global__ void __launch_bounds__(K::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const
 
   // Warpgroup 0 stages dV in sV, warpgroup 1 dK * scale in sK, each warp its 16 keys.
   if (wg == 0) {
-    blk.store_keys(acc, 1.f, blk.sV, blk.dv_head(), p.dv_row_stride, key0, lane);
+    epi.store_dv(acc, key0, lane);
   } else {
-    blk.store_keys(acc, f.scale, blk.sK, blk.dk_head(), p.dk_row_stride, key0, lane);
+    epi.store_dk(acc, key0, lane);
   }
 }

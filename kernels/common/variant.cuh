@@ -346,3 +346,19 @@ struct ScoreOp {
     return Scores<V>::template row_score<EXACT>(p, b, h, i, j, dot);
   }
 };
+
+// d s / d dot from the score itself, s2 (exp2 domain, no dense mask applied): what a
+// backward that keeps P rather than the raw dot needs (s2 = log2 P + lse2).
+template <class LogitsT>
+__device__ __forceinline__ float logits_grad_of_score(const FwdParams& p, float s2);
+template <>
+__device__ __forceinline__ float logits_grad_of_score<PlainLogits>(const FwdParams&, float) {
+  return 1.f;
+}
+// Softcap: s2 = c tanh(x) log2 e, so tanh(x) = s2 / softcap_log2 and d s / d dot =
+// 1 - tanh^2 (Softcap::grad's value).
+template <>
+__device__ __forceinline__ float logits_grad_of_score<Softcap>(const FwdParams& p, float s2) {
+  const float t = s2 / p.softcap_log2;
+  return fmaf(-t, t, 1.f);
+}

@@ -1,0 +1,83 @@
+"""flash_wgmma_bwd's shared memory and variants, checked by NVRTC (no GPU needed).
+
+The kernel's ``WgmmaBwdTraits::Storage`` is the one layout of its shared memory
+(``SMEM_BYTES = sizeof(Storage) + SMEM_SLACK``); the host launches with
+``Config.smem``, so a probe static_asserts the two equal for every shipped config.
+The variants the host does not route here yet (softcap, a sliding window, both)
+compile for sm_90a in both kernels and both dQ modes, with no spills except
+softcap at D = 128 (dK and dV take 128 registers; up to 56 bytes spilled with a
+causal band, ptxas of CUDA 13). Softcap takes 64-query tiles at every head dim:
+with the 128-query tiles of D <= 80 the narrow kernel (about 245 registers without
+it) spills some 150 bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_attention import jit
+from cupy_attention.families import flash_wgmma_bwd as fb
+from cupy_attention.families.base import CPP_DTYPE
+from cupy_attention.variant import Variant
+
+from helpers import nvrtc_probe
+
+SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
+                 key=lambda c: c.head_dim)
+
+
+def smem_probe(configs, lie: bool = False) -> str:
+    lines = ['#include "flash_wgmma_bwd.cu"']
+    for i, c in enumerate(configs):
+        traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, bf16>"
+        smem = c.smem + (16 if lie and i == 0 else 0)
+        lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, '
+                     f'"SMEM_BYTES D={c.head_dim} BM={c.block_m}");')
+        lines.append(f'static_assert(sizeof({traits}::Storage) + SMEM_SLACK == {smem}, '
+                     f'"sizeof(Storage) D={c.head_dim}");')
+    return "\n".join(lines) + "\n"
+
+
+def test_every_head_dim_has_a_config():
+    assert [c.head_dim for c in SHIPPED] == list(range(64, 257, 8))
+    assert {c.wide for c in SHIPPED} == {False, True}
+
+
+def test_host_shared_memory_matches_the_storage():
+    ok, log = nvrtc_probe(smem_probe(SHIPPED), jit.options_for("sm_90a"))
+    assert ok, f"flash_wgmma_bwd.py's Config.smem and WgmmaBwdTraits::Storage disagree:\n{log}"
+
+
+def test_smem_probe_catches_a_wrong_size():
+    ok, log = nvrtc_probe(smem_probe(SHIPPED[:1], lie=True), jit.options_for("sm_90a"))
+    assert not ok and "SMEM_BYTES D=" in log, log
+
+
+def variant_spec(head_dim: int, variant: Variant, atomic_dq: bool) -> jit.KernelSpec:
+    c = fb.config(head_dim)
+    if variant.softcap:
+        c = fb.Config(head_dim, 64)
+    kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
+    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE['bfloat16']}>"
+    expr = f"{kernel}<{traits}, {variant.cpp()}, {'true' if atomic_dq else 'false'}>"
+    return jit.KernelSpec("flash_wgmma_bwd.cu", expr,
+                          f"{kernel}[D={head_dim},bf16{variant.suffix()},{atomic_dq}]")
+
+
+VARIANTS = [
+    Variant(softcap=30.0),
+    Variant(causal=True, softcap=30.0),
+    Variant(window=(128, 64)),
+    Variant(causal=True, window=(256, -1)),
+    Variant(causal=True, window=(96, -1), softcap=50.0),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.suffix().strip(","))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("atomic_dq", [True, False])
+def test_variants_compile_for_sm90a(head_dim, variant, atomic_dq):
+    spec = variant_spec(head_dim, variant, atomic_dq)
+    r = jit.compile_spec(spec, "sm_90a").resources
+    known_spills = bool(variant.softcap) and head_dim == 128
+    assert r.spills == 0 or known_spills, (spec.name, r)
