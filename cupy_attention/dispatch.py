@@ -43,7 +43,7 @@ def choose(p: Problem, kernel: str, cc: int | None) -> Family:
     """The family that runs ``p``; a typed error naming the alternatives if none can."""
     if kernel == "auto":
         for family in FAMILIES.values():
-            if family.check(p, cc) is None:
+            if family.check(p, cc) is None and family.auto_takes(p):
                 return family
         reasons = "; ".join(f.check(p, cc) for f in FAMILIES.values())
         raise UnsupportedError(f"no kernel runs {p.describe()}: {reasons}")

@@ -122,6 +122,11 @@ class Family:
     def head_dim_range(self) -> str:
         return f"1..{self.max_head_dim}"
 
+    def auto_takes(self, p: Problem) -> bool:
+        """Whether ``kernel="auto"`` picks this family for ``p`` when ``check`` allows it
+        (a family may run a problem that another runs faster)."""
+        return True
+
     def check(self, p: Problem, cc: int | None) -> str | None:
         """None if this family runs ``p`` on a device of compute capability ``cc``,
         else the reason it cannot."""

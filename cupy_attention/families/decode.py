@@ -380,6 +380,13 @@ class Decode(Family):
             return "decode takes no dense mask"
         return None
 
+    def auto_takes(self, p: Problem) -> bool:
+        """GQA/MQA only: packing a group's query heads onto each K/V read is where this
+        kernel wins; with one query row per KV head the tensor-core families ran it
+        faster (H100, bf16, B = 8, H = 32, Sq = 1, Sk = 8k, MHA: decode 0.86-0.89x the
+        previous choice; benchmarks/results/notes-variant-ab.md)."""
+        return p.group > 1
+
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
         self.prepare(p, t, device_id, arch).run(t.q.data.ptr, t.k.data.ptr, t.v.data.ptr,
