@@ -13,6 +13,11 @@ report. At run time :func:`get_function` adds two caches in front of it:
   ``kernels/``, the name expression, the options, the NVRTC version, the arch and
   the package version. Files are written atomically (temp file + ``os.replace``)
   in a directory only the user can read; a corrupt or foreign file is a miss.
+  A cubin is code, so the cache is trusted only when the directory belongs to the
+  current user and is not writable by group or others (a symlink to it must be
+  the user's own too), and each file is a regular file (not a symlink) with the
+  same owner and mode rule. Otherwise :func:`load_or_compile` warns once per
+  directory and compiles into memory, reading and writing nothing there.
 
 Environment variables:
 
@@ -31,7 +36,9 @@ import os
 import re
 import struct
 import tempfile
+import stat
 import threading
+import warnings
 from pathlib import Path
 
 from . import __version__
@@ -315,16 +322,79 @@ def _decode(blob: bytes, spec: KernelSpec, arch: str, key: str) -> Compiled | No
     return Compiled(spec, arch, cubin, meta["lowered"], log, parse_resources(log))
 
 
+def _untrusted(st: os.stat_result, what: str) -> str | None:
+    """Why ``st`` (of a cache directory or file) must not be trusted; None if it can."""
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{what} is owned by uid {st.st_uid}, not by the current user (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{what} is writable by group or others (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def cache_trust_problem(d: Path | None = None) -> str | None:
+    """Why the cache directory ``d`` (default :func:`cache_dir`) is not trusted; None if it is.
+
+    Creates the directory (mode 0700) when it does not exist yet.
+    """
+    d = cache_dir() if d is None else d
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link = os.lstat(d)
+        # A symlink's own mode is always 0777; what matters is who can repoint it.
+        if stat.S_ISLNK(link.st_mode) and hasattr(os, "getuid") and link.st_uid != os.getuid():
+            return f"the cache directory {d} is a symlink owned by uid {link.st_uid}"
+        st = os.stat(d)
+    except OSError as exc:
+        return f"the cache directory {d} is not usable ({exc})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{d} is not a directory"
+    return _untrusted(st, f"the cache directory {d}")
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_untrusted(key: str, why: str) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(f"cupy_attention: not using the kernel cache: {why}; compiling into memory "
+                  "instead (fix the ownership/mode, or set CUPY_ATTENTION_CACHE_DIR to a "
+                  "directory only you can write)", RuntimeWarning, stacklevel=3)
+
+
+def _read_trusted(path: Path) -> bytes | None:
+    """The bytes of the cache file ``path`` if it exists and can be trusted, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        if path.is_symlink():
+            _warn_untrusted(str(path), f"the cache entry {path} is a symlink")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        why = (f"the cache entry {path} is not a regular file"
+               if not stat.S_ISREG(st.st_mode) else _untrusted(st, f"the cache entry {path}"))
+        if why:
+            _warn_untrusted(str(path), why)
+            return None
+        return f.read()
+
+
 def load_or_compile(spec: KernelSpec, arch: str) -> Compiled:
-    """The disk-cached :func:`compile_spec`."""
+    """The disk-cached :func:`compile_spec` (only in a directory that can be trusted)."""
     if not cache_enabled():
+        return compile_spec(spec, arch)
+    why = cache_trust_problem()
+    if why is not None:
+        _warn_untrusted(str(cache_dir()), why)
         return compile_spec(spec, arch)
     key = cache_key(spec, arch)
     path = cache_path(spec, arch)
-    try:
-        hit = _decode(path.read_bytes(), spec, arch, key)
-    except OSError:
-        hit = None
+    blob = _read_trusted(path)
+    hit = None if blob is None else _decode(blob, spec, arch, key)
     if hit is not None:
         return hit
     compiled = compile_spec(spec, arch)
