@@ -42,7 +42,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     reason = gpu_unavailable_reason()
     if reason is None:
         return
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in r.keywords]
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in getattr(r, "keywords", {})]
     if skipped:
         terminalreporter.write_line(
             f"{len(skipped)} GPU tests skipped: {reason}. Run `python -m pytest -m gpu` on a "
