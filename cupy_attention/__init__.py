@@ -20,6 +20,7 @@ from .errors import (  # noqa: E402
     DTypeError,
     LayoutError,
     NoDeviceError,
+    OutOfMemoryError,
     ShapeError,
     UnsupportedError,
 )
@@ -38,7 +39,7 @@ def kernels() -> dict:
 
 __all__ = [
     "append_kv", "attention", "attention_backward", "attention_decode", "merge_attention_states",
-    "merge_attention_states_many", "attention_reference", "kernels", "AttentionError",
+    "merge_attention_states_many", "attention_reference", "kernels", "AttentionError", "OutOfMemoryError",
     "CompileError", "DeviceMismatchError", "DriverError", "DTypeError", "LayoutError", "NoDeviceError",
     "ShapeError", "UnsupportedError", "__version__",
 ]

@@ -7,11 +7,13 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import device_mask, host64, like
+from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
 from .reference import attention_reference
 
 
+@translate_oom
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
               return_lse=False, out=None, lse_out=None, kernel="auto", window=None,
               softcap=None):

@@ -6,7 +6,7 @@ from . import device as _device
 from . import interop
 from .arrays import device_mask, host64, like
 from .dispatch import BACKWARD_FAMILIES, BackwardFamily, choose_backward
-from .errors import DTypeError, ShapeError, UnsupportedError
+from .errors import DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
 from .problem import Problem, check_like, describe, out_shape, validate
@@ -15,6 +15,7 @@ from .reference import attention_backward_reference
 BACKWARD_KERNELS = ("auto", *BACKWARD_FAMILIES, "reference")
 
 
+@translate_oom
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
                        layout="bhsd", deterministic=False, kernel="auto", window=None,
                        softcap=None):

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import device as _device
 from . import interop
-from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError
+from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
+                     translate_oom)
 from .families import decode as fam
 from .problem import describe
 from .variant import Variant
@@ -221,6 +222,7 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
     return shape, scale, page_size
 
 
+@translate_oom
 def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, causal=True,
                      scale=None, window=None, softcap=0.0, return_lse=False, num_splits=None,
                      k_new=None, v_new=None, max_seqlen=None):

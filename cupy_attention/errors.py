@@ -8,6 +8,8 @@ say how to fix it.
 
 from __future__ import annotations
 
+import functools
+
 
 class AttentionError(Exception):
     """Base class of every error raised by cupy_attention."""
@@ -51,3 +53,33 @@ class CompileError(AttentionError, RuntimeError):
 
 class DriverError(AttentionError, RuntimeError):
     """The CUDA driver refused a step of a launch's setup (such as a tensor map)."""
+
+
+class OutOfMemoryError(AttentionError, MemoryError):
+    """The GPU had no memory for a result or a scratch buffer (CuPy's or torch's
+    allocator refused). Nothing of the call is kept: the next call can run once memory
+    is free."""
+
+
+def _is_device_oom(exc: BaseException) -> bool:
+    # cupy.cuda.memory.OutOfMemoryError (a MemoryError) and torch.OutOfMemoryError (a
+    # RuntimeError), named alike; neither package need be imported to recognise them
+    return type(exc).__name__ == "OutOfMemoryError" and isinstance(exc, (MemoryError, RuntimeError))
+
+
+def translate_oom(fn):
+    """Entry points raise :class:`OutOfMemoryError` for an allocator's out-of-memory."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AttentionError:
+            raise
+        except Exception as exc:
+            if _is_device_oom(exc):
+                raise OutOfMemoryError(
+                    f"{fn.__name__}: the GPU ran out of memory ({exc}); nothing was kept: "
+                    "free memory (for example cupy.get_default_memory_pool().free_all_blocks()) "
+                    "or use a smaller batch") from exc
+            raise
+    return wrapper
