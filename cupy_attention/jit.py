@@ -409,6 +409,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
