@@ -25,6 +25,7 @@ from .errors import (  # noqa: E402
     UnsupportedError,
 )
 from .reference import attention_reference  # noqa: E402
+from .varlen import attention_varlen, attention_varlen_backward  # noqa: E402
 
 
 def kernels() -> dict:
@@ -38,7 +39,8 @@ def kernels() -> dict:
 
 
 __all__ = [
-    "append_kv", "attention", "attention_backward", "attention_decode", "merge_attention_states",
+    "append_kv", "attention", "attention_backward", "attention_decode", "attention_varlen",
+    "attention_varlen_backward", "merge_attention_states",
     "merge_attention_states_many", "attention_reference", "kernels", "AttentionError", "OutOfMemoryError",
     "CompileError", "DeviceMismatchError", "DriverError", "DTypeError", "LayoutError", "NoDeviceError",
     "ShapeError", "UnsupportedError", "__version__",

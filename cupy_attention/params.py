@@ -19,7 +19,7 @@ _F32 = np.float32
 
 FWD_FIELDS = [
     ("q", _PTR), ("k", _PTR), ("v", _PTR), ("o", _PTR), ("lse", _PTR), ("mask", _PTR),
-    ("scratch", _PTR),
+    ("scratch", _PTR), ("cu_seqlens_q", _PTR), ("cu_seqlens_k", _PTR),
     ("q_batch_stride", _I64), ("q_head_stride", _I64), ("q_row_stride", _I64),
     ("k_batch_stride", _I64), ("k_head_stride", _I64), ("k_row_stride", _I64),
     ("v_batch_stride", _I64), ("v_head_stride", _I64), ("v_row_stride", _I64),
@@ -44,6 +44,7 @@ BWD_FIELDS = [
     ("dq_batch_stride", _I64), ("dq_head_stride", _I64), ("dq_row_stride", _I64),
     ("dk_batch_stride", _I64), ("dk_head_stride", _I64), ("dk_row_stride", _I64),
     ("dv_batch_stride", _I64), ("dv_head_stride", _I64), ("dv_row_stride", _I64),
+    ("delta_batch_stride", _I64), ("delta_head_stride", _I64),
 ]
 
 BWD_DTYPE = np.dtype(BWD_FIELDS, align=True)

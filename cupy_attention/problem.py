@@ -6,6 +6,9 @@ typed errors) on a machine with no GPU. Shapes in the notation used everywhere:
     layout "bhsd": q [B, Hq, Sq, D]   k, v [B, Hkv, Sk, D]   out like q
     layout "bshd": q [B, Sq, Hq, D]   k, v [B, Sk, Hkv, D]   out like q
     lse  [B, Hq, Sq] float32         mask broadcastable to [B, Hq, Sq, Sk]
+    layout "thd" (packed sequences, attention_varlen): q [total_q, Hq, D],
+         k, v [total_k, Hkv, D], lse [Hq, total_q]; Problem.batch is the number of
+         sequences, seqlen_q / seqlen_k the totals (varlen.py)
 """
 
 from __future__ import annotations
@@ -85,10 +88,13 @@ class Problem:
     device: object
     window: tuple | None = None   # (left, right), -1 = unbounded (variant.py)
     softcap: float = 0.0          # 0 = off
+    varlen: bool = False          # packed sequences (layout "thd")
+    max_seqlen_q: int = 0         # varlen: the longest sequence (0: not given)
+    max_seqlen_k: int = 0
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.causal, self.window, self.softcap, self.mask_kind)
+        return Variant(self.causal, self.window, self.softcap, self.mask_kind, self.varlen)
 
     @property
     def group(self) -> int:
@@ -100,6 +106,8 @@ class Problem:
 
     def flops(self) -> float:
         """Forward FLOPs: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk (true D)."""
+        if self.varlen:  # not known without the lengths: an upper bound, max_seqlen wide
+            return 4.0 * self.heads_q * self.seqlen_q * max(self.max_seqlen_k, 1) * self.head_dim
         f = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
         if self.causal and self.seqlen_q == self.seqlen_k:
             f /= 2
@@ -108,6 +116,10 @@ class Problem:
     def describe(self) -> str:
         extra = f" window={self.window}" if self.window is not None else ""
         extra += f" softcap={self.softcap:g}" if self.softcap else ""
+        if self.varlen:
+            return (f"varlen B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} "
+                    f"total_q={self.seqlen_q} total_k={self.seqlen_k} D={self.head_dim} "
+                    f"{self.dtype}{self.variant.suffix()}{extra}")
         return (f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Sq={self.seqlen_q} "
                 f"Sk={self.seqlen_k} D={self.head_dim} {self.dtype}{self.variant.suffix()}{extra}")
 

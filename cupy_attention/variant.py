@@ -11,6 +11,9 @@ Conventions (FlashAttention's): query ``i`` and key ``j`` are aligned bottom-rig
 right)`` keeps ``i + offset - left <= j <= i + offset + right``, ``-1`` meaning
 unbounded on that side; with ``causal`` the right bound is ``min(right, 0)``.
 ``softcap = c > 0`` replaces each score ``s`` by ``c * tanh(s / c)``.
+``ragged``: packed sequences of different lengths (``attention_varlen``); the band
+params then leave out the offset, which each sequence adds for itself
+(``kernels/common/seqs.cuh``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Variant:
     window: tuple | None = None    # (left, right), -1 = unbounded; None = no window
     softcap: float = 0.0           # 0 = off
     dense: str = "none"            # "none" | "bool" | "add"
+    ragged: bool = False           # packed sequences (RaggedSeqs)
 
     @property
     def band_flags(self) -> tuple[bool, bool]:
@@ -36,7 +40,7 @@ class Variant:
 
     def band(self, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
         """``FwdParams::band_lo``, ``band_hi``: row i sees keys i + band_lo .. i + band_hi."""
-        offset = seqlen_k - seqlen_q
+        offset = 0 if self.ragged else seqlen_k - seqlen_q
         left, right = self.window if self.window is not None else (-1, -1)
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
@@ -46,8 +50,9 @@ class Variant:
         """The C++ variant type, e.g. ``Variant<Band<false, true>, PlainLogits, NoDense>``."""
         lo, hi = self.band_flags
         logits = "Softcap" if self.softcap else "PlainLogits"
+        seqs = ", RaggedSeqs" if self.ragged else ""
         return (f"Variant<Band<{str(lo).lower()}, {str(hi).lower()}>, {logits}, "
-                f"{_DENSE_CPP[self.dense]}>")
+                f"{_DENSE_CPP[self.dense]}{seqs}>")
 
     def suffix(self) -> str:
         """The spec-name suffix: ``,causal``, ``,window``, ``,softcap``, ``,bool-mask``..."""
@@ -57,12 +62,12 @@ class Variant:
             out += ",window"
         if self.softcap:
             out += ",softcap"
-        return out + _DENSE_SUFFIX[self.dense]
+        return out + _DENSE_SUFFIX[self.dense] + (",varlen" if self.ragged else "")
 
     def band_only(self) -> "Variant":
         """The same band without logits or dense mask: what a kernel that only walks
         the kept keys (a P @ V pass over a finished softmax) instantiates."""
-        return Variant(self.causal, self.window)
+        return Variant(self.causal, self.window, ragged=self.ragged)
 
     def params(self, seqlen_q: int, seqlen_k: int, scale: float) -> dict:
         """The FwdParams fields this variant sets (band and softcap)."""

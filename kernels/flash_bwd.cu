@@ -148,7 +148,7 @@ __device__ __forceinline__ void load_row_stats(const BwdParams& p, float* sLse, 
   if (i < f.seqlen_q) {
     const float lse = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
     lse2 = lse == -CA_INF ? CA_INF : lse * CA_LOG2E;
-    delta = p.delta[(i64(b) * f.heads_q + h) * f.seqlen_q + i];
+    delta = p.delta[delta_row(p, b, h) + i];
   }
   sLse[m] = lse2;
   sDelta[m] = delta;
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
   float acc = 0.f;
   for (int d = lane; d < f.head_dim; d += 32) acc = fmaf(to_float(dout[d]), to_float(o[d]), acc);
   acc = group_sum<32>(acc);
-  const i64 row = (i64(b) * f.heads_q + h) * f.seqlen_q + i;
+  const i64 row = delta_row(p, b, h) + i;
   if (lane == 0) p.delta[row] = acc;
   if (p.dq_accum) {
     for (int d = lane; d < f.head_dim; d += 32) p.dq_accum[row * f.head_dim + d] = 0.f;
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dkdv(co
         for (int r = 0; r < Tr::ROWS_M; ++r) {
           const int i = m0 + warp + r * Tr::WARPS;
           if (i >= f.seqlen_q) continue;
-          float* row = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + i) * Tr::D;
+          float* row = p.dq_accum + (delta_row(p, b, h) + i) * Tr::D;
 #pragma unroll
           for (int c = 0; c < Tr::COLS; ++c) {
             const int d = lane + 32 * c;
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const BwdParams p) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
   if (i >= f.seqlen_q) return;
-  const float* acc = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + i) * f.head_dim;
+  const float* acc = p.dq_accum + (delta_row(p, b, h) + i) * f.head_dim;
   T* dq = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
           i * p.dq_row_stride;
   for (int d = lane; d < f.head_dim; d += 32) dq[d] = from_float<T>(acc[d] * f.scale);

@@ -242,20 +242,29 @@ __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_
 // One block: BLOCK_M query rows of one (batch, query head), the key tiles of the
 // variant's band. Grid: x = query block (heaviest first when causal), y = query
 // head, z = batch.
+// Packed sequences (RaggedSeqs): x runs over the virtual query blocks of every
+// sequence (common/seqs.cuh), z = 1; a block past its sequence's end returns.
 template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams p) {
+__global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams args) {
   using T = typename KT::T;
+  using Seqs = typename VT::Seqs;
   constexpr int MT = KT::M_TILES;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + KT::SMEM_Q;                   // STAGES buffers of BLOCK_N rows
   T* sV = sK + KT::STAGES * KT::SMEM_KV;
 
-  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, h_kv = h / p.group;
+  // Packed sequences: the sequence's params live in shared memory behind the tiles
+  // (the host adds their size), read where used; in registers they spilled at D = 128.
+  int m_block, b;
+  const FwdParams& p = Seqs::template bind_block<T, KT::BLOCK_M, false>(
+      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
+      smem + KT::SMEM_BYTES);
+  const int h = blockIdx.y, h_kv = h / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = m_block * KT::BLOCK_M;
   const int q_rows = cmin(KT::BLOCK_M, p.seqlen_q - q0);
+  if (Seqs::kRagged && q_rows <= 0) return;  // block-uniform
   const int row0 = warp * KT::WARP_ROWS;  // this warp's first row within the block
 
   const T* q_head = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;

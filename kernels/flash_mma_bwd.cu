@@ -250,7 +250,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
   const int g = lane / 4, t = lane % 4;
 
   constexpr int KM = KT::DQ_KM;
-  float* dq_tile = p.dq_accum + ((i64(b) * f.heads_q + h) * f.seqlen_q + m0) * KT::D;
+  float* dq_tile = p.dq_accum + (delta_row(p, b, h) + m0) * KT::D;
   for (int job = warp; job < KT::DQ_JOBS; job += KT::WARPS) {
     const int mt0 = (job % KT::DQ_MT) * KM, cb0 = (job / KT::DQ_MT) * KT::DQ_CB;
     float acc[KM][KT::DQ_CB][2][4];
@@ -340,11 +340,17 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, float (&dk)[2][KT
     }
 }
 
+// Packed sequences (RaggedSeqs): x runs over the virtual key blocks of every sequence
+// (common/seqs.cuh), z = 1, the sequence's params behind the tiles in shared memory.
 template <class KT, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams p) {
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams args) {
   using T = typename KT::T;
-  const FwdParams& f = p.fwd;
   extern __shared__ __align__(128) unsigned char smem[];
+  int n_block, b;
+  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_N, true>(
+      args, blockIdx.x, b, n_block, smem + KT::SMEM_BYTES);
+  const FwdParams& f = p.fwd;
+  if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + KT::SMEM_KV;
   T* sQ = sV + KT::SMEM_KV;
@@ -353,7 +359,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   T* sdS = sP + KT::SMEM_P;
   float* sStats = reinterpret_cast<float*>(sdS + KT::SMEM_P);
 
-  const int n0 = blockIdx.x * KT::BLOCK_N, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n0 = n_block * KT::BLOCK_N, h_kv = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // This warp's first key within the block and its split index, per phase.
   const int key1 = 16 * KT::KM1 * (warp % KT::KG1), sw1 = KT::SPLIT1 == 1 ? 0 : warp / KT::KG1;
@@ -378,7 +384,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
     copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
         sdO + buf * KT::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-    const float* delta = p.delta + (i64(b) * f.heads_q + h) * f.seqlen_q + m0;
+    const float* delta = p.delta + delta_row(p, b, h) + m0;
     copy_row_stats<KT::BLOCK_M>(smem_addr(sStats + buf * 2 * KT::BLOCK_M), lse, delta, hi,
                                f.lse);
     cp_async_commit();
@@ -469,21 +475,25 @@ struct MmaBwdDqTraits {
 // Deterministic dQ. Grid: x = query block (heaviest first when causal), y = query
 // head, z = batch.
 template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS) flash_mma_bwd_dq(const BwdParams p) {
+__global__ void __launch_bounds__(KT::THREADS) flash_mma_bwd_dq(const BwdParams args) {
   using T = typename KT::T;
-  const FwdParams& f = p.fwd;
   extern __shared__ __align__(128) unsigned char smem[];
+  int m_block, b;
+  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_M, false>(
+      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
+      smem + KT::SMEM_BYTES);
+  const FwdParams& f = p.fwd;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + KT::SMEM_Q;
   T* sK = sdO + KT::SMEM_Q;  // two buffers
   T* sV = sK + 2 * KT::SMEM_KV;
 
-  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, h_kv = h / f.group;
+  const int h = blockIdx.y, h_kv = h / f.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int q0 = m_block * KT::BLOCK_M, row0 = 16 * warp;
   const int q_rows = cmin(KT::BLOCK_M, f.seqlen_q - q0);
+  if (VT::Seqs::kRagged && q_rows <= 0) return;  // block-uniform
 
   const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
   const T* o_head = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
@@ -525,7 +535,7 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_bwd_dq(const BwdParams 
     if (i < f.seqlen_q) {
       const float l = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
       lse2[r] = l == -CA_INF ? CA_INF : l * CA_LOG2E;
-      delta[r] = p.delta[(i64(b) * f.heads_q + h) * f.seqlen_q + i];
+      delta[r] = p.delta[delta_row(p, b, h) + i];
     }
   }
 

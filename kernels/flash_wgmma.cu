@@ -89,7 +89,7 @@ struct WgmmaTraits {
     unsigned char k[STAGES][KVTile::BYTES];
     unsigned char v[STAGES][KVTile::BYTES];
     float2 l_slot[128 * CONSUMERS];  // one per consumer thread (Consumer::step)
-    int tile_slot[2];                // work tiles published by the producer
+    int tile_slot[2][8];             // work tiles published by the producer (TileSlot)
     u64 q_full[CONSUMERS], q_empty[CONSUMERS];
     u64 full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES];
   };
@@ -130,8 +130,10 @@ struct Smem {
   __device__ __forceinline__ float2* l_slot() const {
     return shared_ptr<float2>(wgmma_smem, CA_FIELD(base, S, l_slot));
   }
-  __device__ __forceinline__ int* tile_slot() const {
-    return shared_ptr<int>(wgmma_smem, CA_FIELD(base, S, tile_slot));
+  // Slot u % 2 of work tile u: [0] the tile (-1: no more), then for packed
+  // sequences its block, head, batch entry and the sequence's extent (TileSlot).
+  __device__ __forceinline__ int* tile_slot(int u) const {
+    return shared_ptr<int>(wgmma_smem, CA_FIELD(base, S, tile_slot)) + 8 * (u & 1);
   }
   __device__ __forceinline__ const unsigned char* q_bytes() const {
     return shared_ptr<unsigned char>(wgmma_smem, q());
@@ -143,6 +145,25 @@ struct Smem {
 
 struct WorkTile {
   int m_block, h, b;
+};
+
+// What the producer publishes with a work tile (Storage::tile_slot): the tile, and
+// for packed sequences what the consumers cannot compute cheaply (the search for
+// its sequence, the sequence's extent).
+struct TileSlot {
+  template <class Seqs>
+  __device__ __forceinline__ static void write(int* slot, int tile, const WorkTile& w,
+                                               const typename Seqs::Extent& e) {
+    slot[0] = tile;
+    if constexpr (Seqs::kRagged) {
+      slot[1] = w.m_block, slot[2] = w.h, slot[3] = w.b;
+      slot[4] = e.q_start, slot[5] = e.k_start, slot[6] = e.seqlen_q, slot[7] = e.seqlen_k;
+    }
+  }
+  // Lane 0 reads for the warp (see Consumer::run).
+  __device__ __forceinline__ static int read(const int* slot, int i) {
+    return __shfl_sync(0xffffffffu, threadIdx.x % 32 == 0 ? slot[i] : 0, 0);
+  }
 };
 
 // Work tiles: BLOCK_M query rows of one (head, batch). The query blocks of a head are
@@ -161,8 +182,12 @@ struct WorkTile {
 // how many heads' K and V fit in L2), the (head, batch) pairs go in sections of G,
 // and inside a section block by block, each block for all G heads (FlashAttention-3's
 // LPT order): tiles of one cost run together while those heads' K and V stay in L2.
+// Packed sequences (RaggedSeqs): head after head, and in each head the virtual query
+// blocks of every sequence (common/seqs.cuh), the last first under a causal band;
+// section and q_shift are 0. Only the producer calls work() then (a search).
 template <class KT, class VT>
 struct TileScheduler {
+  using Seqs = typename VT::Seqs;
   const FwdParams& p;
   u32* const counter;
   const int q_shift, section, m_blocks, tiles;
@@ -170,9 +195,18 @@ struct TileScheduler {
   __device__ __forceinline__ TileScheduler(const FwdParams& p_, u32* counter_, int q_shift_,
                                            int section_)
       : p(p_), counter(counter_), q_shift(q_shift_), section(section_),
-        m_blocks(ceil_div(p_.seqlen_q, KT::BLOCK_M)), tiles(m_blocks * p_.heads_q * p_.batch) {}
+        m_blocks(Seqs::kRagged ? RaggedSeqs::blocks(p_.seqlen_q, p_.batch, KT::BLOCK_M)
+                               : ceil_div(p_.seqlen_q, KT::BLOCK_M)),
+        tiles(m_blocks * p_.heads_q * (Seqs::kRagged ? 1 : p_.batch)) {}
 
   __device__ __forceinline__ WorkTile work(int tile) const {
+    if constexpr (Seqs::kRagged) {
+      const int v = tile % m_blocks;
+      WorkTile w{0, tile / m_blocks, 0};
+      RaggedSeqs::locate_thread(p.cu_seqlens_q, p.batch, KT::BLOCK_M,
+                                VT::kCausal ? m_blocks - 1 - v : v, w.b, w.m_block);
+      return w;
+    }
     int m, hb;
     if (section > 0) {
       const int per = m_blocks * section, first = tile / per * section;
@@ -185,15 +219,16 @@ struct TileScheduler {
     }
     return {VT::kCausal ? m_blocks - 1 - m : m, hb % p.heads_q, hb / p.heads_q};
   }
-  // First query row of the tile (negative rows: a shifted partial block).
-  __device__ __forceinline__ int q0(int tile) const {
-    return work(tile).m_block * KT::BLOCK_M - q_shift;
-  }
-  // The tile's key tiles [n_begin, n_begin + n_blocks): the variant's band of its rows.
-  __device__ __forceinline__ void keys(int q0, int& n_begin, int& n_blocks) const {
+  // First query row of block m (negative rows: a shifted partial block).
+  __device__ __forceinline__ int q0(int m_block) const { return m_block * KT::BLOCK_M - q_shift; }
+  // The tile's key tiles [n_begin, n_begin + n_blocks): the variant's band of its rows
+  // (p: the params bound to the tile's sequence).
+  __device__ __forceinline__ static void keys(const FwdParams& p, int q0, int& n_begin,
+                                              int& n_blocks) {
     const int q_last = cmin(q0 + KT::BLOCK_M, p.seqlen_q) - 1;
     n_begin = VT::kv_begin(p, cmax(q0, 0)) / KT::BLOCK_N;
     n_blocks = cmax(0, ceil_div(VT::kv_end(p, q_last), KT::BLOCK_N) - n_begin);
+    if (Seqs::kRagged && q0 >= p.seqlen_q) n_blocks = 0;  // a sequence's spare block
   }
   __device__ __forceinline__ int first() const { return blockIdx.x; }
   __device__ __forceinline__ int claim() const {
@@ -245,10 +280,11 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
                   blk * 64, row, h, b, bar);
     pipe.advance();
   };
+  using Seqs = typename VT::Seqs;
   int done = 0, loads = 0;  // work tiles, and K (or V) tiles loaded so far
   for (int tile = sched.first();;) {
-    st.tile_slot()[done & 1] = tile < sched.tiles ? tile : -1;
     if (tile >= sched.tiles) {
+      st.tile_slot(done)[0] = -1;
       for (int c = 0; c < KT::CONSUMERS; ++c) {
         if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
         mbarrier_arrive(st.q_full(c));
@@ -256,14 +292,19 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
       return;
     }
     const WorkTile w = sched.work(tile);
-    const int q0 = sched.q0(tile), h_kv = w.h / p.group;
+    typename Seqs::Extent seq{};
+    if constexpr (Seqs::kRagged) seq = Seqs::extent(p, w.b);
+    TileSlot::write<Seqs>(st.tile_slot(done), tile, w, seq);
+    const int q0 = sched.q0(w.m_block), h_kv = w.h / p.group;
     int n_begin, n_blocks;
-    sched.keys(q0, n_begin, n_blocks);
-    // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1.
+    sched.keys(Seqs::template bind<typename KT::T>(p, seq), q0, n_begin, n_blocks);
+    // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
+    // packed sequences are one batch entry, the sequence's rows from its first on.
     const int q_h = p.q_head_stride ? w.h : 0, q_b = p.q_batch_stride ? w.b : 0;
     const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? w.b : 0;
     const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? w.b : 0;
-    const int k_row0 = n_begin * KT::BLOCK_N;
+    int q_row0 = q0, k_row0 = n_begin * KT::BLOCK_N;
+    if constexpr (Seqs::kRagged) q_row0 += seq.q_start, k_row0 += seq.k_start;
     // K_0 first: its buffer is free before the consumers hand back Q.
     if (n_blocks > 0) load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, k_row0);
     for (int c = 0; c < KT::CONSUMERS; ++c) {
@@ -273,7 +314,7 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
 #pragma unroll
       for (int blk = 0; blk < KT::D_BLOCKS; ++blk)
         tma_load_4d(st.q() + blk * KT::QTile::BLOCK_BYTES + c * 64 * 128, q_map, blk * 64,
-                    q0 + 64 * c, q_h, q_b, bar);
+                    q_row0 + 64 * c, q_h, q_b, bar);
     }
     int claimed = n_blocks > 0 ? 0 : sched.claim();
     for (int j = 1; j <= n_blocks; ++j) {
@@ -322,13 +363,18 @@ struct Consumer {
   using T = typename KT::T;
   using Frag = MmaFrag<KT::N_TILES>;
   const Smem<KT> st;
+  using Seqs = typename VT::Seqs;
   const TileScheduler<KT, VT>& sched;
-  const FwdParams& p;
+  // The params, bound to the current tile's sequence (packed sequences: a copy per
+  // tile; otherwise the kernel's own).
+  typename Seqs::template Bound<FwdParams> p;
   const int c, lane, g, t, row0;  // row0: this warp's first row within the work tile
   PipelineState<KT::STAGES> pipe;  // K_j's buffer; V_{j-1}'s is pipe.prev()
   // The current work tile: its index, first query row, key tiles [n_begin, n_begin + n_blocks).
-  // Head and batch come from the scheduler where needed, which keeps registers free.
+  // Head and batch come from the scheduler where needed, which keeps registers free
+  // (packed sequences: from the tile's slot, in `ragged`).
   int tile = 0, q0 = 0, n_begin = 0, n_blocks = 0;
+  WorkTile ragged{};
   float acc[KT::D_TILES * 4];
   float s[KT::N_TILES * 4];   // S of the current tile, then P = exp2(S - m_i)
   u32 pa[KT::PV_STEPS][4];    // P of the previous tile in 16 bits: the A operand of P V
@@ -430,8 +476,13 @@ struct Consumer {
   // tile and K in global memory (K_j's buffer may already hold a later tile). Rolled
   // loops for a path this rare: each n8 group's four scores enter at the end of s,
   // which shifts down by four, so every register index stays a constant.
+  __device__ __forceinline__ WorkTile work() const {
+    if constexpr (Seqs::kRagged) return ragged;
+    return sched.work(tile);
+  }
+
   __device__ __forceinline__ void scores_from_global(int j) {
-    const WorkTile w = sched.work(tile);
+    const WorkTile w = work();
     const T* k_tile = static_cast<const T*>(p.k) + w.b * p.k_batch_stride +
                       (w.h / p.group) * p.k_head_stride + (i64(k0(j)) + 2 * t) * p.k_row_stride;
     const unsigned char* q_bytes = st.q_bytes();
@@ -596,7 +647,7 @@ struct Consumer {
   // quad each thread stores one group's 16 contiguous bytes (whole 32-byte sectors per
   // quad; 4-byte stores would write every sector in halves).
   __device__ __forceinline__ void store() {
-    const WorkTile w = sched.work(tile);
+    const WorkTile w = work();
     T* o_head = static_cast<T*>(p.o) + w.b * p.o_batch_stride + w.h * p.o_head_stride;
     sm.finish();
 #pragma unroll
@@ -628,10 +679,19 @@ struct Consumer {
       mbarrier_wait(st.q_full(c), done & 1);
       // Lane 0 reads the slot for the warp: the producer rewrites it once lane 0's
       // release of this tile's Q (run_tile) has come, which orders only lane 0's read.
-      tile = __shfl_sync(0xffffffffu, lane == 0 ? st.tile_slot()[done & 1] : 0, 0);
+      const int* slot = st.tile_slot(done);
+      tile = TileSlot::read(slot, 0);
       if (tile < 0) break;
-      q0 = sched.q0(tile);
-      sched.keys(q0, n_begin, n_blocks);
+      if constexpr (Seqs::kRagged) {
+        ragged = {TileSlot::read(slot, 1), TileSlot::read(slot, 2), TileSlot::read(slot, 3)};
+        const typename Seqs::Extent seq{TileSlot::read(slot, 4), TileSlot::read(slot, 5),
+                                        TileSlot::read(slot, 6), TileSlot::read(slot, 7)};
+        p = Seqs::template bind<T>(sched.p, seq);
+        q0 = sched.q0(ragged.m_block);
+      } else {
+        q0 = sched.q0(sched.work(tile).m_block);
+      }
+      sched.keys(p, q0, n_begin, n_blocks);
       if (q0 + 64 * c >= p.seqlen_q || q0 + 64 * (c + 1) <= 0) {
         skip_tile();
         if (lane == 0) mbarrier_arrive(st.q_empty(c));

@@ -214,16 +214,17 @@ struct BwdSmem {
 // Tile scheduler: the block's work. One block per (key block, KV head, batch) of
 // the grid, so no claim counter: keys n0.. of KV head h_kv, batch b, against the
 // query tiles that see them (QueryTileWalk: the variant's q_begin, q_end, over each
-// query head of the KV head's group in turn). Reads params only.
+// query head of the KV head's group in turn). Reads params only (f: bound to the
+// block's sequence; packed sequences: key block n_block of sequence b, bind_block).
 template <class KT, class VT>
 struct TileScheduler {
   const FwdParams& f;
   const int n0, h_kv, b;
   const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk;
 
-  __device__ __forceinline__ explicit TileScheduler(const FwdParams& f_)
-      : f(f_), n0(blockIdx.x * KT::BLOCK_N), h_kv(blockIdx.y), b(blockIdx.z),
-        walk(f_, blockIdx.x * KT::BLOCK_N) {}
+  __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block, int b_)
+      : f(f_), n0(n_block * KT::BLOCK_N), h_kv(blockIdx.y), b(b_),
+        walk(f_, n_block * KT::BLOCK_N) {}
   __device__ __forceinline__ int iters() const { return walk.iters; }
   __device__ __forceinline__ int head(int it) const { return walk.head(it, h_kv, f.group); }
   __device__ __forceinline__ int m0(int it) const { return walk.m0(it); }
@@ -286,7 +287,7 @@ struct Producer {
     load_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.dout(stage), o_head + m0 * p.dout_row_stride,
                                                    p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-    const float* delta = p.delta + (i64(sched.b) * f.heads_q + h) * f.seqlen_q + m0;
+    const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
     copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, hi, f.lse);
     cp_async_commit();
     next.advance();
@@ -470,7 +471,7 @@ struct Epilogue {
                                          int skip, int cols, int g, int t) const {
     const FwdParams& f = p.fwd;
     const int h = sched.head(it), m0 = sched.m0(it);
-    float* dq_tile = p.dq_accum + ((i64(sched.b) * f.heads_q + h) * f.seqlen_q + m0) * KT::D;
+    float* dq_tile = p.dq_accum + (delta_row(p, sched.b, h) + m0) * KT::D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + g + 8 * r;
@@ -527,11 +528,15 @@ struct Epilogue {
 // dQ reductions, then S^T, dP^T, dV, dK, dQ as the header describes; every MMA
 // waited for before the next tile.
 template <class KT, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams p) {
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams args) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
+  int n_block, b;  // packed sequences: the sequence's params behind the storage
+  const BwdParams& p = VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_N, true>(
+      args, blockIdx.x, b, n_block, wgmma_bwd_smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
+  if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
-  const TileScheduler<KT, VT> sched(f);
+  const TileScheduler<KT, VT> sched(f, n_block, b);
   Producer<KT, VT> producer{p, st, sched};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -619,11 +624,15 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
 // role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
 // (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
 template <class KT, class VT, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams p) {
+__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams args) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
+  int n_block, b;  // packed sequences: the sequence's params behind the storage
+  const BwdParams& p = VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_N, true>(
+      args, blockIdx.x, b, n_block, wgmma_bwd_smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
+  if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
-  const TileScheduler<KT, VT> sched(f);
+  const TileScheduler<KT, VT> sched(f, n_block, b);
   Producer<KT, VT> producer{p, st, sched};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -31,13 +31,18 @@ class Tensors:
     k: object
     v: object
     out: object
-    lse: object = None    # float32 [B, Hq, Sq] or None
+    lse: object = None    # float32 [B, Hq, Sq] (varlen: [Hq, total_q]) or None
     mask: object = None   # broadcast to [B, Hq, Sq, Sk]: uint8 or float32, or None
+    cu_seqlens_q: object = None   # varlen: int32 [B + 1]
+    cu_seqlens_k: object = None
 
 
 def bhs_strides(arr, layout: str):
-    """(batch, head, row) strides in elements of a rank-4 q/k/v/out view."""
+    """(batch, head, row) strides in elements of a rank-4 q/k/v/out view, or of a
+    rank-3 packed one (layout "thd": [total, H, D], batch stride 0)."""
     s = [x // arr.itemsize for x in arr.strides]
+    if layout == "thd":
+        return (0, s[1], s[0])
     return (s[0], s[1], s[2]) if layout == "bhsd" else (s[0], s[2], s[1])
 
 
@@ -59,7 +64,11 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
     }
     if t.lse is not None:
         ls = [x // 4 for x in t.lse.strides]
+        if p.varlen:  # [Hq, total_q]
+            ls = [0, ls[0]]
         values.update(lse=t.lse.data.ptr, lse_batch_stride=ls[0], lse_head_stride=ls[1])
+    if p.varlen:
+        values.update(cu_seqlens_q=t.cu_seqlens_q.data.ptr, cu_seqlens_k=t.cu_seqlens_k.data.ptr)
     if t.mask is not None:
         ms = [x // t.mask.itemsize for x in t.mask.strides]
         values.update(mask=t.mask.data.ptr, mask_batch_stride=ms[0], mask_head_stride=ms[1],
@@ -100,6 +109,10 @@ class HotLaunch:
 
 
 def grid_check(p: Problem) -> str | None:
+    if p.varlen:
+        if p.heads_q > 65535:
+            return f"Hq={p.heads_q} must be at most 65535 (CUDA grid limits)"
+        return None
     if p.heads_q > 65535 or p.batch > 65535:
         return f"B={p.batch} and Hq={p.heads_q} must each be at most 65535 (CUDA grid limits)"
     return None
@@ -127,9 +140,14 @@ class Family:
         (a family may run a problem that another runs faster)."""
         return True
 
+    # Packed sequences (attention_varlen): families that instantiate RaggedSeqs.
+    varlen: bool = False
+
     def check(self, p: Problem, cc: int | None) -> str | None:
         """None if this family runs ``p`` on a device of compute capability ``cc``,
         else the reason it cannot."""
+        if p.varlen and not self.varlen:
+            return f"{self.name} takes no packed sequences (flash_mma and flash_wgmma do)"
         if p.dtype not in self.dtypes:
             return f"{self.name} takes {', '.join(self.dtypes)}, not {p.dtype}"
         if p.head_dim > self.max_head_dim:

@@ -134,6 +134,9 @@ def bwd_params(p: Problem, t: BwdTensors) -> object:
         s = bhs_strides(getattr(t, name), p.layout)
         values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],
                        f"{name}_row_stride": s[2]})
+    # delta: [B, Hq, Sq] contiguous, or [Hq, total_q] for packed sequences
+    values.update(delta_batch_stride=0 if p.varlen else p.heads_q * p.seqlen_q,
+                  delta_head_stride=p.seqlen_q)
     return make_struct(BWD_DTYPE, values)
 
 
@@ -143,6 +146,8 @@ def check(p: Problem, cc: int | None) -> str | None:
     Shared memory is checked at launch against the device itself: the last
     heuristics row (67 KB) fits every device of compute capability 7.0+ but sm_75.
     """
+    if p.varlen:
+        return "the flash backward takes no packed sequences (flash_mma and flash_wgmma do)"
     if p.dtype not in DTYPES:
         return f"the flash backward takes {', '.join(DTYPES)}, not {p.dtype}"
     if p.head_dim > 256:

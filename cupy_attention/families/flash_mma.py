@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from .. import jit
+from ..params import FWD_DTYPE
 from ..problem import Problem
 from ..variant import Variant
 from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors
@@ -66,9 +67,11 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, device_id: int):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
     from ..device import max_shared_per_block
 
-    cfg = tiles_for(head_dim, vt.dense != "none", max_shared_per_block(device_id))
+    # packed sequences: the sequence's params behind the tiles (Seqs::bind_shared)
+    extra = FWD_DTYPE.itemsize if vt.ragged else 0
+    cfg = tiles_for(head_dim, vt.dense != "none", max_shared_per_block(device_id) - extra)
     return (spec(head_dim, dtype, vt, vec, cfg), cfg[0], 32 * cfg[2],
-            _smem(-(-head_dim // 16) * 16, cfg))
+            _smem(-(-head_dim // 16) * 16, cfg) + extra)
 
 
 def strides_aligned(head_dim: int, arrays) -> bool:
@@ -92,6 +95,7 @@ class FlashMma(Family):
     source = "flash_mma.cu"
     dtypes = ("float16", "bfloat16")
     min_cc = 80
+    varlen = True
 
     def planner(self, p: Problem, device_id: int):
         """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
@@ -116,7 +120,9 @@ class FlashMma(Family):
         @functools.lru_cache(maxsize=2)
         def variant(vec: bool):
             kspec, block_m, threads, smem = plan(vec)
-            blocks = (grid(vec) if grid else None) or (-(-p.seqlen_q // block_m), *grid_y_z)
+            blocks = (grid(vec) if grid else None) or (
+                (p.seqlen_q // block_m + p.batch, p.heads_q, 1) if p.varlen  # common/seqs.cuh
+                else (-(-p.seqlen_q // block_m), *grid_y_z))
             return jit.get_function(kspec, arch, device_id), blocks, (threads,), smem
 
         return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant, extra)
@@ -132,4 +138,7 @@ class FlashMma(Family):
         for mask in ("bool", "add"):
             out.append(spec(128, "float16", Variant(True, dense=mask), True))
             out.append(spec(64, "bfloat16", Variant(dense=mask), False))
+        for d, causal in ((64, True), (128, False), (128, True), (256, True)):
+            out.append(spec(d, "bfloat16", Variant(causal, ragged=True), True))
+        out.append(spec(40, "float16", Variant(True, (32, 0), 30.0, ragged=True), False))
         return out

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 
 from .. import jit
+from ..params import BWD_DTYPE
 from ..problem import Problem
 from ..variant import CAUSAL, Variant
 from . import flash_bwd
@@ -156,7 +157,7 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool
           device_id: int):
     from ..device import max_shared_per_block
 
-    c = config(head_dim, max_shared_per_block(device_id))
+    c = config(head_dim, max_shared_per_block(device_id) - (BWD_DTYPE.itemsize if vt.ragged else 0))
     return c, specs(c, dtype, vt, vec, deterministic)
 
 
@@ -165,7 +166,13 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
     c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vectorizable(p, t), deterministic,
                       device_id)
     launch_passes(p, t, stream, [jit.get_function(s, arch, device_id) for s in kspecs],
-                  (c.block_n, 32 * c.warps, c.smem), c, deterministic)
+                  (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic)
+
+
+def ragged_smem(p: Problem) -> int:
+    """Shared bytes a packed-sequence kernel adds behind its tiles: the sequence's
+    params (Seqs::bind_block in kernels/common/seqs.cuh)."""
+    return BWD_DTYPE.itemsize if p.varlen else 0
 
 
 def launch_passes(p: Problem, t: flash_bwd.BwdTensors, stream, kernels, dkdv: tuple,
@@ -176,15 +183,23 @@ def launch_passes(p: Problem, t: flash_bwd.BwdTensors, stream, kernels, dkdv: tu
     k_delta, k_dkdv, k_dq = kernels
     block_n, threads, smem = dkdv
     args = (flash_bwd.bwd_params(p, t),)
-    rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, p.batch)
+    # packed sequences: the row kernels see one entry of total rows, the tile kernels
+    # the virtual blocks of every sequence (kernels/common/seqs.cuh)
+    batch = 1 if p.varlen else p.batch
+    rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
     k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
-    k_dkdv.launch((-(-p.seqlen_k // block_n), p.heads_kv, p.batch), (threads,), args, smem,
+    k_dkdv.launch((_blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), args, smem,
                   stream)
     if deterministic:
-        k_dq.launch((-(-p.seqlen_q // dq.dq_block_m), p.heads_q, p.batch), (32 * dq.dq_warps,),
-                    args, dq.dq_smem, stream)
+        k_dq.launch((_blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
+                    (32 * dq.dq_warps,), args, dq.dq_smem + ragged_smem(p), stream)
     else:
         k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+
+
+def _blocks(p: Problem, rows: int, block: int) -> int:
+    """Grid x of a tile kernel over ``rows`` (per entry, or in all sequences)."""
+    return rows // block + p.batch if p.varlen else -(-rows // block)
 
 
 # CI spread: every head dim of the test grid (aligned where D % 8 == 0) with dtype,
@@ -213,4 +228,9 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d, vec in ((104, True), (112, False), (120, False)):
         out.append(dkdv_spec(config(d), "bfloat16", CAUSAL, vec, True))
     out.append(dkdv_spec(config(112), "float16", Variant(), True, True))
+    for d, causal in ((64, True), (128, True), (256, False)):
+        out += specs(config(d), "bfloat16", Variant(causal, ragged=True), True, False)
+        out += specs(config(d), "bfloat16", Variant(causal, ragged=True), True, True)
+    out.append(dkdv_spec(config(40), "float16", Variant(True, (16, 0), 20.0, ragged=True), False,
+                         True))
     return list(dict.fromkeys(out))

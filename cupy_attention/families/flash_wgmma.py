@@ -94,7 +94,7 @@ def smem_bytes(head_dim: int, cfg) -> int:
     slots, two work tile slots, the mbarriers, and 1024 bytes to align the base."""
     consumers, block_n, _, stages = cfg
     return ((64 * consumers + 2 * stages * block_n) * d_pad(head_dim) * 2 + 128 * consumers * 8
-            + 8 + (2 * consumers + 4 * stages) * 8 + 1024)
+            + 64 + (2 * consumers + 4 * stages) * 8 + 1024)
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
@@ -234,17 +234,24 @@ class FlashWgmma(FlashMma):
         config) walks the work tiles."""
         strides = [bhs_strides(a, p.layout) for a in (t.q, t.k, t.v)]
         rows = (p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k), (p.heads_kv, p.seqlen_k)
-        if not all(tma.tileable(p.batch, heads, n, s) for (heads, n), s in zip(rows, strides)):
+        batch = 1 if p.varlen else p.batch  # packed sequences: one entry of total rows
+        if not all(tma.tileable(batch, heads, n, s) for (heads, n), s in zip(rows, strides)):
             return super().prepare(p, t, device_id, arch)
         mma_plan = self.planner(p, device_id)
         cfg = tiles_for(p.head_dim, p.causal)
         q_maps, k_maps, v_maps = (
-            _tile_maps(tma.map_geometry(p.batch, heads, n, p.head_dim, s, box_rows))
+            _tile_maps(tma.map_geometry(batch, heads, n, p.head_dim, s, box_rows))
             for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
-        tiles = -(-p.seqlen_q // (64 * cfg[0])) * p.heads_q * p.batch
+        block_m = 64 * cfg[0]
+        if p.varlen:  # virtual query blocks (common/seqs.cuh); no shift, no sections
+            tiles = (p.seqlen_q // block_m + p.batch) * p.heads_q
+            shift = section = np.int32(0)
+        else:
+            tiles = -(-p.seqlen_q // block_m) * p.heads_q * p.batch
+            shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, block_m, cfg[1])
+                             if p.causal else 0)
+            section = np.int32(l2_section(p))
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
-        shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, 64 * cfg[0], cfg[1]) if p.causal else 0)
-        section = np.int32(l2_section(p))
 
         def plan(vec: bool):
             return _plan(p.head_dim, p.dtype, p.variant) if vec else mma_plan(False)
@@ -269,4 +276,7 @@ class FlashWgmma(FlashMma):
             out.append(spec(d, "bfloat16", Variant(d % 16 == 0)))
         out.append(spec(96, "float16", Variant()))
         out.append(spec(232, "float16", Variant(True)))
+        for d, causal in ((64, True), (128, False), (128, True), (256, True)):
+            out.append(spec(d, "bfloat16", Variant(causal, ragged=True)))
+        out.append(spec(80, "float16", Variant(True, (32, 0), 30.0, ragged=True)))
         return out

@@ -21,6 +21,10 @@ struct FwdParams {
   float* lse;           // null: LSE not requested
   const void* mask;     // null unless a dense mask policy is used
   float* scratch;       // [B, Hq, Sq, Sk] fp32 scores, for the O(S^2) kernels only
+  // Packed sequences (RaggedSeqs, common/seqs.cuh): int32 [B + 1] prefix sums of the
+  // query and key lengths; null otherwise.
+  const i32* cu_seqlens_q;
+  const i32* cu_seqlens_k;
 
   i64 q_batch_stride, q_head_stride, q_row_stride;
   i64 k_batch_stride, k_head_stride, k_row_stride;
@@ -56,9 +60,11 @@ __device__ __forceinline__ float exp2_score(const FwdParams& p, float dot) {
 // as the forward wrote it, the mask, strides, sizes, scale), so the mask
 // policies of common/mask.cuh apply to the backward as they are. Added tensors:
 //   dout, dq  [B, Hq, Sq, D] (strided like q)    dk, dv [B, Hkv, Sk, D]
-//   delta     [B, Hq, Sq] fp32, contiguous: rowsum(dout * o)
-//   dq_accum  [B, Hq, Sq, D] fp32, contiguous: dQ / scale summed with atomics;
-//             null in deterministic mode
+//   delta     [B, Hq, Sq] fp32: rowsum(dout * o); row (b, h) at b * delta_batch_stride
+//             + h * delta_head_stride ([B, Hq, Sq] contiguous, or [Hq, total_q] for
+//             packed sequences)
+//   dq_accum  fp32, delta's rows times D: dQ / scale summed with atomics; null in
+//             deterministic mode
 struct BwdParams {
   FwdParams fwd;
   const void* dout;
@@ -72,4 +78,10 @@ struct BwdParams {
   i64 dq_batch_stride, dq_head_stride, dq_row_stride;
   i64 dk_batch_stride, dk_head_stride, dk_row_stride;
   i64 dv_batch_stride, dv_head_stride, dv_row_stride;
+  i64 delta_batch_stride, delta_head_stride;
 };
+
+// Row (b, h) of delta, and of dq_accum (times D).
+__device__ __forceinline__ i64 delta_row(const BwdParams& p, int b, int h) {
+  return b * p.delta_batch_stride + h * p.delta_head_stride;
+}

@@ -1,9 +1,9 @@
 // Attention variants: which keys a query row sees, and what becomes of its logits.
 //
-// A variant is one type, Variant<BandT, LogitsT, DenseT>, chosen on the host and
-// instantiated into every kernel family; nothing of it exists at run time when it
-// is off. Coordinates are those of one (batch, head): query row i in [0, Sq), key j
-// in [0, Sk). Three independent parts:
+// A variant is one type, Variant<BandT, LogitsT, DenseT, SeqsT>, chosen on the host
+// and instantiated into every kernel family; nothing of it exists at run time when
+// it is off. Coordinates are those of one (batch, head): query row i in [0, Sq), key
+// j in [0, Sk). Four independent parts:
 //   band     row i sees the keys [row_begin(i), row_end(i)): one interval per row,
 //            clipped to [0, Sk). Band<LO, HI> with each bound present or not; the
 //            host folds the causal alignment and a window (left, right) into two
@@ -17,6 +17,10 @@
 //              Softcap      s2 = c tanh(dot * scale / c) * log2 e    (Gemma 2)
 //   dense    a per-element mask or bias read from memory (NoDense, BoolDense,
 //            AddDense: mask.cuh), applied after the logits.
+//   seqs     where batch entry b's rows lie (FixedSeqs, or RaggedSeqs for packed
+//            sequences of different lengths: seqs.cuh). A kernel binds the params to
+//            its tile's sequence (Seqs::bind) and everything above reads the bound
+//            params, so band, logits and masks work per sequence unchanged.
 //
 // What a kernel asks of a variant (all warp-uniform unless it names a row):
 //   kv_begin(p, q_first), kv_end(p, q_last)   the keys any row of [q_first, q_last]
@@ -36,6 +40,7 @@
 // after an exp), never multiplied, so NaN/Inf in masked keys stays out.
 #pragma once
 #include "mask.cuh"
+#include "seqs.cuh"
 
 // ---------------------------------------------------------------------------
 // Bands
@@ -124,11 +129,13 @@ struct Softcap {
 // ---------------------------------------------------------------------------
 // The variant
 
-template <class BandT, class LogitsT = PlainLogits, class DenseT = NoDense>
+template <class BandT, class LogitsT = PlainLogits, class DenseT = NoDense,
+          class SeqsT = FixedSeqs>
 struct Variant {
   using Band = BandT;
   using Logits = LogitsT;
   using Dense = DenseT;
+  using Seqs = SeqsT;
   // The max-free softmax (flash_wgmma: softmax_fast) needs no property of the
   // scores beyond being finite or -inf; every variant here keeps it valid.
   static constexpr bool kFastSoftmax = true;

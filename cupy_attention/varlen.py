@@ -1,0 +1,326 @@
+"""Packed sequences of different lengths: :func:`attention_varlen` and its backward.
+
+FlashAttention's ``flash_attn_varlen_func`` conventions. B sequences are packed
+along one row axis, with no padding:
+
+    q, out  [total_q, Hq, D]     k, v  [total_k, Hkv, D]     lse  [Hq, total_q] float32
+    cu_seqlens_q, cu_seqlens_k   int32 [B + 1]: prefix sums of the lengths, starting at 0
+
+Sequence b owns query rows ``cu_seqlens_q[b] : cu_seqlens_q[b + 1]`` and key rows
+``cu_seqlens_k[b] : cu_seqlens_k[b + 1]``; causal masks and windows are aligned
+bottom-right per sequence (its own Sk - Sq). Lengths may be 0. The kernels
+(flash_wgmma on Hopper, flash_mma on sm_80+) schedule the real query blocks of each
+sequence only: the work does not depend on the longest sequence
+(``kernels/common/seqs.cuh``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import device as _device
+from . import dispatch, interop
+from .arrays import host64, like
+from .backward import BACKWARD_KERNELS, _allocator, _choose
+from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
+from .families import flash_bwd
+from .families.base import Tensors
+from .problem import DTYPES, Problem, _unit_last_stride, check_like, check_softcap, check_window, describe
+from .reference import attention_backward_reference, attention_reference
+
+
+def _check_cu(x, name: str, qi, batch_plus_1: int | None):
+    info = describe(x, name)
+    if len(info.shape) != 1 or info.shape[0] < 1:
+        raise ShapeError(f"{name} must be a 1-D int32 array [B + 1] of prefix sums starting "
+                         f"at 0, got shape {info.shape}")
+    if info.dtype != "int32":
+        raise DTypeError(f"{name} must have dtype int32, got {info.dtype}")
+    if batch_plus_1 is not None and info.shape[0] != batch_plus_1:
+        raise ShapeError(f"cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
+                         f"got {batch_plus_1} and {info.shape[0]}")
+    if info.device != qi.device and not (info.device == "cpu" and qi.device != "cpu"):
+        raise DeviceMismatchError(f"{name} is on device {info.device} but q is on {qi.device}")
+    return info
+
+
+def _check_max(x, name: str) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
+        raise DTypeError(f"{name} must be a non-negative int or None, got {x!r}")
+    return int(x)
+
+
+def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                    *, causal=False, scale=None, window=None, softcap=None) -> Problem:
+    """Shapes, dtypes and devices of a packed problem (the lengths' values are checked
+    by :func:`check_seqlens`)."""
+    if not isinstance(causal, (bool, int)) or isinstance(causal, float):
+        raise DTypeError(f"causal must be a bool, got {type(causal).__name__}")
+    qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
+    for name, info, heads in (("q", qi, "Hq"), ("k", ki, "Hkv"), ("v", vi, "Hkv")):
+        if len(info.shape) != 3:
+            raise ShapeError(f"{name} must have rank 3 ([total, {heads}, D]: sequences packed "
+                             f"along the first axis), got shape {info.shape}")
+    if not (qi.dtype == ki.dtype == vi.dtype):
+        raise DTypeError(f"q, k and v must share one dtype, got {qi.dtype}, {ki.dtype}, {vi.dtype}")
+    if qi.dtype not in DTYPES:
+        raise DTypeError(f"q has dtype {qi.dtype}; supported dtypes are {', '.join(DTYPES)}")
+    if not (qi.device == ki.device == vi.device):
+        raise DeviceMismatchError(f"q, k and v are on different devices ({qi.device}, "
+                                  f"{ki.device}, {vi.device}); move them to one device")
+    total_q, Hq, D = qi.shape
+    total_k, Hkv, Dk = ki.shape
+    if vi.shape != ki.shape:
+        raise ShapeError(f"k and v must have the same shape, got {ki.shape} and {vi.shape}")
+    if Dk != D:
+        raise ShapeError(f"head dims differ: q has D={D}, k and v have D={Dk}")
+    if D == 0:
+        raise ShapeError("head dim D must be at least 1, got 0")
+    if Hkv == 0 or Hq % Hkv:
+        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
+                         "grouped-query attention")
+    for name, info in (("q", qi), ("k", ki), ("v", vi)):
+        if not _unit_last_stride(info):
+            raise ShapeError(f"{name} must have unit stride in its last (head-dim) axis, got "
+                             f"strides {info.strides}")
+    ci = _check_cu(cu_seqlens_q, "cu_seqlens_q", qi, None)
+    _check_cu(cu_seqlens_k, "cu_seqlens_k", qi, ci.shape[0])
+    mq, mk = _check_max(max_seqlen_q, "max_seqlen_q"), _check_max(max_seqlen_k, "max_seqlen_k")
+    window = check_window(window, bool(causal), total_q, total_k)
+    softcap = check_softcap(softcap)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    else:
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
+        if not math.isfinite(scale):
+            raise ShapeError(f"scale must be finite, got {scale}")
+    return Problem(ci.shape[0] - 1, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
+                   "none", scale, qi.device, window, softcap, True, mq, mk)
+
+
+def _host_ints(x):
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)
+
+
+def check_seqlens(p: Problem, cu_q, cu_k) -> tuple[int, int]:
+    """The lengths' values on the host: prefix sums from 0, never decreasing, ending at
+    the totals. Returns the longest query and key sequence."""
+    out = []
+    for name, cu, total in (("cu_seqlens_q", cu_q, p.seqlen_q), ("cu_seqlens_k", cu_k, p.seqlen_k)):
+        h = _host_ints(cu).astype(np.int64)
+        if h[0] != 0:
+            raise ShapeError(f"{name} must start at 0, got {int(h[0])}")
+        steps = np.diff(h)
+        if (steps < 0).any():
+            b = int(np.argmax(steps < 0))
+            raise ShapeError(f"{name} must not decrease: entry {b + 1} is {int(h[b + 1])} after "
+                             f"{int(h[b])}")
+        if h[-1] != total:
+            raise ShapeError(f"{name} ends at {int(h[-1])}, but the packed tensor has {total} "
+                             f"rows; the last entry must be the total")
+        out.append(int(steps.max()) if steps.size else 0)
+    return out[0], out[1]
+
+
+def _device_ints(x, name, ctx):
+    cupy = _device.require_cupy()
+    if isinstance(x, np.ndarray):
+        with cupy.cuda.Device(ctx.device_id), ctx.stream:
+            return cupy.asarray(x)
+    if type(x).__module__.startswith("torch"):
+        x = x.detach()
+    return interop.to_cupy(x, name, ctx)
+
+
+def _capturing(ctx) -> bool:
+    try:
+        return bool(ctx.stream.is_capturing())
+    except Exception:
+        return False
+
+
+@translate_oom
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                     *, causal=False, scale=None, window=None, softcap=None, return_lse=False,
+                     kernel="auto", check=True):
+    """Attention over packed sequences of different lengths (no padding).
+
+    Parameters
+    ----------
+    q : array [total_q, Hq, D]; k, v : arrays [total_k, Hkv, D] (Hq a multiple of Hkv).
+        CuPy arrays, torch CUDA tensors (results as torch tensors on torch's current
+        stream) or NumPy arrays, float16 / bfloat16 (the tensor-core kernels).
+    cu_seqlens_q, cu_seqlens_k : int32 [B + 1], prefix sums of the query and key
+        lengths: ``[0, len_0, len_0 + len_1, ...]``. Lengths may be 0.
+    max_seqlen_q, max_seqlen_k : int, optional. Accepted for FlashAttention's signature;
+        the kernels do not need them.
+    causal, scale, window, softcap : as :func:`cupy_attention.attention`, applied to each
+        sequence with its own bottom-right alignment.
+    return_lse : also return the log-sum-exp, float32 [Hq, total_q].
+    kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
+    check : bool
+        Read the lengths on the host and raise ShapeError unless they start at 0, never
+        decrease and end at the totals (one small device-to-host copy, which waits for
+        the stream). ``False`` skips it (for CUDA-graph capture or a hot loop: wrong
+        lengths then give wrong results, or reads out of bounds). Skipped while the
+        stream is capturing a graph.
+
+    Returns
+    -------
+    out [total_q, Hq, D] (contiguous), or ``(out, lse)``.
+    """
+    p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        causal=causal, scale=scale, window=window, softcap=softcap)
+    if kernel == "reference":
+        return _reference(p, q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse)
+    dispatch.check_kernel_name(kernel)
+    _device.require_device()
+    ctx = interop.context_for(q)
+    if check and not _capturing(ctx):
+        check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
+    family = dispatch.choose(p, kernel, _device.compute_capability(ctx.device_id))
+    cupy = _device.require_cupy()
+    with cupy.cuda.Device(ctx.device_id), ctx.stream:
+        alloc = _allocator(ctx, q)
+        qc, kc, vc = (interop.to_cupy(x, n, ctx) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        oc = alloc(qc.shape, qc.dtype, p.seqlen_k == 0)
+        lc = alloc((p.heads_q, p.seqlen_q), cupy.float32, False) if return_lse else None
+        if p.seqlen_q and p.heads_q and p.batch:
+            if p.seqlen_k == 0 and lc is not None:
+                lc.fill(-np.inf)
+            elif p.seqlen_k:
+                t = Tensors(qc, kc, vc, oc, lc, None,
+                            _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
+                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx))
+                family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id))
+        o = interop.from_cupy(oc, ctx)
+        return (o, interop.from_cupy(lc, ctx)) if return_lse else o
+
+
+@translate_oom
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q=None, max_seqlen_k=None, *, causal=False, scale=None,
+                              window=None, softcap=None, deterministic=False, kernel="auto",
+                              check=True):
+    """Gradients (dq, dk, dv) of :func:`attention_varlen`, shaped like q, k, v.
+
+    ``out`` and ``lse`` ([Hq, total_q]) are the forward's; the other arguments are as
+    the forward took them. ``deterministic`` as :func:`cupy_attention.attention_backward`.
+    ``kernel``: ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
+    """
+    p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        causal=causal, scale=scale, window=window, softcap=softcap)
+    qi = describe(q, "q")
+    for name, x, shape, dtype in (("out", out, qi.shape, p.dtype), ("dout", dout, qi.shape, p.dtype),
+                                  ("lse", lse, (p.heads_q, p.seqlen_q), "float32")):
+        if x is None:
+            raise ShapeError(f"{name} is required")
+        check_like(x, name, qi, shape, dtype)
+    if not isinstance(deterministic, bool):
+        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if kernel not in BACKWARD_KERNELS:
+        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
+                               f"{', '.join(BACKWARD_KERNELS)}")
+    if kernel == "reference":
+        return _reference_backward(p, dout, q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _device.require_device()
+    ctx = interop.context_for(q)
+    if check and not _capturing(ctx):
+        check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
+    family = _choose(p, kernel, ctx.device_id)
+    cupy = _device.require_cupy()
+    with cupy.cuda.Device(ctx.device_id), ctx.stream:
+        qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
+                              ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout")))
+        empty = p.empty or p.seqlen_k == 0 or p.batch == 0
+        alloc = _allocator(ctx, q)
+        dq = alloc(qc.shape, qc.dtype, empty)
+        # keys no query sees keep dK = dV = 0: the kernels write every key row of a
+        # sequence, but a key row outside every sequence (cu_seqlens_k[-1] < total_k
+        # cannot happen once checked) would otherwise be left unset
+        dk = alloc(kc.shape, qc.dtype, empty)
+        dv = alloc(kc.shape, qc.dtype, empty)
+        if not empty:
+            lc = interop.to_cupy(lse, "lse", ctx)
+            if lc.strides[-1] != 4:
+                lc = cupy.ascontiguousarray(lc)
+            t = flash_bwd.BwdTensors(
+                fwd=Tensors(qc, kc, vc, oc, lc, None,
+                            _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
+                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx)),
+                dout=dc, dq=dq, dk=dk, dv=dv,
+                delta=alloc((p.heads_q, p.seqlen_q), cupy.float32, False),
+                dq_accum=None if deterministic else alloc(
+                    (p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
+            family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
+                          deterministic)
+        return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
+
+
+# ---------------------------------------------------------------------------
+# Reference: each sequence through the dense float64 reference.
+
+def _sequences(cu_q, cu_k, total_q: int, total_k: int):
+    hq, hk = _host_ints(cu_q), _host_ints(cu_k)
+    stub = Problem(len(hq) - 1, 1, 1, total_q, total_k, 1, "float32", "thd", False, "none", 1.0,
+                   "cpu", varlen=True)
+    check_seqlens(stub, hq, hk)
+    return [(int(hq[b]), int(hq[b + 1]), int(hk[b]), int(hk[b + 1])) for b in range(len(hq) - 1)]
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
+                               window=None, softcap=None):
+    """(out [total_q, Hq, D], lse [Hq, total_q]) in float64, sequence by sequence through
+    :func:`cupy_attention.attention_reference`."""
+    q, k, v = (np.asarray(host64(x)) for x in (q, k, v))
+    out = np.zeros(q.shape)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0]):
+        if q1 == q0 or k1 == k0:
+            continue
+        o, l = attention_reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
+                                   scale=scale, layout="bshd", window=window, softcap=softcap)
+        out[q0:q1], lse[:, q0:q1] = o[0], l[0]
+    return out, lse
+
+
+def attention_varlen_backward_reference(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *,
+                                        causal=False, scale=None, window=None, softcap=None):
+    """(dq, dk, dv) in float64, sequence by sequence."""
+    dout, q, k, v = (np.asarray(host64(x)) for x in (dout, q, k, v))
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0]):
+        if q1 == q0 or k1 == k0:
+            continue
+        g = attention_backward_reference(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1],
+                                         v[None, k0:k1], causal=causal, scale=scale,
+                                         layout="bshd", window=window, softcap=softcap)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+def _reference(p, q, k, v, cu_q, cu_k, return_lse):
+    o, l = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=p.causal, scale=p.scale,
+                                      window=p.window, softcap=p.softcap)
+    kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
+    o = like(o, q, kind)
+    return (o, like(l, q, kind, float32=True)) if return_lse else o
+
+
+def _reference_backward(p, dout, q, k, v, cu_q, cu_k):
+    grads = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, causal=p.causal,
+                                                scale=p.scale, window=p.window, softcap=p.softcap)
+    kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
+    return tuple(like(g, q, kind) for g in grads)

@@ -1,0 +1,228 @@
+"""Packed sequences (attention_varlen) on the device: flash_mma and flash_wgmma,
+forward (O and LSE) and backward (dQ, dK, dV, both dQ modes), against the float64
+reference sequence by sequence with TESTING.md's tolerance rule (``same`` from
+test_gpu_variants: fp32 scores, inputs and P rounded to the dtype).
+
+Lengths include 0, 1 and lengths that are no multiple of any tile; query and key
+lengths differ per sequence (the causal and window alignment is each sequence's
+own); GQA; windows and softcap on some cases; torch autograd through
+cupy_attention.torch.attention_varlen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention.varlen import (attention_varlen_backward_reference,
+                                   attention_varlen_reference)
+
+from helpers import as_float, cast, seed_for, tolerance
+from test_gpu_variants import _same
+
+pytestmark = pytest.mark.gpu
+
+# (query lengths, key lengths) per sequence
+LENGTHS = [
+    ([300, 0, 1, 129, 64, 7], [300, 5, 1, 200, 64, 0]),
+    ([513, 190, 33], [513, 190, 33]),
+    ([17, 250, 0, 128], [40, 250, 9, 100]),
+]
+HEAD_DIMS = {"flash_wgmma": (64, 128, 80, 256), "flash_mma": (64, 128, 40, 96)}
+CASES = []
+for fam in ("flash_wgmma", "flash_mma"):
+    for idx in range(8):
+        causal = idx % 2 == 0
+        window = (64, 0) if idx % 4 == 1 else (32, 16) if idx == 6 else None
+        CASES.append(pytest.param(dict(
+            family=fam, causal=causal and window != (32, 16), window=window,
+            softcap=30.0 if idx % 3 == 2 else None, head_dim=HEAD_DIMS[fam][idx % 4],
+            lengths=LENGTHS[idx % 3], dtype=("float16", "bfloat16")[idx % 2],
+            heads_kv=(2, 1, 4)[idx % 3], deterministic=idx % 4 == 3),
+            id=f"{fam}-i{idx}"))
+
+
+def _inputs(c, cupy):
+    lq, lk = c["lengths"]
+    rng = np.random.default_rng(seed_for("varlen", c["family"], c["head_dim"], str(lq)))
+    hq, hkv, d = 4, c["heads_kv"], c["head_dim"]
+    mag = 2.0 if c["softcap"] else 1.0
+    def arr(rows, heads):
+        x = rng.standard_normal((rows, heads, d)).astype(np.float32) * mag
+        return cast(cupy.asarray(x), c["dtype"], cupy)
+    q, k, v = arr(sum(lq), hq), arr(sum(lk), hkv), arr(sum(lk), hkv)
+    cu_q = cupy.asarray(np.concatenate([[0], np.cumsum(lq)]).astype(np.int32))
+    cu_k = cupy.asarray(np.concatenate([[0], np.cumsum(lk)]).astype(np.int32))
+    return q, k, v, cu_q, cu_k
+
+
+def _f64(x):
+    return as_float(x).get()
+
+
+def _per_sequence_same(c, q, k, v, cu_q, cu_k, dout=None, out=None):
+    """``same`` of every sequence, packed like the results."""
+    hq_, hk_ = cu_q.get(), cu_k.get()
+    sc = dict(c, layout="bshd", window=c["window"] or (-1, -1))
+    if dout is None:
+        o = np.zeros(q.shape)
+        lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    else:
+        grads = [np.zeros(x.shape) for x in (q, k, v)]
+    for b in range(len(hq_) - 1):
+        q0, q1, k0, k1 = int(hq_[b]), int(hq_[b + 1]), int(hk_[b]), int(hk_[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        qs, ks, vs = q[None, q0:q1], k[None, k0:k1], v[None, k0:k1]
+        if dout is None:
+            ob, lb = _same(qs, ks, vs, sc)
+            o[q0:q1] = ob[0].transpose(1, 0, 2)
+            lse[:, q0:q1] = lb[0]
+        else:
+            g = _same(qs, ks, vs, sc, dout=dout[None, q0:q1], out=out[None, q0:q1])
+            grads[0][q0:q1] = g[0][0].transpose(1, 0, 2)
+            grads[1][k0:k1] = g[1][0].transpose(1, 0, 2)
+            grads[2][k0:k1] = g[2][0].transpose(1, 0, 2)
+    return (o, lse) if dout is None else grads
+
+
+def _skip_unless(c):
+    import cupy
+    from cupy_attention import device
+
+    cc = device.compute_capability(cupy.cuda.runtime.getDevice())
+    if c["family"] == "flash_wgmma" and cc != 90:
+        pytest.skip("flash_wgmma needs compute capability 9.0")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_in_parallel():
+    """Compile every instantiation this module launches in a process pool first: the
+    calls run once with a recording get_function (nothing executes)."""
+    import concurrent.futures as cf
+    import multiprocessing
+    import os
+
+    import cupy
+
+    from cupy_attention import jit
+
+    from helpers import _compile_into_cache
+
+    if not jit.cache_enabled():
+        return
+    wanted: dict = {}
+
+    class _NoLaunch:
+        max_dynamic_smem = 0
+
+        def launch(self, *args, **kwargs):
+            pass
+
+    def record(spec, arch, device_id):
+        wanted[(spec, arch)] = None
+        return _NoLaunch()
+
+    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    jit.get_function = record
+    jit.LoadedKernel.launch = lambda self, *a, **k: None
+    try:
+        for param in CASES:
+            c = param.values[0]
+            try:
+                q, k, v, cu_q, cu_k = _inputs(c, cupy)
+                kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
+                          kernel=c["family"])
+                out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+                for det in (False, True):
+                    ca.attention_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k,
+                                                 deterministic=det, **kw)
+            except Exception:
+                continue
+    finally:
+        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
+    jobs = list(wanted)
+    if jobs:
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1), mp_context=ctx) as pool:
+            list(pool.map(_compile_into_cache, jobs))
+
+
+@pytest.mark.parametrize("c", CASES)
+def test_varlen_forward(c):
+    import cupy
+
+    _skip_unless(c)
+    q, k, v, cu_q, cu_k = _inputs(c, cupy)
+    out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, causal=c["causal"], window=c["window"],
+                                   softcap=c["softcap"], return_lse=True, kernel=c["family"])
+    assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
+    ref, ref_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=c["causal"],
+                                              window=c["window"], softcap=c["softcap"])
+    same, same_lse = _per_sequence_same(c, q, k, v, cu_q, cu_k)
+    tolerance(_f64(out), ref, same, c["dtype"], "out")
+    tolerance(_f64(lse), ref_lse, same_lse, "float32", "lse",
+              extra=4 * 2.0 ** -23 * max(1.0, float(np.abs(ref_lse[np.isfinite(ref_lse)]).max()))
+              / np.log(2))
+
+
+@pytest.mark.parametrize("c", CASES)
+def test_varlen_backward(c):
+    import cupy
+
+    _skip_unless(c)
+    q, k, v, cu_q, cu_k = _inputs(c, cupy)
+    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, kernel=c["family"], **kw)
+    rng = np.random.default_rng(7)
+    dout = cast(cupy.asarray(rng.standard_normal(q.shape).astype(np.float32)), c["dtype"], cupy)
+    dq, dk, dv = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                              deterministic=c["deterministic"],
+                                              kernel=c["family"], **kw)
+    refs = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, **kw)
+    sames = _per_sequence_same(c, q, k, v, cu_q, cu_k, dout=dout, out=out)
+    for name, g, r, s in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, sames):
+        tolerance(_f64(g), r, s, c["dtype"], name, factor=3.0)
+    if c["deterministic"]:
+        again = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                             deterministic=True, kernel=c["family"], **kw)
+        for g, h in zip((dq, dk, dv), again):
+            assert bool((g.view(cupy.uint16) == h.view(cupy.uint16)).all())
+
+
+def test_varlen_empty_keys_and_errors():
+    import cupy
+
+    q = cupy.ones((5, 2, 64), dtype=cupy.float16)
+    k = cupy.ones((0, 2, 64), dtype=cupy.float16)
+    cu_q = cupy.asarray(np.array([0, 2, 5], np.int32))
+    cu_k = cupy.zeros(3, dtype=cupy.int32)
+    out, lse = ca.attention_varlen(q, k, k, cu_q, cu_k, return_lse=True)
+    assert bool((out == 0).all()) and bool(cupy.isneginf(lse).all())
+    with pytest.raises(ca.ShapeError, match="must not decrease"):
+        ca.attention_varlen(q, q, q, cupy.asarray(np.array([0, 3, 2, 5], np.int32)),
+                            cupy.asarray(np.array([0, 1, 2, 5], np.int32)))
+    with pytest.raises(ca.ShapeError, match="last entry"):
+        ca.attention_varlen(q, q, q, cu_q, cupy.asarray(np.array([0, 2, 4], np.int32)))
+
+
+def test_varlen_torch_autograd():
+    torch = pytest.importorskip("torch")
+    import cupy_attention.torch as cat
+
+    lq = [37, 0, 200, 64]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lq)]), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(sum(lq), h, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+               .requires_grad_() for h in (4, 2, 2))
+    out = cat.attention_varlen(q, k, v, cu, cu, causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = attention_varlen_reference(q.detach(), k.detach(), v.detach(), cu, cu, causal=True)[0]
+    grads = attention_varlen_backward_reference(dout, q.detach(), k.detach(), v.detach(), cu, cu,
+                                                causal=True)
+    err = np.abs(out.detach().double().cpu().numpy() - ref).max()
+    assert err < 3e-2, err
+    for g, r in zip((q.grad, k.grad, v.grad), grads):
+        assert np.abs(g.double().cpu().numpy() - r).max() < 6e-2 * max(1.0, np.abs(r).max())
