@@ -530,9 +530,11 @@ struct Epilogue {
 template <class KT, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams args) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
-  int n_block, b;  // packed sequences: the sequence's params behind the storage
-  const BwdParams& p = VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_N, true>(
-      args, blockIdx.x, b, n_block, wgmma_bwd_smem + KT::SMEM_BYTES);
+  int n_block, b;  // packed sequences: the sequence's params (a copy; D = 80 has no
+                   // shared memory left for them)
+  typename VT::Seqs::template Bound<BwdParams> p =
+      VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x, b,
+                                                                            n_block);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
@@ -626,9 +628,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
 template <class KT, class VT, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams args) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
-  int n_block, b;  // packed sequences: the sequence's params behind the storage
-  const BwdParams& p = VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_N, true>(
-      args, blockIdx.x, b, n_block, wgmma_bwd_smem + KT::SMEM_BYTES);
+  int n_block, b;  // packed sequences: the sequence's params (a copy; D = 80 has no
+                   // shared memory left for them)
+  typename VT::Seqs::template Bound<BwdParams> p =
+      VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x, b,
+                                                                            n_block);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};

@@ -96,3 +96,14 @@ def test_families_that_decline():
     assert takes == {"flash_mma", "flash_wgmma"}
     with pytest.raises(ca.UnsupportedError, match="no packed sequences"):
         choose(p, "flash", 90)
+
+
+def test_packed_arrays_take_the_vector_path():
+    """Rank-3 packed arrays: only the row and head strides decide 16-byte alignment
+    (the head dim's unit stride does not), so they run the cp.async / TMA kernels."""
+    from cupy_attention.families.flash_mma import strides_aligned
+
+    q = np.zeros((100, 4, 128), np.float16)
+    assert strides_aligned(128, [q, q[:, :2]])
+    assert not strides_aligned(128, [np.zeros((100, 4, 132), np.float16)[..., :128]])
+    assert strides_aligned(64, [np.zeros((2, 4, 100, 64), np.float16)])

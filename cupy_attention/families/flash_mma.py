@@ -75,13 +75,14 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, device_id: int):
 
 
 def strides_aligned(head_dim: int, arrays) -> bool:
-    """D % 8 == 0 and every batch/head/row stride of the 16-bit ``arrays`` a multiple
-    of 16 bytes (strides of length-1 axes do not matter)."""
+    """D % 8 == 0 and every stride but the head dim's (batch, head, row; packed
+    sequences: row, head) of the 16-bit ``arrays`` a multiple of 16 bytes (strides of
+    length-1 axes do not matter)."""
     if head_dim % 8:
         return False
     return not any((s // arr.itemsize) % 8
                    for arr in arrays
-                   for s, n in zip(arr.strides[:3], arr.shape[:3]) if n > 1)
+                   for s, n in zip(arr.strides[:-1], arr.shape[:-1]) if n > 1)
 
 
 def vectorizable_arrays(head_dim: int, arrays) -> bool:

@@ -135,7 +135,7 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
                 f"to {TILES[-1][0]}, not {p.head_dim}")
     if p.mask_kind != "none":
         return "the flash_wgmma backward takes no dense mask (causal is fine)"
-    if c.smem + flash_mma_bwd.ragged_smem(p) > smem_limit:
+    if c.smem > smem_limit:
         return (f"the flash_wgmma backward at D={p.head_dim} needs {c.smem // _KB} KB of "
                 f"shared memory per block, the device has {smem_limit // _KB} KB")
     return grid_check(p)
@@ -156,7 +156,7 @@ def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: st
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     flash_mma_bwd.launch_passes(p, t, stream, kernels,
-                                (c.block_n, THREADS, c.smem + flash_mma_bwd.ragged_smem(p)), dq,
+                                (c.block_n, THREADS, c.smem), dq,
                                 deterministic)
 
 

@@ -45,6 +45,10 @@ struct FixedSeqs {
     m = x;
     return p;
   }
+  template <class T, int BLOCK, bool KEYS, class P>
+  __device__ __forceinline__ static const P& bind_block_regs(const P& p, int x, int& b, int& m) {
+    return bind_block<T, BLOCK, KEYS>(p, x, b, m, nullptr);
+  }
 };
 
 __device__ __forceinline__ const FwdParams& fwd_of(const FwdParams& p) { return p; }
@@ -151,6 +155,14 @@ struct RaggedSeqs {
     const FwdParams& f = fwd_of(p);
     locate_warp(KEYS ? f.cu_seqlens_k : f.cu_seqlens_q, f.batch, BLOCK, x, b, m);
     return bind_shared<T>(p, extent(f, b), at);
+  }
+  // The same with the params in registers (a kernel with registers to spare, or no
+  // shared memory left for them): a copy.
+  template <class T, int BLOCK, bool KEYS, class P>
+  __device__ __forceinline__ static P bind_block_regs(const P& p, int x, int& b, int& m) {
+    const FwdParams& f = fwd_of(p);
+    locate_warp(KEYS ? f.cu_seqlens_k : f.cu_seqlens_q, f.batch, BLOCK, x, b, m);
+    return bind<T>(p, extent(f, b));
   }
 };
 
