@@ -47,7 +47,7 @@ class TuningError(RuntimeError):
 
 def bucket(n: int) -> int:
     """The power of two at least ``n`` (1 for n <= 1)."""
-    return 1 << max(0, (int(n) - 1).bit_length())
+    return 1 << (max(int(n), 1) - 1).bit_length()
 
 
 def problem_key(family: str, p) -> str:
