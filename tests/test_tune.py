@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cupy_attention import bench, cli, device, dispatch, jit, tune, tuning
+from cupy_attention import bench, cli, device, dispatch, tune, tuning
 from cupy_attention.families import flash_mma, flash_wgmma
 from cupy_attention.families.base import HOPPER_SMEM
 
