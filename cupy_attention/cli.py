@@ -5,8 +5,15 @@
     cupy-attention bench [options]       our kernels beside torch SDPA (BENCHMARKS.md)
     cupy-attention report FILE [--plot DIR]
                                          render a saved bench JSON again (no GPU needed)
+    cupy-attention tune (--shape B,Hq,Hkv,Sq,Sk,D ... | --preset NAME) [--show|--clear]
+                                         time tile configs, keep the winners (tune.py)
+    cupy-attention profile --shape B,Hq,Hkv,Sq,Sk,D
+                                         one problem under Nsight Compute, beside the
+                                         roofline (profile.py)
 
-``info``, ``cache`` and ``report`` work on a machine without a GPU.
+``info``, ``cache``, ``report``, ``tune --show/--clear/--list`` work on a machine
+without a GPU. Exit status: 0 done, 1 failed (no GPU included), 2 bad arguments,
+3 ``ncu`` not found, 4 ncu may not read the performance counters.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import bench, jit
+from . import bench, jit, profile, tune
 from .errors import NoDeviceError
 
 
@@ -118,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path, help="JSON written by bench --json")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write PNG charts (needs matplotlib)")
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("tune", help="time tile configurations on this GPU and keep the winners",
+                       description=tune.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune.add_arguments(p)
+    p.set_defaults(handler=tune.run, finish=tune.finish_arguments, subparser=p)
+
+    p = sub.add_parser("profile", help="one problem under Nsight Compute, beside the roofline",
+                       description=profile.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    profile.add_arguments(p)
+    p.set_defaults(handler=profile.run, finish=profile.finish_arguments, subparser=p)
     return parser
 
 
@@ -143,6 +162,9 @@ def main(argv=None) -> int:
     except (NoDeviceError, bench.BenchError) as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         return 1
+    except profile.ProfileError as exc:
+        console.print(f"[red]{escape(type(exc).__name__)}: {escape(str(exc))}[/]")
+        return exc.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
         return 130

@@ -13,11 +13,12 @@ import struct
 
 import numpy as np
 
-from .. import jit
+from .. import jit, tuning
 from ..params import FWD_DTYPE, make_struct
 from ..problem import Problem
 
 LOG2E = 1.4426950408889634
+HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block of sm_90 (and sm_100)
 
 CPP_DTYPE = {"float32": "float", "float16": "f16", "bfloat16": "bf16"}
 SHORT_DTYPE = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -170,3 +171,26 @@ class Family:
     def ci_specs(self) -> list[jit.KernelSpec]:
         """A representative set of instantiations that CI compiles for each of ``ci_archs``."""
         raise NotImplementedError
+
+    # -- tile configurations (``cupy-attention tune``, docs/tuning.md) ---------
+    def table_config(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> tuple:
+        """The configuration the family's measured table / heuristics give ``p`` on a
+        device with ``smem_limit`` bytes of shared memory per block: a tuple of ints.
+        Families with nothing to tune return a fixed description of their launch."""
+        return ()
+
+    def candidates(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
+        """Configurations worth timing for ``p``, the table's first; every one compiles
+        and fits ``smem_limit``. One entry: nothing to tune."""
+        return [self.table_config(p, smem_limit)]
+
+    def config_for(self, p: Problem, device_id: int, smem_limit: int = HOPPER_SMEM) -> tuple:
+        """The configuration a launch of ``p`` on ``device_id`` uses: a tuned one
+        (:func:`cupy_attention.tuning.lookup`) when the tuned table has an entry that is
+        still one of :meth:`candidates`, else the table's. Called where a launch is
+        planned (a hot call reuses the plan), not per call."""
+        table = self.table_config(p, smem_limit)
+        tuned = tuning.lookup(self.name, p, device_id)
+        if tuned is not None and tuned != table and tuned in self.candidates(p, smem_limit):
+            return tuned
+        return table

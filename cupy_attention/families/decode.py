@@ -409,6 +409,11 @@ class Decode(Family):
 
         return HotDecode(make, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)))
 
+    def table_config(self, p: Problem, smem_limit: int = 0) -> tuple:
+        """(ROWS, STAGES) of ROW_TILES for the packed rows; the split count follows
+        the grid at launch. Not tuned (one candidate)."""
+        return row_tile(p.group * p.seqlen_q)
+
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
         for d in (64, 128, 256):

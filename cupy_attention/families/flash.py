@@ -110,12 +110,30 @@ class Flash(Family):
 
         limit = max_shared_per_block(device_id)
         c = config(p.head_dim, limit)
+        if c is not None:
+            c = Config(p.head_dim, *self.config_for(p, device_id, limit))
         if c is None:
             raise UnsupportedError(f"{self.name} at D={p.head_dim} needs more than the "
                                    f"{limit // _KB} KB of shared memory per block this device has")
         kernel = jit.get_function(spec(c, p.dtype, p.variant), arch, device_id)
         grid = (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch)
         kernel.launch(grid, (c.threads,), (fwd_params(p, t),), c.smem, stream)
+
+    def table_config(self, p: Problem, smem_limit: int = SM80_SMEM) -> tuple:
+        c = config(p.head_dim, smem_limit)
+        return () if c is None else (c.block_m, c.block_n, c.threads)
+
+    def candidates(self, p: Problem, smem_limit: int = SM80_SMEM) -> list[tuple]:
+        """The heuristics' rows whose shared memory fits (and sm_80's 163 KB, which the
+        kernel asserts), the table's first: every row is a tile shape the kernel
+        compiles at any head dim."""
+        limit = min(smem_limit, SM80_SMEM)
+        out = [self.table_config(p, smem_limit)]
+        for _max_d, bm, bn, threads, _reason in HEURISTICS:
+            cfg = (bm, bn, threads)
+            if cfg not in out and Config(p.head_dim, *cfg).smem <= limit:
+                out.append(cfg)
+        return [c for c in out if c]
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         dtypes = tuple(CPP_DTYPE)

@@ -62,16 +62,51 @@ def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.Ker
     return jit.KernelSpec("flash_mma.cu", expr, name)
 
 
-@functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, device_id: int):
-    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
-    from ..device import max_shared_per_block
+# Candidates for ``cupy-attention tune``: the table's rows and their neighbours
+# (BLOCK_N 32..128, a third stage, 4 or 8 warps of 16 or 32 rows). Registers: a
+# thread holds rows/warp * (D_PAD + BLOCK_N) / 32 accumulators and scores, which the
+# table keeps at most 192 (D=128: acc 128 + S 64, no spills); dense masks take
+# 16-row warps (their per-element reads need registers).
+CANDIDATE_POOL = ((128, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 2),
+                  (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2),
+                  (64, 64, 4, 3), (64, 16, 4, 2))
+MAX_CANDIDATES = 6
+MAX_FRAGMENT_REGS = 192
 
-    # packed sequences: the sequence's params behind the tiles (Seqs::bind_shared)
-    extra = FWD_DTYPE.itemsize if vt.ragged else 0
-    cfg = tiles_for(head_dim, vt.dense != "none", max_shared_per_block(device_id) - extra)
+
+def config_fits(head_dim: int, cfg, dense: bool = False, smem_limit: int = HOPPER_SMEM) -> bool:
+    """Whether ``cfg`` satisfies the kernel's static checks for ``head_dim`` (BLOCK_M =
+    16 * M_TILES * WARPS, whole k16 key steps, two or more stages), the register rule
+    above and ``smem_limit``."""
+    bm, bn, warps, stages = cfg
+    d_pad = -(-head_dim // 16) * 16
+    rows = bm // warps if warps else 0
+    return (warps in (4, 8) and bm % (16 * warps) == 0 and bn % 16 == 0 and bn > 0
+            and stages >= 2 and rows * (d_pad + bn) // 32 <= MAX_FRAGMENT_REGS
+            and (not dense or rows == 16) and _smem(d_pad, cfg) <= smem_limit)
+
+
+def candidates(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
+    """The table's config first, then the pool's fitting configs nearest to it (same
+    rows per warp, nearest BLOCK_N, same stages)."""
+    table = tiles_for(head_dim, dense, smem_limit)
+    rows = table[0] // table[2]
+    pool = [c for c in CANDIDATE_POOL if c != table and config_fits(head_dim, c, dense, smem_limit)]
+    pool.sort(key=lambda c: (c[0] // c[2] != rows, abs(c[1] - table[1]), c[3] != table[3],
+                             c[0] != table[0]))
+    return [table] + pool[:MAX_CANDIDATES - 1]
+
+
+@functools.lru_cache(maxsize=None)
+def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg):
+    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
     return (spec(head_dim, dtype, vt, vec, cfg), cfg[0], 32 * cfg[2],
-            _smem(-(-head_dim // 16) * 16, cfg) + extra)
+            _smem(-(-head_dim // 16) * 16, cfg) + ragged_smem(vt))
+
+
+def ragged_smem(vt: Variant) -> int:
+    """Packed sequences: the sequence's params behind the tiles (Seqs::bind_block)."""
+    return FWD_DTYPE.itemsize if vt.ragged else 0
 
 
 def strides_aligned(head_dim: int, arrays) -> bool:
@@ -100,8 +135,19 @@ class FlashMma(Family):
 
     def planner(self, p: Problem, device_id: int):
         """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
-        (``vec``) or unaligned kernel for ``p``."""
-        return lambda vec: _plan(p.head_dim, p.dtype, p.variant, vec, device_id)
+        (``vec``) or unaligned kernel for ``p`` (flash_mma's config, tuned or the
+        table's, also where a subclass falls back to this kernel)."""
+        from ..device import max_shared_per_block
+
+        mma = self if type(self) is FlashMma else FlashMma()
+        cfg = mma.config_for(p, device_id, max_shared_per_block(device_id) - ragged_smem(p.variant))
+        return lambda vec: _plan(p.head_dim, p.dtype, p.variant, vec, cfg)
+
+    def table_config(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> tuple:
+        return tiles_for(p.head_dim, p.mask_kind != "none", smem_limit)
+
+    def candidates(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
+        return candidates(p.head_dim, p.mask_kind != "none", smem_limit)
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""

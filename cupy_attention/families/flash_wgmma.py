@@ -107,10 +107,45 @@ def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
     return jit.KernelSpec("flash_wgmma.cu", expr, name)
 
 
+# Candidates for ``cupy-attention tune``: BLOCK_N values (multiples of 16, wgmma
+# n-steps), one or two more K/V stages, two or three consumers, one block per SM (the
+# kernel is persistent). A consumer's payload registers (S BLOCK_N/2 + P BLOCK_N/4 +
+# acc D/2) stay within what the table's rows show does not spill: 128 with three
+# consumers (D=80 at BLOCK_N = 128, 136, spilled), 184 with two (232 registers each).
+CANDIDATE_BLOCK_NS = (64, 80, 96, 112, 128, 160, 192)
+PAYLOAD_REGS = {3: 128, 2: 184}
+MAX_CANDIDATES = 6
+SMEM_LIMIT = 227 * 1024
+
+
+def config_fits(head_dim: int, cfg, smem_limit: int = SMEM_LIMIT) -> bool:
+    """Whether ``cfg`` is one the kernel compiles for ``head_dim`` without spilling (by
+    the payload rule above) and whose shared memory fits ``smem_limit``."""
+    consumers, block_n, min_blocks, stages = cfg
+    return (consumers in PAYLOAD_REGS and block_n % 16 == 0 and 64 <= block_n <= 256
+            and min_blocks == 1 and stages in (2, 3)
+            and block_n * 3 // 4 + -(-head_dim // 2) <= PAYLOAD_REGS[consumers]
+            and smem_bytes(head_dim, cfg) <= smem_limit)
+
+
+def candidates(head_dim: int, causal: bool, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
+    """The table's config first, then the other mask's row, then its neighbours: the
+    same consumers before the other count, the nearest BLOCK_N, the same stages."""
+    table = tiles_for(head_dim, causal)
+    out = [table]
+    other = tiles_for(head_dim, not causal)
+    if other != table and config_fits(head_dim, other, smem_limit):
+        out.append(other)
+    pool = [(c, n, 1, st) for c in (3, 2) for n in CANDIDATE_BLOCK_NS for st in (3, 2)]
+    pool = [cfg for cfg in pool if cfg not in out and config_fits(head_dim, cfg, smem_limit)]
+    pool.sort(key=lambda cfg: (cfg[0] != table[0], abs(cfg[1] - table[1]), cfg[3] != table[3],
+                               cfg[1]))
+    return out + pool[:MAX_CANDIDATES - len(out)]
+
+
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, vt: Variant):
+def _plan(head_dim: int, dtype: str, vt: Variant, cfg):
     """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
-    cfg = tiles_for(head_dim, vt.causal)
     return (spec(head_dim, dtype, vt, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
             smem_bytes(head_dim, cfg))
 
@@ -238,7 +273,7 @@ class FlashWgmma(FlashMma):
         if not all(tma.tileable(batch, heads, n, s) for (heads, n), s in zip(rows, strides)):
             return super().prepare(p, t, device_id, arch)
         mma_plan = self.planner(p, device_id)
-        cfg = tiles_for(p.head_dim, p.causal)
+        cfg = self.config_for(p, device_id)
         q_maps, k_maps, v_maps = (
             _tile_maps(tma.map_geometry(batch, heads, n, p.head_dim, s, box_rows))
             for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
@@ -254,7 +289,7 @@ class FlashWgmma(FlashMma):
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
 
         def plan(vec: bool):
-            return _plan(p.head_dim, p.dtype, p.variant) if vec else mma_plan(False)
+            return _plan(p.head_dim, p.dtype, p.variant, cfg) if vec else mma_plan(False)
 
         def grid(vec: bool):
             return (blocks,) if vec else None
@@ -265,6 +300,12 @@ class FlashWgmma(FlashMma):
             return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream), shift, section
 
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
+
+    def table_config(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> tuple:
+        return tiles_for(p.head_dim, p.causal)
+
+    def candidates(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
+        return candidates(p.head_dim, p.causal, smem_limit)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

@@ -41,6 +41,10 @@ class Naive(Family):
         outs = p.seqlen_q * p.head_dim
         k_pv.launch((-(-outs // THREADS), p.heads_q, p.batch), (THREADS,), args, 0, stream)
 
+    def table_config(self, p: Problem, smem_limit: int = 0) -> tuple:
+        """(THREADS,): fixed, nothing to tune."""
+        return (THREADS,)
+
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
         for dtype in CPP_DTYPE:

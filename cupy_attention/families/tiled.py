@@ -51,6 +51,10 @@ class Tiled(Family):
         k_pv.launch((q_tiles * _tiles(p.head_dim), p.heads_q, p.batch), (THREADS,), args, 0,
                     stream)
 
+    def table_config(self, p: Problem, smem_limit: int = 0) -> tuple:
+        """(TILE, THREADS): fixed, nothing to tune."""
+        return (TILE, THREADS)
+
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
         for dtype in CPP_DTYPE:
