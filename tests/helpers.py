@@ -548,6 +548,55 @@ def prewarm(cases, workers=None) -> int:
     return len(jobs)
 
 
+def prewarm_calls(calls) -> int:
+    """Compile, in parallel processes and into the disk cache, every instantiation
+    that ``calls()`` launches: it runs once with the JIT's ``get_function`` replaced
+    by a recorder, so nothing executes on the device (``calls`` may make any
+    ``attention`` / ``attention_backward`` / ``attention_decode`` calls, on NaN
+    inputs of the right shapes; exceptions inside it are its own business). Hot-call
+    entries made meanwhile (which would hold the recorder's fake kernels) are
+    dropped. Best effort, purely a speed-up; returns how many compiled."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    import cupy
+
+    from cupy_attention import api, jit
+
+    if not jit.cache_enabled():
+        return 0
+    wanted: dict = {}
+
+    class _NoLaunch:
+        max_dynamic_smem = 0
+
+        def launch(self, *args, **kwargs):
+            pass
+
+    def record(spec, arch, device_id):
+        wanted[(spec, arch)] = None
+        return _NoLaunch()
+
+    hot_before = set(api._HOT)
+    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    jit.get_function = record
+    jit.LoadedKernel.launch = lambda self, *a, **k: None
+    try:
+        calls()
+    finally:
+        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
+        for key in set(api._HOT) - hot_before:
+            api._HOT.pop(key, None)
+    cupy.cuda.runtime.deviceSynchronize()
+    jobs = list(wanted)
+    if not jobs:
+        return 0
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_into_cache, jobs))
+    return len(jobs)
+
+
 def nvrtc_probe(src: str, options) -> tuple[bool, str]:
     """Compile ``src`` with NVRTC (no GPU needed): (compiled, the compiler's log)."""
     from cupy_backends.cuda.libs import nvrtc
