@@ -271,8 +271,9 @@ def problem_for(*, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype
 # The independent plain implementation
 
 def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                    precision="float64"):
-    """(out, lse) as float64 arrays, out in [B, Hq, Sq, D] whatever the layout."""
+                    precision="float64", softcap=None):
+    """(out, lse) as float64 arrays, out in [B, Hq, Sq, D] whatever the layout.
+    ``softcap`` c: each scaled score s becomes c * tanh(s / c) before the mask."""
     xp = xp_of(q)
     q, k, v = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v))
     B, Hq, Sq, D = q.shape
@@ -290,6 +291,8 @@ def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhs
         return xp.zeros((B, Hq, Sq, D)), xp.full((B, Hq, Sq), -np.inf)
 
     s = xp.matmul(q, k.swapaxes(-1, -2)) * work(scale)
+    if softcap:
+        s = work(softcap) * xp.tanh(s / work(softcap))
     keep = xp.ones((B, Hq, Sq, Sk), dtype=bool)
     if mask is not None:
         if dtype_name(mask) == "bool":
