@@ -52,7 +52,35 @@ class CompileError(AttentionError, RuntimeError):
 
 
 class DriverError(AttentionError, RuntimeError):
-    """The CUDA driver refused a step of a launch's setup (such as a tensor map)."""
+    """The CUDA driver refused a step of a launch: its setup (such as a tensor map) or
+    the launch itself. ``kernel`` names the kernel instantiation where one was being
+    launched, ``status`` is the CUDA error code where the driver gave one; the
+    driver's own exception is the ``__cause__``."""
+
+    def __init__(self, message: str, *, kernel: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.kernel = kernel
+        self.status = status
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    # cupy.cuda.driver.CUDADriverError and cupy.cuda.runtime.CUDARuntimeError, by name
+    # (as _is_device_oom does): nothing here imports CuPy
+    return type(exc).__name__ in ("CUDADriverError", "CUDARuntimeError") and isinstance(
+        exc, RuntimeError)
+
+
+def driver_error(exc: BaseException, kernel: str, what: str) -> DriverError | None:
+    """The :class:`DriverError` for a CUDA error ``exc`` raised while ``what`` (for
+    example "launching") the kernel ``kernel``; None for any other exception."""
+    if not _is_cuda_error(exc):
+        return None
+    status = getattr(exc, "status", None)
+    return DriverError(
+        f"CUDA error {what} kernel {kernel}: {exc} (status {status}); an error left by an "
+        "earlier asynchronous launch can surface here too, and a sticky one (such as an "
+        "illegal address) leaves the CUDA context unusable until the process exits",
+        kernel=kernel, status=status)
 
 
 class OutOfMemoryError(AttentionError, MemoryError):

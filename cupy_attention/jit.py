@@ -42,7 +42,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__
-from .errors import CompileError, NoDeviceError
+from .errors import CompileError, NoDeviceError, driver_error
 
 _MAGIC = b"CUATTN1\n"
 _BASE_OPTIONS = ("-std=c++17", "-default-device", "-Xptxas=-v")
@@ -456,16 +456,28 @@ class LoadedKernel:
     max_dynamic_smem: int = 0
 
     def launch(self, grid, block, args, shared_mem: int, stream) -> None:
-        if shared_mem > self.max_dynamic_smem and shared_mem > 48 * 1024:
-            from cupy.cuda import driver
+        """Launch on ``stream``. Every kernel of every family is launched here, so this
+        is the one place a CUDA driver or runtime error of a launch (and of its
+        shared-memory attribute) becomes a :class:`~cupy_attention.errors.DriverError`
+        that names the kernel, the driver's exception as its cause."""
+        try:
+            if shared_mem > self.max_dynamic_smem and shared_mem > 48 * 1024:
+                from cupy.cuda import driver
 
-            driver.funcSetAttribute(
-                self.function.ptr,
-                driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_mem,
-            )
-            self.max_dynamic_smem = shared_mem
-        self.function(grid, block, args, shared_mem=shared_mem, stream=stream)
+                driver.funcSetAttribute(
+                    self.function.ptr,
+                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_mem,
+                )
+                self.max_dynamic_smem = shared_mem
+            self.function(grid, block, args, shared_mem=shared_mem, stream=stream)
+        except Exception as exc:
+            err = driver_error(exc, self.compiled.spec.name,
+                               f"launching (grid {tuple(grid)}, block {tuple(block)}, "
+                               f"{shared_mem} bytes of shared memory)")
+            if err is None:
+                raise
+            raise err from exc
 
 
 _loaded: dict[tuple[KernelSpec, str, int], LoadedKernel] = {}

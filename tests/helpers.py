@@ -271,8 +271,9 @@ def problem_for(*, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype
 # The independent plain implementation
 
 def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                    precision="float64"):
-    """(out, lse) as float64 arrays, out in [B, Hq, Sq, D] whatever the layout."""
+                    precision="float64", softcap=None):
+    """(out, lse) as float64 arrays, out in [B, Hq, Sq, D] whatever the layout.
+    ``softcap`` c: each scaled score s becomes c * tanh(s / c) before the mask."""
     xp = xp_of(q)
     q, k, v = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v))
     B, Hq, Sq, D = q.shape
@@ -290,6 +291,8 @@ def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhs
         return xp.zeros((B, Hq, Sq, D)), xp.full((B, Hq, Sq), -np.inf)
 
     s = xp.matmul(q, k.swapaxes(-1, -2)) * work(scale)
+    if softcap:
+        s = work(softcap) * xp.tanh(s / work(softcap))
     keep = xp.ones((B, Hq, Sq, Sk), dtype=bool)
     if mask is not None:
         if dtype_name(mask) == "bool":
@@ -316,6 +319,61 @@ def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhs
     with np.errstate(divide="ignore"):
         lse = xp.where(l > 0, xp.log(xp.where(l > 0, l, work(1))) + m, -np.inf)[..., 0]
     return out.astype(xp.float64), lse.astype(xp.float64)
+
+
+# ---------------------------------------------------------------------------
+# An independent plain backward (float64, or the kernel's precision)
+
+def plain_backward(dout, q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
+                   precision="float64"):
+    """(dq, dk, dv) as float64 [B, H, S, D] arrays, from the definition.
+
+    ``precision=<dtype>`` is TESTING.md's ``same``: inputs rounded to the dtype,
+    fp32 arithmetic, P recomputed in fp32, delta = rowsum(dout * out) with out
+    rounded to the dtype (as the forward stores it), gradients rounded to the dtype.
+    """
+    xp = xp_of(q)
+    q, k, v, dout = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v, dout))
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    work = xp.float64 if precision == "float64" else xp.float32
+    if precision != "float64":
+        q, k, v, dout = (round_to(t, precision, xp) for t in (q, k, v, dout))
+    q, k, v, dout = (t.astype(work) for t in (q, k, v, dout))
+    kr, vr = xp.repeat(k, group, axis=1), xp.repeat(v, group, axis=1)
+
+    s = xp.matmul(q, kr.swapaxes(-1, -2)) * work(scale)
+    keep = xp.ones((B, Hq, Sq, Sk), dtype=bool)
+    if mask is not None:
+        if str(mask.dtype) == "bool":
+            keep = keep & xp.broadcast_to(mask, keep.shape)
+        else:
+            bias = xp.broadcast_to(as_float(mask, xp).astype(work), keep.shape)
+            keep = keep & (bias != -np.inf)
+            s = s + xp.where(keep, bias, 0)
+    if causal:
+        keep = keep & (xp.arange(Sk)[None, :] <= xp.arange(Sq)[:, None] + (Sk - Sq))
+    s = xp.where(keep, s, work(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = xp.where(xp.isneginf(m), work(0), m)
+    e = xp.exp(s - m)
+    l_i = e.sum(axis=-1, keepdims=True)
+    p = e / xp.where(l_i > 0, l_i, work(1))
+    out = xp.matmul(p, vr)
+    if precision != "float64":
+        out = round_to(out, precision, xp).astype(work)
+    delta = (dout * out).sum(axis=-1, keepdims=True)
+    dp = xp.matmul(dout, vr.swapaxes(-1, -2))
+    ds = xp.where(p == 0, work(0), p * (dp - delta))
+    dq = xp.matmul(ds, kr) * work(scale)
+    dk = (xp.matmul(ds.swapaxes(-1, -2), q) * work(scale)).reshape(B, Hkv, group, Sk, D).sum(2)
+    dv = xp.matmul(p.swapaxes(-1, -2), dout).reshape(B, Hkv, group, Sk, D).sum(2)
+    grads = (dq, dk, dv)
+    if precision != "float64":
+        grads = tuple(round_to(g, precision, xp) for g in grads)
+    return tuple(g.astype(xp.float64) for g in grads)
 
 
 # ---------------------------------------------------------------------------
@@ -543,6 +601,55 @@ def prewarm(cases, workers=None) -> int:
     if not jobs:
         return 0
     workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_into_cache, jobs))
+    return len(jobs)
+
+
+def prewarm_calls(calls) -> int:
+    """Compile, in parallel processes and into the disk cache, every instantiation
+    that ``calls()`` launches: it runs once with the JIT's ``get_function`` replaced
+    by a recorder, so nothing executes on the device (``calls`` may make any
+    ``attention`` / ``attention_backward`` / ``attention_decode`` calls, on NaN
+    inputs of the right shapes; exceptions inside it are its own business). Hot-call
+    entries made meanwhile (which would hold the recorder's fake kernels) are
+    dropped. Best effort, purely a speed-up; returns how many compiled."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    import cupy
+
+    from cupy_attention import api, jit
+
+    if not jit.cache_enabled():
+        return 0
+    wanted: dict = {}
+
+    class _NoLaunch:
+        max_dynamic_smem = 0
+
+        def launch(self, *args, **kwargs):
+            pass
+
+    def record(spec, arch, device_id):
+        wanted[(spec, arch)] = None
+        return _NoLaunch()
+
+    hot_before = set(api._HOT)
+    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    jit.get_function = record
+    jit.LoadedKernel.launch = lambda self, *a, **k: None
+    try:
+        calls()
+    finally:
+        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
+        for key in set(api._HOT) - hot_before:
+            api._HOT.pop(key, None)
+    cupy.cuda.runtime.deviceSynchronize()
+    jobs = list(wanted)
+    if not jobs:
+        return 0
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_into_cache, jobs))
     return len(jobs)

@@ -37,65 +37,15 @@ from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from cupy_attention.variant import Variant
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
-from helpers import (as_float, cast, make_qkv, normal, plain_attention, problem_for, record,
+from helpers import (as_float, cast, make_qkv, normal, plain_attention, plain_backward,
+                     problem_for, record,
                      round_to, seed_for, set_values, to_bhsd, tolerance, xp_of)
 
 ARCHS = ("sm_80", "sm_90a")
 
 
-# ---------------------------------------------------------------------------
-# An independent plain backward (float64, or the kernel's precision)
-
-def plain_backward(dout, q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                   precision="float64"):
-    """(dq, dk, dv) as float64 [B, H, S, D] arrays, from the definition.
-
-    ``precision=<dtype>`` is TESTING.md's ``same``: inputs rounded to the dtype,
-    fp32 arithmetic, P recomputed in fp32, delta = rowsum(dout * out) with out
-    rounded to the dtype (as the forward stores it), gradients rounded to the dtype.
-    """
-    xp = xp_of(q)
-    q, k, v, dout = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v, dout))
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    group = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    work = xp.float64 if precision == "float64" else xp.float32
-    if precision != "float64":
-        q, k, v, dout = (round_to(t, precision, xp) for t in (q, k, v, dout))
-    q, k, v, dout = (t.astype(work) for t in (q, k, v, dout))
-    kr, vr = xp.repeat(k, group, axis=1), xp.repeat(v, group, axis=1)
-
-    s = xp.matmul(q, kr.swapaxes(-1, -2)) * work(scale)
-    keep = xp.ones((B, Hq, Sq, Sk), dtype=bool)
-    if mask is not None:
-        if str(mask.dtype) == "bool":
-            keep = keep & xp.broadcast_to(mask, keep.shape)
-        else:
-            bias = xp.broadcast_to(as_float(mask, xp).astype(work), keep.shape)
-            keep = keep & (bias != -np.inf)
-            s = s + xp.where(keep, bias, 0)
-    if causal:
-        keep = keep & (xp.arange(Sk)[None, :] <= xp.arange(Sq)[:, None] + (Sk - Sq))
-    s = xp.where(keep, s, work(-np.inf))
-    m = s.max(axis=-1, keepdims=True)
-    m = xp.where(xp.isneginf(m), work(0), m)
-    e = xp.exp(s - m)
-    l_i = e.sum(axis=-1, keepdims=True)
-    p = e / xp.where(l_i > 0, l_i, work(1))
-    out = xp.matmul(p, vr)
-    if precision != "float64":
-        out = round_to(out, precision, xp).astype(work)
-    delta = (dout * out).sum(axis=-1, keepdims=True)
-    dp = xp.matmul(dout, vr.swapaxes(-1, -2))
-    ds = xp.where(p == 0, work(0), p * (dp - delta))
-    dq = xp.matmul(ds, kr) * work(scale)
-    dk = (xp.matmul(ds.swapaxes(-1, -2), q) * work(scale)).reshape(B, Hkv, group, Sk, D).sum(2)
-    dv = xp.matmul(p.swapaxes(-1, -2), dout).reshape(B, Hkv, group, Sk, D).sum(2)
-    grads = (dq, dk, dv)
-    if precision != "float64":
-        grads = tuple(round_to(g, precision, xp) for g in grads)
-    return tuple(g.astype(xp.float64) for g in grads)
+# plain_backward (the independent plain backward, float64 or the kernel's precision)
+# lives in helpers.py, shared with the GPU non-finite tests.
 
 
 def make_mask(xp, kind, seed, *, batch, heads_q, seqlen_q, seqlen_k):
