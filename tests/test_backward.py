@@ -38,8 +38,7 @@ from cupy_attention.variant import Variant
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
 from helpers import (as_float, cast, make_qkv, normal, plain_attention, plain_backward,
-                     problem_for, record,
-                     round_to, seed_for, set_values, to_bhsd, tolerance, xp_of)
+                     problem_for, record, seed_for, set_values, to_bhsd, tolerance, xp_of)
 
 ARCHS = ("sm_80", "sm_90a")
 

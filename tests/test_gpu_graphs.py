@@ -176,9 +176,8 @@ def forward_graph_rounds(name, shape, causal, stream, *, replays_per_round=1, ch
             return ca.attention(q, k, v, causal=causal, return_lse=True, kernel=name)
 
         if warm:
-            first = call()
+            call()
             stream.synchronize()
-            del first
         graph, (g_out, g_lse) = capture(stream, call)
         for r in range(1, n_rounds):
             for dst, src in zip((q, k, v), sets[r]):
