@@ -45,14 +45,18 @@ def _is_torch(x) -> bool:
 
 
 def is_jax(x) -> bool:
-    """A concrete ``jax.Array`` (jaxlib's ArrayImpl; tracers are refused by the caller)."""
-    return type(x).__module__.split(".")[0] in ("jax", "jaxlib") and hasattr(x, "devices")
+    """A concrete ``jax.Array`` (jaxlib's ArrayImpl), not a tracer."""
+    return (type(x).__module__.split(".")[0] in ("jax", "jaxlib") and hasattr(x, "devices")
+            and not is_jax_tracer(x))
 
 
 def is_jax_tracer(x) -> bool:
     """A JAX tracer (an argument of a function under ``jax.jit``, ``grad``...)."""
-    return type(x).__module__.startswith("jax") and hasattr(x, "aval") and \
-        not hasattr(x, "devices")
+    if not type(x).__module__.startswith("jax"):
+        return False
+    import jax
+
+    return isinstance(x, jax.core.Tracer)
 
 
 def jax_device(x, name: str):

@@ -15,6 +15,7 @@ import math
 import numbers
 
 from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError
+from .interop import is_jax_tracer, jax_device_id
 from .variant import Variant
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -56,14 +57,12 @@ def describe(x, name: str) -> TensorInfo:
         if x.is_cuda and dev is None:
             dev = 0
         return TensorInfo(tuple(x.shape), tuple(x.stride()), _dtype_name(x.dtype), dev, x.element_size())
-    if kind == "jax" and hasattr(x, "aval") and not hasattr(x, "devices"):
+    if kind == "jax" and is_jax_tracer(x):
         raise UnsupportedError(
             f"{name} is a JAX tracer (an array inside jax.jit, grad or vmap): use "
             "cupy_attention.jax.attention there; cupy_attention.attention takes concrete arrays")
     if kind in ("jax", "jaxlib") and hasattr(x, "devices") and hasattr(x, "dtype"):
         # a jax.Array: dense, row-major (XLA's default layout), no strides attribute
-        from .interop import jax_device_id
-
         shape = tuple(x.shape)
         strides, step = [], 1
         for n in reversed(shape):
