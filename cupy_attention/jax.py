@@ -224,8 +224,10 @@ def _wrap(ptr: int, shape, dtype, device_id: int):
     import cupy
 
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0 or not ptr:
-        return cupy.ndarray(shape, dtype)   # nothing to read or write
+    if nbytes == 0:
+        return cupy.ndarray(shape, dtype)   # nothing to read or write, nothing allocated
+    if not ptr:
+        raise ValueError(f"XLA passed a null pointer for a buffer of shape {shape}")
     mem = cupy.cuda.UnownedMemory(ptr, nbytes, None, device_id)
     return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0))
 
