@@ -31,8 +31,13 @@ from cupy_attention.reference import attention_backward_reference, attention_ref
 def _arrays(B=1, Hq=4, Hkv=2, Sq=6, Sk=7, D=8, dtype=jnp.float32, layout="bhsd", seed=0):
     rng = np.random.default_rng(seed)
     shape = (lambda h, s: (B, h, s, D)) if layout == "bhsd" else (lambda h, s: (B, s, h, D))
-    return tuple(jnp.asarray(rng.standard_normal(shape(h, s)), dtype=dtype)
+    return tuple(_cpu(rng.standard_normal(shape(h, s)).astype(dtype))
                  for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+
+
+def _cpu(x):
+    """A JAX array on the CPU device, also where JAX's default device is a GPU."""
+    return jax.device_put(np.asarray(x), jax.devices("cpu")[0])
 
 
 def _f64(*xs):
@@ -62,7 +67,7 @@ def test_jax_arrays_are_their_own_kind():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_describe_jax_array(dtype):
-    x = jnp.zeros((2, 3, 5, 8), dtype=dtype)
+    x = _cpu(np.zeros((2, 3, 5, 8), dtype=jnp.dtype(dtype)))
     info = describe(x, "q")
     assert info.shape == (2, 3, 5, 8) and info.strides == (120, 40, 8, 1)
     assert info.dtype == dtype and info.device == "cpu"
@@ -75,7 +80,7 @@ def test_cpu_jax_array_is_a_typed_error_naming_q(entry):
     if entry == "attention":
         call = lambda: ca.attention(q, k, v)  # noqa: E731
     elif entry == "attention_backward":
-        lse = jnp.zeros((1, 4, 6), jnp.float32)
+        lse = _cpu(np.zeros((1, 4, 6), np.float32))
         call = lambda: ca.attention_backward(q, q, k, v, q, lse)  # noqa: E731
     else:
         qd, kd, vd = (x.swapaxes(1, 2).astype(jnp.float16) for x in (q[:, :, :1], k, v))
@@ -95,7 +100,7 @@ def test_cpu_jax_error_is_catchable_as_the_package_error():
 def test_jax_out_is_refused():
     q, k, v = _arrays()
     with pytest.raises(UnsupportedError, match="out is a JAX array.*immutable"):
-        ca.attention(q, k, v, out=jnp.zeros_like(q), kernel="reference")
+        ca.attention(q, k, v, out=_cpu(np.zeros(q.shape, q.dtype)), kernel="reference")
 
 
 def test_tracer_gets_a_typed_error_pointing_at_the_jax_module():
@@ -255,7 +260,7 @@ def test_callback_path_forward_under_jit(callback_mode, causal, layout):
 @pytest.mark.parametrize("causal", [False, True])
 def test_callback_path_grad_matches_the_reference_backward(callback_mode, causal):
     q, k, v = _arrays(Sq=7, Sk=7)
-    w = jnp.asarray(np.random.default_rng(5).standard_normal(q.shape), jnp.float32)
+    w = _cpu(np.random.default_rng(5).standard_normal(q.shape).astype(np.float32))
 
     def loss(q, k, v):
         return jnp.sum(caj.attention(q, k, v, causal=causal, kernel="reference",
