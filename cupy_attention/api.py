@@ -26,7 +26,9 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
         Hkv (grouped-query / multi-query attention: query head h reads KV head
         h // (Hq // Hkv)). Sq and Sk may differ (cross attention).
         Arrays may be CuPy arrays, torch CUDA tensors (zero-copy through DLPack,
-        run on torch's current stream, results returned as torch tensors), NumPy
+        run on torch's current stream, results returned as torch tensors), JAX
+        arrays on a GPU (zero-copy through DLPack both ways, ordered with JAX's
+        streams, results returned as JAX arrays; docs/jax.md), NumPy
         arrays (copied to the current device, results returned as NumPy) or any
         DLPack producer. Any strides with unit stride in the last axis, e.g.
         slices of a packed QKV tensor, are read in place.
@@ -76,6 +78,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
                 return result
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
                  lse_out=lse_out, window=window, softcap=softcap)
+    interop.check_jax_call(q, None if kernel == "reference" else p.device, out=out,
+                           lse_out=lse_out)
     if kernel == "reference":
         return _reference(p, q, k, v, mask, out, lse_out, return_lse)
     dispatch.check_kernel_name(kernel)

@@ -44,6 +44,12 @@ def like(x64, proto, kind, float32=False):
         dtype = torch.float32 if float32 else proto.dtype
         return t.to(device=proto.device, dtype=dtype)
     dtype = np.float32 if float32 else proto.dtype
+    if kind == "jax":
+        import jax
+
+        from .interop import jax_device
+
+        return jax.device_put(x64.astype(dtype), jax_device(proto, "q"))
     if kind == "cupy":
         cupy = _device.require_cupy()
         return cupy.asarray(x64.astype(dtype))

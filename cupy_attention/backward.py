@@ -66,6 +66,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
                                f"{', '.join(BACKWARD_KERNELS)}")
     if kernel == "reference":
         return _reference(p, dout, q, k, v, mask)
+    interop.check_jax_call(q, p.device)
     _device.require_device()
     ctx = interop.context_for(q)
     family = _choose(p, kernel, ctx.device_id)
@@ -101,17 +102,30 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
         dv = alloc(kv_shape, qc.dtype, empty)
         if not empty:
             lc = interop.to_cupy(lse, "lse", ctx)
-            if lc.strides[-1] != 4:
-                lc = cupy.ascontiguousarray(lc)   # the kernels read LSE rows with unit stride
-            t = flash_bwd.BwdTensors(
-                fwd=Tensors(qc, kc, vc, oc, lc, device_mask(interop.to_cupy(mask, "mask", ctx), p)),
-                dout=dc, dq=dq, dk=dk, dv=dv,
-                delta=alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
-                dq_accum=None if deterministic else alloc(
-                    (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
-            family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
-                          deterministic)
+            scratch = (alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
+                       None if deterministic else alloc(
+                           (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
+            launch_into(p, ctx, family, dc, qc, kc, vc, oc, lc,
+                        device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
+                        scratch, deterministic)
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
+
+
+def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, scratch,
+                deterministic) -> None:
+    """The backward kernels of a non-empty problem (``Sk > 0``) on device arrays, into
+    ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum
+    float32 [B, Hq, Sq, D] or None when deterministic): nothing is allocated here
+    (cupy_attention.jax hands in buffers XLA allocated). Runs on ``ctx.stream``."""
+    cupy = _device.require_cupy()
+    if lse.strides[-1] != 4:
+        lse = cupy.ascontiguousarray(lse)   # the kernels read LSE rows with unit stride
+    dq, dk, dv = grads
+    delta, dq_accum = scratch
+    t = flash_bwd.BwdTensors(fwd=Tensors(q, k, v, out, lse, mask), dout=dout, dq=dq, dk=dk,
+                             dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum)
+    family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
+                  deterministic)
 
 
 def _allocator(ctx, q):

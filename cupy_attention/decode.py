@@ -274,8 +274,9 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         correctness.
 
     Arrays may be CuPy arrays, torch CUDA tensors (results are torch tensors, on
-    torch's current stream) or NumPy arrays (copied to the current device, results
-    returned as NumPy).
+    torch's current stream), JAX GPU arrays (results are JAX arrays; not with
+    ``k_new``/``v_new``, which write into the cache) or NumPy arrays (copied to the
+    current device, results returned as NumPy).
 
     Returns
     -------
@@ -289,6 +290,8 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     if num_splits is not None and (not isinstance(num_splits, (int, np.integer))
                                    or num_splits < 1):
         raise ShapeError(f"num_splits must be a positive integer, got {num_splits!r}")
+    interop.check_jax_call(q, describe(q, "q").device,
+                           **({"k_cache": k_cache, "v_cache": v_cache} if appended else {}))
     _device.require_device()
     cupy = _device.require_cupy()
     ctx = interop.context_for(q)
@@ -349,6 +352,7 @@ def append_kv(k_cache, v_cache, k_new, v_new, *, cache_seqlens, block_table=None
     _, page_size, _ = validate_cache(ki, vi, kn.shape[0], ki.device,
                                      cache_seqlens=cache_seqlens, block_table=block_table,
                                      k_new=k_new, v_new=v_new)
+    interop.check_jax_call(k_cache, ki.device, k_cache=k_cache, v_cache=v_cache)
     _device.require_device()
     cupy = _device.require_cupy()
     ctx = interop.context_for(k_cache)

@@ -17,7 +17,8 @@ import dataclasses
 import math
 import numbers
 
-from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError
+from .errors import DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError
+from .interop import is_jax_tracer, jax_device_id
 from .variant import Variant
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -59,6 +60,19 @@ def describe(x, name: str) -> TensorInfo:
         if x.is_cuda and dev is None:
             dev = 0
         return TensorInfo(tuple(x.shape), tuple(x.stride()), _dtype_name(x.dtype), dev, x.element_size())
+    if kind == "jax" and is_jax_tracer(x):
+        raise UnsupportedError(
+            f"{name} is a JAX tracer (an array inside jax.jit, grad or vmap): use "
+            "cupy_attention.jax.attention there; cupy_attention.attention takes concrete arrays")
+    if kind in ("jax", "jaxlib") and hasattr(x, "devices") and hasattr(x, "dtype"):
+        # a jax.Array: dense, row-major (XLA's default layout), no strides attribute
+        shape = tuple(x.shape)
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(int(n), 1)
+        return TensorInfo(shape, tuple(reversed(strides)), _dtype_name(x.dtype),
+                          jax_device_id(x, name), x.dtype.itemsize)
     if hasattr(x, "shape") and hasattr(x, "strides") and hasattr(x, "dtype"):
         itemsize = x.dtype.itemsize
         if any(s % itemsize for s in x.strides):
@@ -67,8 +81,8 @@ def describe(x, name: str) -> TensorInfo:
         return TensorInfo(tuple(x.shape), tuple(s // itemsize for s in x.strides),
                           _dtype_name(x.dtype), dev, itemsize)
     raise DTypeError(
-        f"{name} has unsupported type {type(x).__name__}; pass a CuPy array, a torch tensor "
-        "or a NumPy array"
+        f"{name} has unsupported type {type(x).__name__}; pass a CuPy array, a torch tensor, "
+        "a JAX array or a NumPy array"
     )
 
 
