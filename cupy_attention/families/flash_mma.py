@@ -52,8 +52,15 @@ def _smem(d_pad: int, cfg) -> int:
     return (bm + 2 * stages * bn) * (d_pad + 8) * 2
 
 
+def _narrow(vt: Variant, head_dim: int) -> bool:
+    """Whether the variant takes the dense-mask column of TILES (16-row warps): dense
+    masks, and packed sequences at 64 < D_PAD <= 128, whose per-sequence params spilled
+    48-92 bytes on sm_80 with 32-row warps (there the plain row is at 255 registers)."""
+    return vt.dense != "none" or (vt.ragged and 64 < -(-head_dim // 16) * 16 <= 128)
+
+
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
-    bm, bn, warps, stages = cfg or tiles_for(head_dim, vt.dense != "none")
+    bm, bn, warps, stages = cfg or tiles_for(head_dim, _narrow(vt, head_dim))
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
     expr = f"flash_mma_fwd<{traits}, {vt.cpp()}>"
@@ -144,10 +151,10 @@ class FlashMma(Family):
         return lambda vec: _plan(p.head_dim, p.dtype, p.variant, vec, cfg)
 
     def table_config(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> tuple:
-        return tiles_for(p.head_dim, p.mask_kind != "none", smem_limit)
+        return tiles_for(p.head_dim, _narrow(p.variant, p.head_dim), smem_limit)
 
     def candidates(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
-        return candidates(p.head_dim, p.mask_kind != "none", smem_limit)
+        return candidates(p.head_dim, _narrow(p.variant, p.head_dim), smem_limit)
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
