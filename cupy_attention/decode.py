@@ -28,7 +28,7 @@ from . import interop
 from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
                      translate_oom)
 from .families import decode as fam
-from .problem import describe
+from .problem import check_scale, describe
 from .variant import Variant
 
 DTYPES = ("float16", "bfloat16")
@@ -197,15 +197,7 @@ def validate_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None
     # guess costs speed only: the last split runs to each sequence's end)
     planned = capacity if longest is None or cache_seqlens is None else min(capacity, longest)
     paged = block_table is not None
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
-        if not math.isfinite(scale):
-            raise ShapeError(f"scale must be finite, got {scale}")
+    scale = check_scale(scale, D)
     if window is not None:
         if (not isinstance(window, (tuple, list)) or len(window) != 2
                 or not all(isinstance(w, (int, np.integer)) and w >= -1 for w in window)):

@@ -212,6 +212,19 @@ def check_softcap(softcap) -> float:
     return c
 
 
+def check_scale(scale, head_dim: int) -> float:
+    """``scale`` as a finite float; ``1 / sqrt(D)`` for None."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
+    if not math.isfinite(scale):
+        raise ShapeError(f"scale must be finite, got {scale}")
+    return scale
+
+
 def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out=None,
              lse_out=None, window=None, softcap=None) -> Problem:
     """Check every argument; raise a typed error naming the argument and the fix."""
@@ -258,15 +271,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
 
     window = check_window(window, bool(causal), Sq, Sk)
     softcap = check_softcap(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
-        if not math.isfinite(scale):
-            raise ShapeError(f"scale must be finite, got {scale}")
+    scale = check_scale(scale, D)
 
     mask_kind = "none"
     if mask is not None:

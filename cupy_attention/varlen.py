@@ -16,7 +16,6 @@ sequence only: the work does not depend on the longest sequence
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -28,7 +27,8 @@ from .backward import BACKWARD_KERNELS, _allocator, _choose
 from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import DTYPES, Problem, _unit_last_stride, check_like, check_softcap, check_window, describe
+from .problem import (DTYPES, Problem, _unit_last_stride, check_like, check_scale, check_softcap,
+                      check_window, describe)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -93,15 +93,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
     mq, mk = _check_max(max_seqlen_q, "max_seqlen_q"), _check_max(max_seqlen_k, "max_seqlen_k")
     window = check_window(window, bool(causal), total_q, total_k)
     softcap = check_softcap(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise DTypeError(f"scale must be a real number, got {type(scale).__name__}") from None
-        if not math.isfinite(scale):
-            raise ShapeError(f"scale must be finite, got {scale}")
+    scale = check_scale(scale, D)
     return Problem(ci.shape[0] - 1, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
                    "none", scale, qi.device, window, softcap, True, mq, mk)
 

@@ -18,7 +18,7 @@ import cupy_attention as ca
 from cupy_attention.varlen import (attention_varlen_backward_reference,
                                    attention_varlen_reference)
 
-from helpers import as_float, cast, seed_for, tolerance
+from helpers import as_float, cast, prewarm_calls, seed_for, tolerance
 from test_gpu_variants import _same
 
 pytestmark = pytest.mark.gpu
@@ -98,36 +98,10 @@ def _skip_unless(c):
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_in_parallel():
-    """Compile every instantiation this module launches in a process pool first: the
-    calls run once with a recording get_function (nothing executes)."""
-    import concurrent.futures as cf
-    import multiprocessing
-    import os
-
+    """Compile every instantiation this module launches in a process pool first."""
     import cupy
 
-    from cupy_attention import jit
-
-    from helpers import _compile_into_cache
-
-    if not jit.cache_enabled():
-        return
-    wanted: dict = {}
-
-    class _NoLaunch:
-        max_dynamic_smem = 0
-
-        def launch(self, *args, **kwargs):
-            pass
-
-    def record(spec, arch, device_id):
-        wanted[(spec, arch)] = None
-        return _NoLaunch()
-
-    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
-    jit.get_function = record
-    jit.LoadedKernel.launch = lambda self, *a, **k: None
-    try:
+    def calls():
         for param in CASES:
             c = param.values[0]
             try:
@@ -140,13 +114,8 @@ def _compile_in_parallel():
                                                  deterministic=det, **kw)
             except Exception:
                 continue
-    finally:
-        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
-    jobs = list(wanted)
-    if jobs:
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1), mp_context=ctx) as pool:
-            list(pool.map(_compile_into_cache, jobs))
+
+    prewarm_calls(calls)
 
 
 @pytest.mark.parametrize("c", CASES)
