@@ -115,178 +115,165 @@ __device__ __forceinline__ void unpack8(float (&x)[8], const uint4& u) {
   }
 }
 
-template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp) {
-  using T = typename KT::T;
-  using Cache = typename KT::Cache;
-  constexpr int ROWS = KT::ROWS, D = KT::D, D_PAD = KT::D_PAD, CHUNKS = KT::CHUNKS;
-  constexpr int LANES = KT::LANES, SLOTS = KT::SLOTS, BLOCK_N = KT::BLOCK_N;
-  constexpr int STAGES = KT::STAGES, THREADS = KT::THREADS;
-  extern __shared__ __align__(16) unsigned char smem[];
-  auto& st = *reinterpret_cast<typename KT::Storage*>(smem);
-
-  const int b = blockIdx.z, hk = blockIdx.y;
-  const int row_block = blockIdx.x / dp.num_splits, split = blockIdx.x % dp.num_splits;
-  const int lane = threadIdx.x % 32;
-  const int slot = threadIdx.x / LANES, chunk = lane % LANES;
-  const int col = chunk * 8;   // this lane's first column
-
-  // The sequence's own problem: its length, the band aligned to it.
-  FwdParams p = dp.fwd;
-  const int seqlen = Cache::seqlen(dp.fwd, dp.cache, b);
-  p.band_lo += seqlen;
-  p.band_hi += seqlen;
-  p.seqlen_k = seqlen;
-  const int group = p.group, rows_total = group * p.seqlen_q;
-  const int r0 = row_block * ROWS;
-  const int r_last = cmin(r0 + ROWS, rows_total) - 1;
-
-  // 1. the block's key range, then q into registers.
-  int kv_lo = cmax(VT::kv_begin(p, r0 / group), split * dp.split_keys);
-  // the last split runs to the sequence's end, whatever length the host planned for
-  const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
-  int kv_hi = cmin(VT::kv_end(p, r_last / group), split_end);
-  kv_hi = cmax(kv_hi, kv_lo);
-  p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
-
-  int row_i[ROWS], row_h[ROWS];
-  float rQ[ROWS][8];
+// The block's rows: ROWS (query head of the group, query row) pairs r0.. of KV head hk,
+// batch b; rows past the last repeat it (computed, never stored).
+template <class KT>
+struct DecodeRows {
+  int i[KT::ROWS], h[KT::ROWS];  // query row and query head of each
+  int r0, r_last;
+  __device__ __forceinline__ DecodeRows(const FwdParams& p, int row_block, int hk) {
+    const int group = p.group;
+    r0 = row_block * KT::ROWS;
+    r_last = cmin(r0 + KT::ROWS, group * p.seqlen_q) - 1;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int pr = cmin(r0 + r, r_last);   // rows past the end repeat the last (not stored)
-    row_i[r] = pr / group;
-    row_h[r] = hk * group + pr % group;
-    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + row_h[r] * p.q_head_stride +
-                 row_i[r] * p.q_row_stride;
+    for (int r = 0; r < KT::ROWS; ++r) {
+      const int pr = cmin(r0 + r, r_last);
+      i[r] = pr / group;
+      h[r] = hk * group + pr % group;
+    }
+  }
+};
+
+// Q of the block's rows into registers: this lane's 8 columns from `col`.
+template <class KT>
+__device__ __forceinline__ void load_q(float (&rQ)[KT::ROWS][8], const FwdParams& p,
+                                       const DecodeRows<KT>& rows, int b, int chunk, int col) {
+  using T = typename KT::T;
+#pragma unroll
+  for (int r = 0; r < KT::ROWS; ++r) {
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + rows.h[r] * p.q_head_stride +
+                 rows.i[r] * p.q_row_stride;
     if constexpr (KT::VEC) {
       uint4 u = make_uint4(0, 0, 0, 0);
-      if (chunk < CHUNKS) u = *reinterpret_cast<const uint4*>(q + col);
+      if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(q + col);
       unpack8<T>(rQ[r], u);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) rQ[r][e] = col + e < D ? to_float(q[col + e]) : 0.f;
+      for (int e = 0; e < 8; ++e) rQ[r][e] = col + e < KT::D ? to_float(q[col + e]) : 0.f;
     }
   }
+}
 
-  // 2. the copy of one tile of keys [j0, j0 + BLOCK_N) into ring buffer `stage`.
+// Producer (every thread): the keys [j0, j0 + BLOCK_N) of K and V, below kv_hi, into
+// ring buffer `stage` (cp.async with VEC, element copies otherwise; zeros past kv_hi).
+template <class KT>
+__device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParams& p,
+                                        const CacheParams& cache, int b, int hk,
+                                        int stage, int j0, int kv_hi) {
+  using T = typename KT::T;
+  constexpr int CHUNKS = KT::CHUNKS;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
-  auto load = [&](int tile) {
-    const int stage = tile % STAGES, j0 = kv_lo + tile * BLOCK_N;
 #pragma unroll
-    for (int c = threadIdx.x; c < BLOCK_N * CHUNKS; c += THREADS) {
-      const int row = c / CHUNKS, cc = (c % CHUNKS) * 8, j = j0 + row;
-      const bool ok = j < kv_hi;
-      const KVRow at = ok ? Cache::row(p, dp.cache, b, hk, j) : KVRow{0, 0};
-      T* sk = &st.ring.k[stage][row * D_PAD + cc];
-      T* sv = &st.ring.v[stage][row * D_PAD + cc];
-      if constexpr (KT::VEC) {
-        cp_async_16(smem_addr(sk), k + at.k + cc, ok);
-        cp_async_16(smem_addr(sv), v + at.v + cc, ok);
-      } else {
+  for (int c = threadIdx.x; c < KT::BLOCK_N * CHUNKS; c += KT::THREADS) {
+    const int row = c / CHUNKS, cc = (c % CHUNKS) * 8, j = j0 + row;
+    const bool ok = j < kv_hi;
+    const KVRow at = ok ? KT::Cache::row(p, cache, b, hk, j) : KVRow{0, 0};
+    T* sk = &st.ring.k[stage][row * KT::D_PAD + cc];
+    T* sv = &st.ring.v[stage][row * KT::D_PAD + cc];
+    if constexpr (KT::VEC) {
+      cp_async_16(smem_addr(sk), k + at.k + cc, ok);
+      cp_async_16(smem_addr(sv), v + at.v + cc, ok);
+    } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          T xk, xv;
-          xk.bits = xv.bits = 0;
-          if (ok && cc + e < D) {
-            xk = k[at.k + cc + e];
-            xv = v[at.v + cc + e];
-          }
-          sk[e] = xk;
-          sv[e] = xv;
+      for (int e = 0; e < 8; ++e) {
+        T xk, xv;
+        xk.bits = xv.bits = 0;
+        if (ok && cc + e < KT::D) {
+          xk = k[at.k + cc + e];
+          xv = v[at.v + cc + e];
         }
+        sk[e] = xk;
+        sv[e] = xv;
       }
     }
-  };
-
-  SoftmaxRow sm[ROWS];
-  float acc[ROWS][8];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    sm[r].init();
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
   }
+}
 
-  const int n_tiles = ceil_div(kv_hi - kv_lo, BLOCK_N);
+// Consumer step: the key tile in buffer `stage` (first key j0) against the block's
+// rows. Each slot of LANES lanes takes keys slot, slot + SLOTS, ...: scores through
+// the variant, the online softmax per row, acc += P V over the slot's keys.
+template <class KT, class VT>
+__device__ __forceinline__ void consume_tile(const typename KT::Storage& st, const FwdParams& p,
+                                             const DecodeRows<KT>& rows,
+                                             const float (&rQ)[KT::ROWS][8], int b, int stage,
+                                             int j0, int slot, int chunk, int col,
+                                             SoftmaxRow (&sm)[KT::ROWS],
+                                             float (&acc)[KT::ROWS][8]) {
+  using T = typename KT::T;
+  constexpr int ROWS = KT::ROWS, KEYS = KT::KEYS_PER_SLOT;
+  float s[ROWS][KEYS];
+  bool every_row[KEYS];   // the key is kept by every row of the block
 #pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) load(t);
-    cp_async_commit();
-  }
-
-  // 3. the key tiles.
-  for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();   // tile t landed everywhere; tile t - 1's buffer is free
-    if (t + STAGES - 1 < n_tiles) load(t + STAGES - 1);
-    cp_async_commit();
-
-    const int stage = t % STAGES, j0 = kv_lo + t * BLOCK_N;
-    float s[ROWS][KT::KEYS_PER_SLOT];
-    bool every_row[KT::KEYS_PER_SLOT];   // the key is kept by every row of the block
-#pragma unroll
-    for (int n = 0; n < KT::KEYS_PER_SLOT; ++n) {
-      const int row = n * SLOTS + slot, j = j0 + row;
-      // bands are intervals moving with i: the first and the last row bound them all
-      every_row[n] = VT::keep(p, row_i[0], j) && VT::keep(p, row_i[ROWS - 1], j);
-      float kf[8];
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (chunk < CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.k[stage][row * D_PAD + col]);
-      unpack8<T>(kf, u);
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(rQ[r][e], kf[e], dot);
-        dot = group_sum<LANES>(dot);
-        const float s2 = VT::score(p, b, row_h[r], row_i[r], j, dot);
-        s[r][n] = VT::keep(p, row_i[r], j) ? s2 : -CA_INF;
-      }
-    }
+  for (int n = 0; n < KEYS; ++n) {
+    const int row = n * KT::SLOTS + slot, j = j0 + row;
+    // bands are intervals moving with i: the first and the last row bound them all
+    every_row[n] = VT::keep(p, rows.i[0], j) && VT::keep(p, rows.i[ROWS - 1], j);
+    float kf[8];
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.k[stage][row * KT::D_PAD + col]);
+    unpack8<T>(kf, u);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
-      float tile_max = s[r][0];
+      float dot = 0.f;
 #pragma unroll
-      for (int n = 1; n < KT::KEYS_PER_SLOT; ++n) tile_max = fmaxf(tile_max, s[r][n]);
-      const float alpha = sm[r].rescale(tile_max);
-      const float ref = sm[r].ref();
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < KT::KEYS_PER_SLOT; ++n) {
-        s[r][n] = fast_exp2(s[r][n] - ref);
-        sum += s[r][n];
-      }
-      sm[r].l_i += sum;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r][e] *= alpha;
-    }
-#pragma unroll
-    for (int n = 0; n < KT::KEYS_PER_SLOT; ++n) {
-      const int row = n * SLOTS + slot;
-      float vf[8];
-      uint4 u = make_uint4(0, 0, 0, 0);
-      if (chunk < CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.v[stage][row * D_PAD + col]);
-      unpack8<T>(vf, u);
-      if (every_row[n]) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(s[r][n], vf[e], acc[r][e]);
-      } else {   // masked for some row: p = 0 selects, so NaN/Inf in v stays out
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            acc[r][e] = s[r][n] == 0.f ? acc[r][e] : fmaf(s[r][n], vf[e], acc[r][e]);
-      }
+      for (int e = 0; e < 8; ++e) dot = fmaf(rQ[r][e], kf[e], dot);
+      dot = group_sum<KT::LANES>(dot);
+      const float s2 = VT::score(p, b, rows.h[r], rows.i[r], j, dot);
+      s[r][n] = VT::keep(p, rows.i[r], j) ? s2 : -CA_INF;
     }
   }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float tile_max = s[r][0];
+#pragma unroll
+    for (int n = 1; n < KEYS; ++n) tile_max = fmaxf(tile_max, s[r][n]);
+    const float alpha = sm[r].rescale(tile_max);
+    const float ref = sm[r].ref();
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < KEYS; ++n) {
+      s[r][n] = fast_exp2(s[r][n] - ref);
+      sum += s[r][n];
+    }
+    sm[r].l_i += sum;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] *= alpha;
+  }
+#pragma unroll
+  for (int n = 0; n < KEYS; ++n) {
+    const int row = n * KT::SLOTS + slot;
+    float vf[8];
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.v[stage][row * KT::D_PAD + col]);
+    unpack8<T>(vf, u);
+    if (every_row[n]) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(s[r][n], vf[e], acc[r][e]);
+    } else {   // masked for some row: p = 0 selects, so NaN/Inf in v stays out
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          acc[r][e] = s[r][n] == 0.f ? acc[r][e] : fmaf(s[r][n], vf[e], acc[r][e]);
+    }
+  }
+}
 
-  // 4. the slots merge in shared memory (the ring is free once every copy landed).
-  cp_async_wait<0>();
-  __syncthreads();
-  if (chunk < CHUNKS) {
+// Epilogue: the slots' states merge in shared memory (the ring is free: every copy
+// landed, the caller's barrier passed), then each row's output and LSE: the split's
+// fp32 partial state (num_splits > 1, merged by merge.cu) or the final O in T.
+template <class KT>
+__device__ __forceinline__ void store(typename KT::Storage& st, const DecodeParams& dp,
+                                      const FwdParams& p, const DecodeRows<KT>& rows, int b,
+                                      int hk, int split, int slot, int chunk, int col,
+                                      const SoftmaxRow (&sm)[KT::ROWS],
+                                      const float (&acc)[KT::ROWS][8]) {
+  using T = typename KT::T;
+  constexpr int ROWS = KT::ROWS, D = KT::D, SLOTS = KT::SLOTS;
+  if (chunk < KT::CHUNKS) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
@@ -300,9 +287,10 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
   __syncthreads();
 
   const bool partial = dp.num_splits > 1;
-  for (int x = threadIdx.x; x < ROWS * D; x += THREADS) {
-    const int r = x / D, d = x % D, pr = r0 + r;
-    if (pr > r_last) break;   // x grows with r: no later x is a stored row
+  const int group = p.group;
+  for (int x = threadIdx.x; x < ROWS * D; x += KT::THREADS) {
+    const int r = x / D, d = x % D, pr = rows.r0 + r;
+    if (pr > rows.r_last) break;   // x grows with r: no later x is a stored row
     SoftmaxRow row;
     row.m_i = -CA_INF;
 #pragma unroll
@@ -330,4 +318,67 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
     }
   }
+}
+
+// One block: ROWS rows of KV head hk (y), batch b (z), keys of split x % num_splits;
+// x / num_splits is the row block.
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp) {
+  constexpr int ROWS = KT::ROWS, STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto& st = *reinterpret_cast<typename KT::Storage*>(smem);
+
+  const int b = blockIdx.z, hk = blockIdx.y;
+  const int row_block = blockIdx.x / dp.num_splits, split = blockIdx.x % dp.num_splits;
+  const int lane = threadIdx.x % 32;
+  const int slot = threadIdx.x / KT::LANES, chunk = lane % KT::LANES;
+  const int col = chunk * 8;   // this lane's first column
+
+  // The sequence's own problem: its length, the band aligned to it.
+  FwdParams p = dp.fwd;
+  const int seqlen = KT::Cache::seqlen(dp.fwd, dp.cache, b);
+  p.band_lo += seqlen;
+  p.band_hi += seqlen;
+  p.seqlen_k = seqlen;
+  const DecodeRows<KT> rows(p, row_block, hk);
+
+  // The block's key range: the band of its rows within the split (the last split runs
+  // to the sequence's end, whatever length the host planned for).
+  const int kv_lo = cmax(VT::kv_begin(p, rows.r0 / p.group), split * dp.split_keys);
+  const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
+  const int kv_hi = cmax(cmin(VT::kv_end(p, rows.r_last / p.group), split_end), kv_lo);
+  p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
+
+  float rQ[ROWS][8];
+  load_q<KT>(rQ, p, rows, b, chunk, col);
+  SoftmaxRow sm[ROWS];
+  float acc[ROWS][8];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    sm[r].init();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  }
+
+  // Tile t goes to buffer t % STAGES, one commit group per tile (empty past the end).
+  const int n_tiles = ceil_div(kv_hi - kv_lo, BLOCK_N);
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) {
+    if (t < n_tiles) load_kv<KT>(st, p, dp.cache, b, hk, t % STAGES, kv_lo + t * BLOCK_N, kv_hi);
+    cp_async_commit();
+  }
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();   // tile t landed everywhere; tile t - 1's buffer is free
+    const int next = t + STAGES - 1;
+    if (next < n_tiles)
+      load_kv<KT>(st, p, dp.cache, b, hk, next % STAGES, kv_lo + next * BLOCK_N, kv_hi);
+    cp_async_commit();
+    consume_tile<KT, VT>(st, p, rows, rQ, b, t % STAGES, kv_lo + t * BLOCK_N, slot, chunk, col,
+                         sm, acc);
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();
+  store<KT>(st, dp, p, rows, b, hk, split, slot, chunk, col, sm, acc);
 }
