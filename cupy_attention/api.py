@@ -6,7 +6,7 @@ import numpy as np
 
 from . import device as _device
 from . import dispatch, interop
-from .arrays import device_mask, host64, like
+from .arrays import device_mask, host64, like, slopes_view
 from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
@@ -16,7 +16,7 @@ from .reference import attention_reference
 @translate_oom
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
               return_lse=False, out=None, lse_out=None, kernel="auto", window=None,
-              softcap=None):
+              softcap=None, alibi_slopes=None):
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
 
     Parameters
@@ -62,6 +62,12 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     softcap : float, optional
         Logit softcapping ``c > 0`` (Gemma 2): each scaled score ``s`` becomes
         ``c * tanh(s / c)`` before the mask is added. None: off.
+    alibi_slopes : array, optional
+        ALiBi (BLOOM, MPT): float32 ``[Hq]`` or ``[B, Hq]``, the array kind and device
+        of q. Query i, key j of head h gains ``-slope[h] * |i + Sk - Sq - j|`` after
+        the scale and softcap (FlashAttention's definition; with causal the LSE
+        therefore differs from FlashAttention-2's, which adds ``slope * j``: the
+        output is the same). Not with ``mask``. See docs/variants.md.
 
     Returns
     -------
@@ -69,7 +75,7 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     (causal or a window with Sq > Sk, a fully masked row) give 0 and LSE -inf.
     """
     hot_key = None
-    if mask is None and out is None and lse_out is None:
+    if mask is None and out is None and lse_out is None and alibi_slopes is None:
         hot_key = _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap)
         hot = _HOT.get(hot_key) if hot_key is not None else None
         if hot is not None:
@@ -77,17 +83,17 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
             if result is not None:
                 return result
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 lse_out=lse_out, window=window, softcap=softcap)
+                 lse_out=lse_out, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     interop.check_jax_call(q, None if kernel == "reference" else p.device, out=out,
                            lse_out=lse_out)
     if kernel == "reference":
-        return _reference(p, q, k, v, mask, out, lse_out, return_lse)
+        return _reference(p, q, k, v, mask, out, lse_out, return_lse, alibi_slopes)
     dispatch.check_kernel_name(kernel)
     _device.require_device()
     ctx = interop.context_for(q)
     cc = _device.compute_capability(ctx.device_id)
     family = dispatch.choose(p, kernel, cc)
-    return _run(family, p, ctx, q, k, v, mask, out, lse_out, return_lse, hot_key)
+    return _run(family, p, ctx, q, k, v, mask, out, lse_out, return_lse, hot_key, alibi_slopes)
 
 
 # ---------------------------------------------------------------------------
@@ -145,12 +151,14 @@ class _HotCall:
         return (out, lse) if return_lse else out
 
 
-def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse, hot_key=None):
+def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse, hot_key=None,
+         alibi_slopes=None):
     cupy = _device.require_cupy()
     want_lse = return_lse or lse_out is not None
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
         operands = _torch_operands if ctx.kind == "torch" else _cupy_operands
         tensors, results = operands(p, ctx, q, k, v, mask, out, lse_out, want_lse)
+        tensors.alibi_slopes = slopes_view(alibi_slopes, ctx)
         if not p.empty:
             if p.seqlen_k == 0:  # every row attends nothing
                 _fill(results[0], 0.0)
@@ -229,10 +237,11 @@ def _give_back(arr, user_array, ctx):
     return user_array
 
 
-def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse):
+def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse, alibi_slopes=None):
     ref_out, ref_lse = attention_reference(host64(q), host64(k), host64(v), causal=p.causal,
                                            scale=p.scale, mask=host64(mask), layout=p.layout,
-                                           window=p.window, softcap=p.softcap)
+                                           window=p.window, softcap=p.softcap,
+                                           alibi_slopes=host64(alibi_slopes))
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     o = like(ref_out, q, kind)
     lse = like(ref_lse, q, kind, float32=True)

@@ -1,5 +1,5 @@
 """Array plumbing the forward and backward entry points share: the dense mask as
-the kernels read it, and the float64 host copies and casts of ``kernel="reference"``."""
+the kernels read it, the ALiBi slopes, and the float64 host copies and casts of ``kernel="reference"``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,18 @@ def device_mask(mc, p: Problem):
     elif mc.dtype != cupy.float32:
         mc = mc.astype(cupy.float32)
     return cupy.broadcast_to(mc, (p.batch, p.heads_q, p.seqlen_q, p.seqlen_k))
+
+
+def slopes_view(alibi_slopes, ctx):
+    """ALiBi slopes as the kernels read them (a view with ``data.ptr``, ``strides``,
+    ``ndim``), or None; validated already (problem.check_alibi)."""
+    if alibi_slopes is None:
+        return None
+    from . import interop
+
+    if interop.array_kind(alibi_slopes) == "torch":
+        return interop.torch_view(alibi_slopes, "alibi_slopes", ctx)
+    return interop.to_cupy(alibi_slopes, "alibi_slopes", ctx)
 
 
 def host64(x):

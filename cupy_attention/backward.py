@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import device as _device
 from . import interop
-from .arrays import device_mask, host64, like
+from .arrays import device_mask, host64, like, slopes_view
 from .dispatch import BACKWARD_FAMILIES, BackwardFamily, choose_backward
 from .errors import DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
@@ -18,14 +18,14 @@ BACKWARD_KERNELS = ("auto", *BACKWARD_FAMILIES, "reference")
 @translate_oom
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
                        layout="bhsd", deterministic=False, kernel="auto", window=None,
-                       softcap=None):
+                       softcap=None, alibi_slopes=None):
     """Gradients of :func:`cupy_attention.attention` with respect to q, k and v.
 
     Parameters
     ----------
     dout : array like ``out``: the gradient of the loss with respect to the output.
-    q, k, v, causal, scale, mask, layout, window, softcap : exactly as passed to the
-        forward.
+    q, k, v, causal, scale, mask, layout, window, softcap, alibi_slopes : exactly as
+        passed to the forward (the slopes get no gradient).
     out, lse : the forward's output and its log-sum-exp (``return_lse=True``),
         float32 [B, Hq, Sq]. P is recomputed from them, so nothing of size S^2 is
         stored between the passes or allocated here.
@@ -57,7 +57,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         raise ShapeError("out and lse (the forward's output and its log-sum-exp, from "
                          "attention(..., return_lse=True)) are required")
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 window=window, softcap=softcap)
+                 window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     _check_grad_inputs(p, dout, lse, q)
     if not isinstance(deterministic, bool):
         raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
@@ -65,12 +65,12 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
                                f"{', '.join(BACKWARD_KERNELS)}")
     if kernel == "reference":
-        return _reference(p, dout, q, k, v, mask)
+        return _reference(p, dout, q, k, v, mask, alibi_slopes)
     interop.check_jax_call(q, p.device)
     _device.require_device()
     ctx = interop.context_for(q)
     family = _choose(p, kernel, ctx.device_id)
-    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family)
+    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family, alibi_slopes)
 
 
 def _choose(p: Problem, kernel: str, device_id: int) -> BackwardFamily:
@@ -89,7 +89,8 @@ def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
                dtype_rule="be float32 (as attention(..., return_lse=True) gives it)")
 
 
-def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
+def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
+         alibi_slopes=None):
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
         qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
@@ -107,12 +108,12 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family):
                            (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
             launch_into(p, ctx, family, dc, qc, kc, vc, oc, lc,
                         device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
-                        scratch, deterministic)
+                        scratch, deterministic, slopes_view(alibi_slopes, ctx))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 
 def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, scratch,
-                deterministic) -> None:
+                deterministic, alibi_slopes=None) -> None:
     """The backward kernels of a non-empty problem (``Sk > 0``) on device arrays, into
     ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum
     float32 [B, Hq, Sq, D] or None when deterministic): nothing is allocated here
@@ -122,7 +123,8 @@ def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, s
         lse = cupy.ascontiguousarray(lse)   # the kernels read LSE rows with unit stride
     dq, dk, dv = grads
     delta, dq_accum = scratch
-    t = flash_bwd.BwdTensors(fwd=Tensors(q, k, v, out, lse, mask), dout=dout, dq=dq, dk=dk,
+    fwd = Tensors(q, k, v, out, lse, mask, alibi_slopes=alibi_slopes)
+    t = flash_bwd.BwdTensors(fwd=fwd, dout=dout, dq=dq, dk=dk,
                              dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum)
     family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                   deterministic)
@@ -145,9 +147,10 @@ def _allocator(ctx, q):
     return alloc
 
 
-def _reference(p: Problem, dout, q, k, v, mask):
+def _reference(p: Problem, dout, q, k, v, mask, alibi_slopes=None):
     grads = attention_backward_reference(host64(dout), host64(q), host64(k), host64(v),
                                          causal=p.causal, scale=p.scale, mask=host64(mask),
-                                         layout=p.layout, window=p.window, softcap=p.softcap)
+                                         layout=p.layout, window=p.window, softcap=p.softcap,
+                                         alibi_slopes=host64(alibi_slopes))
     kind = interop.array_kind(q)
     return tuple(like(g, q, kind) for g in grads)

@@ -105,10 +105,12 @@ class Problem:
     varlen: bool = False          # packed sequences (layout "thd")
     max_seqlen_q: int = 0         # varlen: the longest sequence (0: not given)
     max_seqlen_k: int = 0
+    alibi: bool = False           # ALiBi slopes given (variant dense "alibi")
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.causal, self.window, self.softcap, self.mask_kind, self.varlen)
+        dense = "alibi" if self.alibi else self.mask_kind
+        return Variant(self.causal, self.window, self.softcap, dense, self.varlen)
 
     @property
     def group(self) -> int:
@@ -212,6 +214,39 @@ def check_softcap(softcap) -> float:
     return c
 
 
+# ALiBi's distance |i + Sk - Sq - j| is formed in the kernels' fp32 mantissa
+# (AlibiBias, mask.cuh): exact below 2^22.
+ALIBI_MAX_SEQLEN = 1 << 22
+
+
+def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q: int,
+                seqlen_k: int, mask_kind: str = "none") -> bool:
+    """Whether ALiBi is on: ``alibi_slopes`` float32 ``[Hq]`` or ``[B, Hq]`` on q's
+    device, unit stride in its last axis; refused beside a dense mask."""
+    if alibi_slopes is None:
+        return False
+    info = describe(alibi_slopes, "alibi_slopes")
+    if info.dtype != "float32":
+        raise DTypeError(f"alibi_slopes must be float32 (one slope per query head), got "
+                         f"{info.dtype}")
+    if info.shape not in ((heads_q,), (batch, heads_q)):
+        raise ShapeError(f"alibi_slopes must have shape [Hq] = ({heads_q},) or [B, Hq] = "
+                         f"({batch}, {heads_q}), got {info.shape}")
+    if info.device != qi.device:
+        raise DeviceMismatchError(f"alibi_slopes is on device {info.device} but q is on "
+                                  f"{qi.device}")
+    if not _unit_last_stride(info):
+        raise LayoutError(f"alibi_slopes must have unit stride in its last axis, got strides "
+                          f"{info.strides}")
+    if mask_kind != "none":
+        raise UnsupportedError("alibi_slopes does not combine with mask: add the ALiBi bias "
+                               "to the floating mask instead, or drop the mask")
+    if max(seqlen_q, seqlen_k) >= ALIBI_MAX_SEQLEN:
+        raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} "
+                         f"tokens, got Sq={seqlen_q}, Sk={seqlen_k}")
+    return True
+
+
 def check_scale(scale, head_dim: int) -> float:
     """``scale`` as a finite float; ``1 / sqrt(D)`` for None."""
     if scale is None:
@@ -226,7 +261,7 @@ def check_scale(scale, head_dim: int) -> float:
 
 
 def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out=None,
-             lse_out=None, window=None, softcap=None) -> Problem:
+             lse_out=None, window=None, softcap=None, alibi_slopes=None) -> Problem:
     """Check every argument; raise a typed error naming the argument and the fix."""
     if layout not in LAYOUTS:
         raise ShapeError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -297,5 +332,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     if lse_out is not None:
         check_like(lse_out, "lse_out", qi, (B, Hq, Sq), "float32")
 
+    alibi = check_alibi(alibi_slopes, qi, B, Hq, Sq, Sk, mask_kind)
+
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
-                   qi.device, window, softcap)
+                   qi.device, window, softcap, alibi=alibi)

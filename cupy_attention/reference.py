@@ -2,7 +2,8 @@
 
 Written straight from the definition, independent of every device kernel:
 
-    s   = q k^T * scale, then c * tanh(s / c) with softcap c, then (+ additive mask);
+    s   = q k^T * scale, then c * tanh(s / c) with softcap c, then (+ additive mask)
+          (- ALiBi's slope[h] * |i + Sk - Sq - j|);
           -inf where the mask, causality or the sliding window says no
     p   = softmax(s) along keys (rows with no attended key give p = 0)
     out = p v,   lse = log(sum(exp(s))) (natural log, -inf for fully masked rows)
@@ -55,9 +56,17 @@ def band_keep(seqlen_q, seqlen_k, causal=False, window=None):
     return keep
 
 
-def _probabilities(q, k, causal, scale, mask, window=None, softcap=None):
-    """(p, l_i, ref, t) of softmax(cap(q k^T * scale) + mask), q and k float64 [B, Hq,
-    S, D]; t = tanh(q k^T * scale / softcap) (None without softcap)."""
+def alibi_bias(slopes, batch, heads_q, seqlen_q, seqlen_k):
+    """Float64 [B, Hq, Sq, Sk]: -slope * |i + Sk - Sq - j|, slopes [Hq] or [B, Hq]."""
+    slopes = np.broadcast_to(np.asarray(slopes, dtype=np.float64), (batch, heads_q))
+    i = np.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
+    j = np.arange(seqlen_k)[None, :]
+    return -slopes[:, :, None, None] * np.abs(i - j).astype(np.float64)
+
+
+def _probabilities(q, k, causal, scale, mask, window=None, softcap=None, alibi_slopes=None):
+    """(p, l_i, ref, t) of softmax(cap(q k^T * scale) + mask + alibi), q and k float64
+    [B, Hq, S, D]; t = tanh(q k^T * scale / softcap) (None without softcap)."""
     B, Hq, Sq, _ = q.shape
     Sk = k.shape[2]
     t = None
@@ -75,6 +84,8 @@ def _probabilities(q, k, causal, scale, mask, window=None, softcap=None):
             bias = np.broadcast_to(m.astype(np.float64), keep.shape)
             keep &= bias != -np.inf
             s = s + np.where(keep, bias, 0.0)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, B, Hq, Sq, Sk)
     keep &= band_keep(Sq, Sk, causal, window)
     s = np.where(keep, s, -np.inf)
 
@@ -102,13 +113,13 @@ def _product(spec, a, b):
 
 
 def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                        window=None, softcap=None):
+                        window=None, softcap=None, alibi_slopes=None):
     """Return (out, lse) in float64; ``out`` in the given layout, ``lse`` [B, Hq, Sq].
     Rows that see no key give out 0 and lse -inf."""
     q, k, v, _ = _inputs(q, k, v, layout)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    p, l_i, ref, _ = _probabilities(q, k, causal, scale, mask, window, softcap)
+    p, l_i, ref, _ = _probabilities(q, k, causal, scale, mask, window, softcap, alibi_slopes)
     out = _product("bhij,bhjd->bhid", p, v)
     with np.errstate(invalid="ignore", divide="ignore"):
         lse = np.where(l_i > 0, np.log(np.where(l_i > 0, l_i, 1.0)) + ref, -np.inf)
@@ -117,7 +128,7 @@ def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout=
 
 
 def attention_backward_reference(dout, q, k, v, *, causal=False, scale=None, mask=None,
-                                 layout="bhsd", window=None, softcap=None):
+                                 layout="bhsd", window=None, softcap=None, alibi_slopes=None):
     """Gradients (dq, dk, dv) of ``sum(dout * attention(q, k, v))`` in float64, each
     in the given layout and shaped like q, k, v. The forward is recomputed here
     (no out or lse is taken); the mask gets no gradient."""
@@ -125,7 +136,7 @@ def attention_backward_reference(dout, q, k, v, *, causal=False, scale=None, mas
     dout = _to_bhsd(np.asarray(dout, dtype=np.float64), layout)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    p, _, _, t = _probabilities(q, k, causal, scale, mask, window, softcap)
+    p, _, _, t = _probabilities(q, k, causal, scale, mask, window, softcap, alibi_slopes)
     dv = _product("bhij,bhid->bhjd", p, dout)
     dp = _product("bhid,bhjd->bhij", dout, v)
     with np.errstate(invalid="ignore"):

@@ -39,20 +39,21 @@ NO_WINDOW = -2  # -1 already means "unbounded" inside a window
 
 @torch.library.custom_op("cupy_attention::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  causal: bool, scale: Optional[float], layout: str, window_left: int,
+                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float], layout: str, window_left: int,
                   window_right: int, softcap: Optional[float], kernel: str,
                   deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of :func:`cupy_attention.attention` as a torch operator
     (``deterministic`` is the backward's: kept for the registered autograd formula)."""
     out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
                           return_lse=True, kernel=kernel,
-                          window=_window(window_left, window_right), softcap=softcap)
+                          window=_window(window_left, window_right), softcap=softcap,
+                          alibi_slopes=alibi_slopes)
     return out, lse
 
 
 @attention_fwd.register_fake
-def _(q, k, v, mask, causal, scale, layout, window_left, window_right, softcap, kernel,
-      deterministic):
+def _(q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_right, softcap,
+      kernel, deterministic):
     batch, heads, rows = ((q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd"
                           else tuple(q.shape[:3]))
     return q.new_empty(q.shape), q.new_empty((batch, heads, rows), dtype=torch.float32)
@@ -61,7 +62,7 @@ def _(q, k, v, mask, causal, scale, layout, window_left, window_right, softcap, 
 @torch.library.custom_op("cupy_attention::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, mask: Optional[torch.Tensor],
-                  causal: bool, scale: Optional[float], layout: str, window_left: int,
+                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float], layout: str, window_left: int,
                   window_right: int, softcap: Optional[float], deterministic: bool,
                   kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of :func:`cupy_attention.attention_backward` as a torch operator."""
@@ -71,31 +72,32 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dq, dk, dv = _attention_backward(dout, q, k, v, out, lse, causal=causal, scale=scale,
                                      mask=mask, layout=layout,
                                      window=_window(window_left, window_right),
-                                     softcap=softcap, deterministic=deterministic, kernel=kernel)
+                                     softcap=softcap, alibi_slopes=alibi_slopes,
+                                     deterministic=deterministic, kernel=kernel)
     # the operator's contract: fresh contiguous tensors, as its fake says
     return tuple(g if g.is_contiguous() else g.contiguous() for g in (dq, dk, dv))
 
 
 @attention_bwd.register_fake
-def _(dout, q, k, v, out, lse, mask, causal, scale, layout, window_left, window_right, softcap,
-      deterministic, kernel):
+def _(dout, q, k, v, out, lse, mask, alibi_slopes, causal, scale, layout, window_left,
+      window_right, softcap, deterministic, kernel):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, mask, causal, scale, layout, window_left, window_right, softcap, kernel,
-     deterministic) = inputs
+    (q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_right, softcap,
+     kernel, deterministic) = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, mask)
+    ctx.save_for_backward(q, k, v, out, lse, mask, alibi_slopes)
     ctx.options = (causal, scale, layout, window_left, window_right, softcap, deterministic,
                    "reference" if kernel == "reference" else "auto")
 
 
 def _backward(ctx, dout, dlse):
     # the LSE is an output of the operator, not of attention(): nothing flows into it
-    q, k, v, out, lse, mask = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    q, k, v, out, lse, mask, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, alibi_slopes, *ctx.options)
+    return (dq, dk, dv) + (None,) * 10
 
 
 torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
@@ -103,14 +105,15 @@ torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-              deterministic=False, kernel="auto", window=None, softcap=None):
-    """Differentiable :func:`cupy_attention.attention` (same arguments, ``window`` and
-    ``softcap`` included; the mask gets no gradient). ``deterministic=True`` makes the
+              deterministic=False, kernel="auto", window=None, softcap=None, alibi_slopes=None):
+    """Differentiable :func:`cupy_attention.attention` (same arguments, ``window``,
+    ``softcap`` and ``alibi_slopes`` included; the mask and the slopes get no gradient). ``deterministic=True`` makes the
     backward bitwise reproducible. Traceable by ``torch.compile`` (custom operators)."""
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)  # typed errors, no clipping
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
-    out, _ = attention_fwd(q, k, v, mask, bool(causal), None if scale is None else float(scale),
+    out, _ = attention_fwd(q, k, v, mask, alibi_slopes, bool(causal),
+                           None if scale is None else float(scale),
                            layout, window_left, window_right, softcap, kernel,
                            bool(deterministic))
     return out

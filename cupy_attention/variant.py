@@ -11,6 +11,8 @@ Conventions (FlashAttention's): query ``i`` and key ``j`` are aligned bottom-rig
 right)`` keeps ``i + offset - left <= j <= i + offset + right``, ``-1`` meaning
 unbounded on that side; with ``causal`` the right bound is ``min(right, 0)``.
 ``softcap = c > 0`` replaces each score ``s`` by ``c * tanh(s / c)``.
+``dense``: a mask read per element (``"bool"``, ``"add"``) or ALiBi (``"alibi"``: the
+bias ``-slope[h] * |i + offset - j|`` computed in the kernel, slopes per head).
 ``ragged``: packed sequences of different lengths (``attention_varlen``); the band
 params then leave out the offset, which each sequence adds for itself
 (``kernels/common/seqs.cuh``).
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
-_DENSE_CPP = {"none": "NoDense", "bool": "BoolDense", "add": "AddDense"}
-_DENSE_SUFFIX = {"none": "", "bool": ",bool-mask", "add": ",add-mask"}
+_DENSE_CPP = {"none": "NoDense", "bool": "BoolDense", "add": "AddDense", "alibi": "AlibiBias"}
+_DENSE_SUFFIX = {"none": "", "bool": ",bool-mask", "add": ",add-mask", "alibi": ",alibi"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +31,19 @@ class Variant:
     causal: bool = False
     window: tuple | None = None    # (left, right), -1 = unbounded; None = no window
     softcap: float = 0.0           # 0 = off
-    dense: str = "none"            # "none" | "bool" | "add"
+    dense: str = "none"            # "none" | "bool" | "add" | "alibi"
     ragged: bool = False           # packed sequences (RaggedSeqs)
+
+    @property
+    def reads_mask(self) -> bool:
+        """A dense mask read from memory per element (``kReads`` of mask.cuh)."""
+        return self.dense in ("bool", "add")
+
+    @property
+    def transforms(self) -> bool:
+        """The score is more than ``dot * scale`` (``Variant::kTransform``): softcap or
+        ALiBi, which keep more of the softmax's values live in the kernels."""
+        return bool(self.softcap) or self.dense == "alibi"
 
     @property
     def band_flags(self) -> tuple[bool, bool]:

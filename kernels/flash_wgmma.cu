@@ -375,6 +375,7 @@ struct Consumer {
   // (packed sequences: from the tile's slot, in `ragged`).
   int tile = 0, q0 = 0, n_begin = 0, n_blocks = 0;
   WorkTile ragged{};
+  typename VT::Head dense{};  // the variant's dense state of the tile's head (ALiBi: its slope)
   float acc[KT::D_TILES * 4];
   float s[KT::N_TILES * 4];   // S of the current tile, then P = exp2(S - m_i)
   u32 pa[KT::PV_STEPS][4];    // P of the previous tile in 16 bits: the A operand of P V
@@ -436,18 +437,24 @@ struct Consumer {
     return VT::partial(p, q0 + row0, q0 + row0 + 15, k0(j), k0(j) + KT::BLOCK_N - 1);
   }
 
+  // The variant's score s2 of query i, key j (logits, then a computed bias).
+  __device__ __forceinline__ float score(int i, int j, float dot) const {
+    return VT::score(p, dense, i, j, dot);
+  }
+
   // Scores into the exp2 domain and the online softmax with a row max (P in s, the
   // rescale factors in sm.alpha). Plain logits on an interior tile fold the scale
   // into the exp2's FFMA (the max taken on raw scores); tiles that need a mask, a
-  // logits transform or a negative scale become s2 first and the masked ones -inf,
-  // so no masked score meets the scale. The max is lazy unless `exact`.
+  // variant that transforms the score or a negative scale become s2 first and the
+  // masked ones -inf, so no masked score meets the scale. The max is lazy unless
+  // `exact`.
   __device__ __forceinline__ void softmax(int j, bool exact) {
     float scale = p.scale_log2;
     const bool masked = partial(j);
-    if (masked || VT::Logits::kTransform || scale < 0.f) {
+    if (masked || VT::kTransform || scale < 0.f) {
       Scores<VT>::map(Frag(lane), [&](int i) -> float& { return s[i]; }, p, q0 + row0, k0(j),
                       masked, -CA_INF,
-                      [&](float x, int, int, int, int) { return VT::Logits::s2(p, x); });
+                      [&](float x, int, int, int i, int jj) { return score(i, jj, x); });
       scale = 1.f;
     }
     sm.online(s, scale, exact);
@@ -460,12 +467,11 @@ struct Consumer {
   // (Without a causal band only the last key tile needs one; it stays with softmax,
   // which keeps the plain kernel's code as it was.)
   __device__ __forceinline__ bool softmax_fast(float (&sum)[2], int j, bool masked) {
-    if (VT::Logits::kTransform || (VT::kCausal && masked)) {
+    if (VT::kTransform || (VT::kCausal && masked)) {
       Scores<VT>::map(Frag(lane), [&](int i) -> float& { return s[i]; }, p, q0 + row0, k0(j),
-                      masked, 0.f, [&](float x, int r, int, int, int) {
-                        return fast_exp2(VT::Logits::kTransform
-                                             ? VT::Logits::s2(p, x) - sm.row[r].m_i
-                                             : fmaf(x, p.scale_log2, -sm.row[r].m_i));
+                      masked, 0.f, [&](float x, int r, int, int i, int jj) {
+                        return fast_exp2(VT::kTransform ? score(i, jj, x) - sm.row[r].m_i
+                                                        : fmaf(x, p.scale_log2, -sm.row[r].m_i));
                       });
       return FragSoftmax<KT::N_TILES>::sums(s, sum);
     }
@@ -688,8 +694,11 @@ struct Consumer {
                                         TileSlot::read(slot, 6), TileSlot::read(slot, 7)};
         p = Seqs::template bind<T>(sched.p, seq);
         q0 = sched.q0(ragged.m_block);
+        dense = VT::Dense::head(p, ragged.b, ragged.h);
       } else {
-        q0 = sched.q0(sched.work(tile).m_block);
+        const WorkTile w = sched.work(tile);
+        q0 = sched.q0(w.m_block);
+        dense = VT::Dense::head(p, w.b, w.h);
       }
       sched.keys(p, q0, n_begin, n_blocks);
       if (q0 + 64 * c >= p.seqlen_q || q0 + 64 * (c + 1) <= 0) {

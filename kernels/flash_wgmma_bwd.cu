@@ -84,11 +84,12 @@
 // Config.smem must equal (tests/test_wgmma_bwd_storage.py).
 // Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
 // fence_proxy_async() before the barrier that publishes them.
-// Variant: p_from_s applies it once per tile (VT::Logits, and VT::keep element by
-// element only where the warp's keys x the tile's queries are partial: Sk, the
-// band's edges); query rows past Sq read lse = +inf (P = 0). A logits transform (softcap) enters dS^T as d s / d dot
-// (logits_grad_of_score, variant.cuh) of the score recomputed from P: s2 = log2 P +
-// lse2 (p_times_grad), so no register holds S^T past P^T.
+// Variant: p_from_s applies it once per tile (VT::score: logits and a computed bias,
+// and VT::keep element by element only where the warp's keys x the tile's queries
+// are partial: Sk, the band's edges); query rows past Sq read lse = +inf (P = 0). A
+// logits transform (softcap) enters dS^T as d s / d dot (logits_grad_of_score,
+// variant.cuh) of the score recomputed from P: s2 = log2 P + lse2, the bias taken
+// back out (p_times_grad), so no register holds S^T past P^T.
 // Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
 // sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
 // read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
@@ -317,7 +318,9 @@ struct Producer {
 // Consumer steps: one warp's registers; the caller fences and waits around them.
 
 // P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
-// query m0 + 8 nt + 2 t + c. The variant: its logits (VT::Logits::s2), and where
+// query m0 + 8 nt + 2 t + c, of the query head whose dense state is `hd`
+// (VT::Dense::head). The variant: its score (VT::score: logits, a computed bias),
+// and where
 // the warp's 16 keys x the tile are partial (VT::partial: Sk, the band's edges) its
 // per-element test VT::keep, P selected to 0 where it fails. Column pairs outer,
 // rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
@@ -325,8 +328,9 @@ struct Producer {
 // 13). Reads lse of the tile's stage.
 template <class KT, class VT>
 __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
-                                         const float* s_lse, int m0, int j0, int lane) {
-  static_assert(!VT::Dense::enabled, "no dense masks in this family");
+                                         const float* s_lse, typename VT::Head hd, int m0,
+                                         int j0, int lane) {
+  static_assert(!VT::Dense::reads, "no dense masks in this family");
   const int g = lane / 4, t = lane % 4;
   const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
 #pragma unroll
@@ -344,8 +348,8 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
         const int j = j0 + g + 8 * r;
         const bool kept = !partial || VT::keep(f, i, j);
         float& x = s[nt * 4 + 2 * r + c];
-        if constexpr (VT::Logits::kTransform) {
-          x = kept ? fast_exp2(VT::Logits::s2(f, x) - lse2) : 0.f;
+        if constexpr (VT::kTransform) {
+          x = kept ? fast_exp2(VT::score(f, hd, i, j, x) - lse2) : 0.f;
         } else {
           x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
         }
@@ -356,12 +360,14 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
 
 // Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
 // dot: `pg` = that, from P^T in `pt` (the score recomputed as s2 = log2 P + lse2, no
-// register kept from S^T), selected to 0 where P = 0. Reads lse of the stage.
+// register kept from S^T; a computed bias taken back out), selected to 0 where P =
+// 0. Reads lse of the stage; hd, m0, j0 as p_from_s.
 template <class KT, class VT>
 __device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
                                              const float (&pt)[KT::BLOCK_M / 2],
-                                             const FwdParams& f, const float* s_lse, int t) {
-  static_assert(!VT::Dense::enabled, "the score from P includes no dense mask");
+                                             const FwdParams& f, const float* s_lse,
+                                             typename VT::Head hd, int m0, int j0, int lane) {
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
@@ -370,7 +376,8 @@ __device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
     for (int e = 0; e < 4; ++e) {
       // P = 0 wherever lse2 would be +inf (rows past Sq, rows that attend nothing)
       const float p = pt[nt * 4 + e], lse2 = (e % 2 ? lse.y : lse.x) * CA_LOG2E;
-      const float s2 = __log2f(p) + lse2;
+      const int i = m0 + col + e % 2, j = j0 + g + 8 * (e / 2);
+      const float s2 = VT::logits_of_score(f, hd, i, j, __log2f(p) + lse2);
       pg[nt * 4 + e] = p == 0.f ? 0.f : p * logits_grad_of_score<typename VT::Logits>(f, s2);
     }
   }
@@ -583,9 +590,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
 
     wgmma_wait<1>();
     fence_regs(s);
-    p_from_s<KT, VT>(s, f, st.lse(stage), m0, sched.n0 + key0, lane);
+    const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
+    p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     pack_a<KT>(pa, s);
-    if constexpr (VT::Logits::kTransform) p_times_grad<KT, VT>(s, s, f, st.lse(stage), t);
+    if constexpr (VT::Logits::kTransform)
+      p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     wgmma_fence();
     issue_accumulate<KT>(dv, pa, o_tile);
 
@@ -673,10 +682,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
     fence_regs(x);
 
     if (wg == 0) {
-      p_from_s<KT, VT>(x, f, st.lse(stage), m0, sched.n0 + key0, lane);
+      const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
+      p_from_s<KT, VT>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       if constexpr (VT::Logits::kTransform) {
         float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
-        p_times_grad<KT, VT>(pg, x, f, st.lse(stage), t);
+        p_times_grad<KT, VT>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
 #pragma unroll
         for (int i = 0; i < KT::BLOCK_M / 8; ++i)
           p_slots[i * 128] = make_float4(pg[4 * i], pg[4 * i + 1], pg[4 * i + 2], pg[4 * i + 3]);

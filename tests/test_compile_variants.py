@@ -1,4 +1,4 @@
-"""The softcap and sliding-window instantiations of the non-Hopper kernel families
+"""The softcap, sliding-window and ALiBi instantiations of the non-Hopper kernel families
 (flash, flash_mma, naive, tiled and the backwards flash_bwd, flash_mma_bwd) compile
 with NVRTC for sm_80 and sm_90a with no register spills (no GPU needed).
 
@@ -8,6 +8,7 @@ variant type swapped for:
   window          Band<true, true>: a sliding window, both bounds
   causal-softcap  Band<false, true> with Softcap logits
   window-softcap  both bounds with Softcap logits
+  causal-softcap-alibi  Band<false, true>, Softcap logits and the AlibiBias dense part
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ VARIANTS = {
     "window": Variant(window=(64, 16)),
     "causal-softcap": Variant(causal=True, softcap=30.0),
     "window-softcap": Variant(window=(64, 16), softcap=30.0),
+    "causal-softcap-alibi": Variant(causal=True, softcap=30.0, dense="alibi"),
 }
 PLAIN = (Variant().cpp(), Variant(causal=True).cpp())
 

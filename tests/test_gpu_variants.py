@@ -1,11 +1,13 @@
-"""Sliding window and softcap on the device: every forward family (O and LSE) and
+"""Sliding window, softcap and ALiBi on the device: every forward family (O and LSE) and
 every backward family (dQ, dK, dV) against the float64 reference, with TESTING.md's
 tolerance rule (``same``: a plain implementation in the kernel's precision, written
 here independently of the kernels and of cupy_attention.reference).
 
 The grid is sampled, not a product: each family runs every window of WINDOWS with
-and without softcap; head dim, (Sq, Sk), dtype, layout and KV heads rotate with the
-case index so every value of each axis meets every family. (Sq, Sk) pairs with
+and without softcap; ALiBi (per-head slopes) is on for one of the two, alternating
+from window to window, so it meets every window, softcap on and off, and causal;
+head dim, (Sq, Sk), dtype, layout and KV heads rotate with the case index so every
+value of each axis meets every family. (Sq, Sk) pairs with
 Sq > Sk leave the first rows of the right-bounded windows no key at all (output 0,
 LSE -inf, zero gradients), checked exactly.
 """
@@ -38,6 +40,19 @@ FWD_FAMILIES = ("naive", "tiled", "flash", "flash_mma", "flash_wgmma")
 BWD_FAMILIES = ("flash", "flash_mma", "flash_wgmma")
 HEAD_DIMS = {"flash_wgmma": (64, 128, 80, 256)}
 OTHER_HEAD_DIMS = (64, 128, 72)
+HEADS_Q = 4
+ALIBI_SLOPES = np.float32(2.0) ** -np.arange(2, 2 + 2 * HEADS_Q, 2, dtype=np.float32)  # 1/4 .. 1/256
+
+
+def _slopes(c):
+    """The case's ALiBi slopes on the device ([Hq], or [B, Hq] when it says so), or None."""
+    if not c.get("alibi"):
+        return None
+    import cupy
+
+    s = ALIBI_SLOPES if c.get("batch", 1) == 1 else np.stack(
+        [ALIBI_SLOPES * (b + 1) for b in range(c["batch"])])
+    return cupy.asarray(s)
 
 
 def _cases(families):
@@ -46,19 +61,34 @@ def _cases(families):
         dims = HEAD_DIMS.get(fam, OTHER_HEAD_DIMS)
         for idx, ((causal, window), softcap) in enumerate(
                 (w, c) for w in WINDOWS for c in SOFTCAPS):
+            alibi = (idx // 2 + idx % 2) % 2 == 1
             out.append(pytest.param(dict(
-                family=fam, causal=causal, window=window, softcap=softcap,
+                family=fam, causal=causal, window=window, softcap=softcap, alibi=alibi,
                 head_dim=dims[idx % len(dims)], shape=SHAPES[(idx // 2 + idx) % len(SHAPES)],
                 dtype=DTYPES[idx % 2], layout=LAYOUTS[(idx // 3) % 2], heads_kv=HKV[idx % 3],
                 deterministic=idx % 4 == 3),
                 id=f"{fam}-{'causal-' if causal else ''}w{window[0]}_{window[1]}"
-                   f"-cap{softcap or 0:g}-i{idx}"))
+                   f"-cap{softcap or 0:g}{'-alibi' if alibi else ''}-i{idx}"))
+    return out
+
+
+def _alibi_cases(families):
+    """ALiBi with per-(batch, head) slopes [B, Hq] at B = 2, beside the sampled grid."""
+    out = []
+    for fam in families:
+        for idx, (causal, shape) in enumerate(((True, (333, 517)), (False, (517, 333)))):
+            out.append(pytest.param(dict(
+                family=fam, causal=causal, window=(-1, -1), softcap=None, alibi=True, batch=2,
+                head_dim=HEAD_DIMS.get(fam, OTHER_HEAD_DIMS)[idx], shape=shape,
+                dtype=DTYPES[idx], layout=LAYOUTS[idx], heads_kv=HKV[idx + 1],
+                deterministic=idx == 1), id=f"{fam}-alibi-batch-slopes-{idx}"))
     return out
 
 
 def _shape(c):
     sq, sk = c["shape"]
-    return dict(batch=1, heads_q=4, heads_kv=c["heads_kv"], seqlen_q=sq, seqlen_k=sk,
+    return dict(batch=c.get("batch", 1), heads_q=HEADS_Q, heads_kv=c["heads_kv"], seqlen_q=sq,
+                seqlen_k=sk,
                 head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
 
 
@@ -103,7 +133,13 @@ def _same(q, k, v, c, dout=None, out=None):
         cap = f32(c["softcap"])
         t = np.tanh(raw / cap)
         s = cap * t
-    keep = np.broadcast_to(_band(q.shape[2], k.shape[2], c["causal"], c["window"]), s.shape)
+    sq, sk = q.shape[2], k.shape[2]
+    slopes = _slopes(c)
+    if slopes is not None:
+        dist = np.abs(np.arange(sq)[:, None] + (sk - sq) - np.arange(sk)[None, :]).astype(f32)
+        sl = np.broadcast_to(slopes.get(), (q.shape[0], q.shape[1]))
+        s = s - sl[:, :, None, None] * dist
+    keep = np.broadcast_to(_band(sq, sk, c["causal"], c["window"]), s.shape)
     s = np.where(keep, s, f32(-np.inf))
     m = s.max(axis=-1, keepdims=True)
     m = np.where(np.isneginf(m), f32(0), m)
@@ -193,13 +229,14 @@ def _compile_in_parallel():
     jit.get_function = record
     jit.LoadedKernel.launch = lambda self, *a, **k: None
     try:
-        for param in _cases(FWD_FAMILIES) + _cases(BWD_FAMILIES):
+        for param in (_cases(FWD_FAMILIES) + _cases(BWD_FAMILIES) + _alibi_cases(FWD_FAMILIES)
+                      + _alibi_cases(BWD_FAMILIES)):
             c = param.values[0]
             q, k, v, _ = make_qkv(cupy, 0, values=False, **_shape(c))
-            out_b, lse_b = make_out(cupy, batch=1, heads_q=4, seqlen_q=c["shape"][0],
+            out_b, lse_b = make_out(cupy, batch=c.get("batch", 1), heads_q=HEADS_Q, seqlen_q=c["shape"][0],
                                     head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
             opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
-                        layout=c["layout"])
+                        layout=c["layout"], alibi_slopes=_slopes(c))
             try:
                 ca.attention(q, k, v, out=out_b.view, lse_out=lse_b.view, kernel=c["family"],
                              **opts)
@@ -220,20 +257,24 @@ def _compile_in_parallel():
             list(pool.map(_compile_into_cache, jobs))
 
 
-@pytest.mark.parametrize("c", _cases(FWD_FAMILIES))
+@pytest.mark.parametrize("c", _cases(FWD_FAMILIES) + _alibi_cases(FWD_FAMILIES))
 def test_forward(c, device_cc):
     import cupy
 
     _skip_unless_forward(c, device_cc)
     q, k, v = _inputs(c, "fwd")
-    out_b, lse_b = make_out(cupy, batch=1, heads_q=4, seqlen_q=c["shape"][0],
-                            head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
+    out_b, lse_b = make_out(cupy, batch=c.get("batch", 1), heads_q=HEADS_Q,
+                            seqlen_q=c["shape"][0], head_dim=c["head_dim"], dtype=c["dtype"],
+                            layout=c["layout"])
+    slopes = _slopes(c)
     out, lse = ca.attention(q, k, v, causal=c["causal"], window=c["window"],
                             softcap=c["softcap"], layout=c["layout"], out=out_b.view,
-                            lse_out=lse_b.view, return_lse=True, kernel=c["family"])
+                            lse_out=lse_b.view, return_lse=True, kernel=c["family"],
+                            alibi_slopes=slopes)
     host = [as_float(x).get() for x in (q, k, v)]
     ref, ref_lse = attention_reference(*host, causal=c["causal"], window=c["window"],
-                                       softcap=c["softcap"], layout=c["layout"])
+                                       softcap=c["softcap"], layout=c["layout"],
+                                       alibi_slopes=None if slopes is None else slopes.get())
     same, same_lse = _same(q, k, v, c)
     got = to_bhsd(as_float(out).get(), c["layout"])
     got_lse = lse.get().astype(np.float64)
@@ -247,13 +288,15 @@ def test_forward(c, device_cc):
     assert out_b.outside_untouched() and lse_b.outside_untouched()
 
 
-@pytest.mark.parametrize("c", _cases(BWD_FAMILIES))
+@pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES))
 def test_backward(c, device_cc):
     import cupy
 
     _skip_unless_backward(c, device_cc)
     q, k, v = _inputs(c, "bwd")
-    opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"], layout=c["layout"])
+    slopes = _slopes(c)
+    opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"], layout=c["layout"],
+                alibi_slopes=slopes)
     out, lse = ca.attention(q, k, v, return_lse=True, kernel="auto", **opts)
     dout, _, _, _ = make_qkv(cupy, seed_for("dout", c["family"], c["window"]), **_shape(c))
     dout = cupy.ascontiguousarray(dout)
@@ -261,7 +304,8 @@ def test_backward(c, device_cc):
                                   deterministic=c["deterministic"], **opts)
     host = [as_float(x).get() for x in (dout, q, k, v)]
     refs = attention_backward_reference(*host, causal=c["causal"], window=c["window"],
-                                        softcap=c["softcap"], layout=c["layout"])
+                                        softcap=c["softcap"], layout=c["layout"],
+                                        alibi_slopes=None if slopes is None else slopes.get())
     sames = _same(q, k, v, c, dout=dout, out=out)
     empty = _empty_rows(c)
     for name, g, r, s in zip(("dq", "dk", "dv"), grads, refs, sames):

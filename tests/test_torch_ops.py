@@ -19,17 +19,20 @@ def _qkv(layout="bhsd", requires_grad=False):
 
 
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
-@pytest.mark.parametrize("window,softcap", [((-2, 0), None), ((3, 1), 20.0)])
-def test_opcheck_forward_and_backward(layout, window, softcap):
+@pytest.mark.parametrize("window,softcap,alibi", [((-2, 0), None, False), ((3, 1), 20.0, False),
+                                                 ((-2, 0), None, True)])
+def test_opcheck_forward_and_backward(layout, window, softcap, alibi):
     q, k, v = _qkv(layout, requires_grad=True)
-    args = (q, k, v, None, True, None, layout, window[0], window[1], softcap, "reference", False)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else None
+    args = (q, k, v, None, slopes, True, None, layout, window[0], window[1], softcap, "reference",
+            False)
     torch.library.opcheck(torch.ops.cupy_attention.attention_fwd.default, args)
     out, lse = torch.ops.cupy_attention.attention_fwd(*args)
     assert out.shape == q.shape and lse.dtype == torch.float32
     assert lse.shape == ((2, 4, 7) if layout == "bhsd" else (2, 4, 7))
     dout = torch.randn_like(out)
-    bargs = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None, True,
-             None, layout, window[0], window[1], softcap, False, "reference")
+    bargs = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None, slopes,
+             True, None, layout, window[0], window[1], softcap, False, "reference")
     torch.library.opcheck(torch.ops.cupy_attention.attention_bwd.default, bargs)
 
 

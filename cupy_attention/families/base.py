@@ -36,6 +36,7 @@ class Tensors:
     mask: object = None   # broadcast to [B, Hq, Sq, Sk]: uint8 or float32, or None
     cu_seqlens_q: object = None   # varlen: int32 [B + 1]
     cu_seqlens_k: object = None
+    alibi_slopes: object = None   # float32 [Hq] or [B, Hq], or None
 
 
 def bhs_strides(arr, layout: str):
@@ -74,6 +75,10 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
         ms = [x // t.mask.itemsize for x in t.mask.strides]
         values.update(mask=t.mask.data.ptr, mask_batch_stride=ms[0], mask_head_stride=ms[1],
                       mask_row_stride=ms[2], mask_col_stride=ms[3])
+    if t.alibi_slopes is not None:
+        a = t.alibi_slopes
+        values.update(alibi_slopes=a.data.ptr,
+                      alibi_batch_stride=a.strides[0] // 4 if len(a.shape) == 2 else 0)
     if scratch is not None:
         values["scratch"] = scratch.data.ptr
     return make_struct(FWD_DTYPE, values)

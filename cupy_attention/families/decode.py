@@ -378,6 +378,8 @@ class Decode(Family):
             return f"decode takes Sq <= {AUTO_MAX_SEQLEN_Q} query rows, not {p.seqlen_q}"
         if p.mask_kind != "none":
             return "decode takes no dense mask"
+        if p.alibi:
+            return "decode takes no ALiBi (its blocks see a split's keys, not the sequence's length)"
         return None
 
     def auto_takes(self, p: Problem) -> bool:

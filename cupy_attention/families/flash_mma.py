@@ -56,7 +56,7 @@ def _narrow(vt: Variant, head_dim: int) -> bool:
     """Whether the variant takes the dense-mask column of TILES (16-row warps): dense
     masks, and packed sequences at 64 < D_PAD <= 128, whose per-sequence params spilled
     48-92 bytes on sm_80 with 32-row warps (there the plain row is at 255 registers)."""
-    return vt.dense != "none" or (vt.ragged and 64 < -(-head_dim // 16) * 16 <= 128)
+    return vt.reads_mask or (vt.ragged and 64 < -(-head_dim // 16) * 16 <= 128)
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:

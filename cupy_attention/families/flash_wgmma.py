@@ -81,12 +81,45 @@ def d_pad(head_dim: int) -> int:
     return -(-head_dim // 64) * 64
 
 
-def tiles_for(head_dim: int, causal: bool = False):
-    """(consumer warpgroups, BLOCK_N, blocks per SM, STAGES) for this head dim and mask."""
+def tiles_for(head_dim: int, causal: bool = False, transforms: bool = False):
+    """(consumer warpgroups, BLOCK_N, blocks per SM, STAGES) for this head dim and mask;
+    ``transforms``: the variant transforms the score (softcap, ALiBi: :func:`narrowed`)."""
     for bound, plain, causal_cfg, _ in TILES:
         if head_dim <= bound:
-            return causal_cfg if causal else plain
+            cfg = causal_cfg if causal else plain
+            return narrowed(head_dim, cfg) if transforms else cfg
     raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
+
+
+def payload(head_dim: int, consumers: int, block_n: int) -> int:
+    """A consumer's payload registers: S BLOCK_N/2 + P BLOCK_N/4 + acc D/2."""
+    return block_n * 3 // 4 + -(-head_dim // 2)
+
+
+# Variants that transform the score (softcap, ALiBi) keep more values live through
+# the softmax: with the table's rows ptxas (CUDA 13) spilled 4-120 bytes at payloads
+# of 120-128 registers (three consumers) and 180 (two), and nothing at 116 and 168
+# (benchmarks/results/notes-alibi.md). Those variants take the row narrowed to these.
+TRANSFORM_PAYLOAD_REGS = {3: 116, 2: 168}
+
+
+def narrowed(head_dim: int, cfg) -> tuple:
+    """``cfg`` with BLOCK_N lowered (by 16, to 64 at least) until the payload fits
+    TRANSFORM_PAYLOAD_REGS; three consumers that do not fit at 64 become two (BLOCK_N
+    as wide as payload and shared memory allow), and the stages drop to what the
+    shared memory holds."""
+    consumers, block_n, min_blocks, stages = cfg
+    cap = TRANSFORM_PAYLOAD_REGS
+    while block_n > 64 and payload(head_dim, consumers, block_n) > cap[consumers]:
+        block_n -= 16
+    if consumers == 3 and payload(head_dim, consumers, block_n) > cap[3]:
+        consumers, block_n = 2, 128
+        while block_n > 64 and (payload(head_dim, consumers, block_n) > cap[2] or smem_bytes(
+                head_dim, (consumers, block_n, min_blocks, 2)) > SMEM_LIMIT):
+            block_n -= 16
+    while stages > 2 and smem_bytes(head_dim, (consumers, block_n, min_blocks, stages)) > SMEM_LIMIT:
+        stages -= 1
+    return consumers, block_n, min_blocks, stages
 
 
 def smem_bytes(head_dim: int, cfg) -> int:
@@ -98,7 +131,7 @@ def smem_bytes(head_dim: int, cfg) -> int:
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
-    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal)
+    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal, vt.transforms)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
     expr = f"flash_wgmma_fwd<{traits}, {vt.cpp()}>"
@@ -302,7 +335,7 @@ class FlashWgmma(FlashMma):
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
     def table_config(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> tuple:
-        return tiles_for(p.head_dim, p.causal)
+        return tiles_for(p.head_dim, p.causal, p.variant.transforms)
 
     def candidates(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
         return candidates(p.head_dim, p.causal, smem_limit)
@@ -320,4 +353,11 @@ class FlashWgmma(FlashMma):
         for d, causal in ((64, True), (128, False), (128, True), (256, True)):
             out.append(spec(d, "bfloat16", Variant(causal, ragged=True)))
         out.append(spec(80, "float16", Variant(True, (32, 0), 30.0, ragged=True)))
+        # score transforms on their narrowed rows (TRANSFORM_PAYLOAD_REGS)
+        for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
+                      (88, Variant(True, dense="alibi")), (128, Variant(dense="alibi")),
+                      (160, Variant(True, softcap=30.0, dense="alibi")),
+                      (192, Variant(dense="alibi")), (256, Variant(True, dense="alibi")),
+                      (128, Variant(True, dense="alibi", ragged=True))):
+            out.append(spec(d, "bfloat16", vt))
         return out

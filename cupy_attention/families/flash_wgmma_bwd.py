@@ -95,12 +95,25 @@ class Config:
         return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + p + 4 * bm * 4 + 1024
 
 
-def config(head_dim: int) -> Config | None:
+# Variants that transform the score keep more live in the 128-row tiles: ptxas (CUDA
+# 13) spilled 512-600 bytes with softcap at D = 64-80 (the dS^T factor per element
+# beside S^T and dP^T) and 16 with ALiBi at D = 80, so those take the 64-row tiles
+# of the next row (benchmarks/results/notes-alibi.md).
+ALIBI_MAX_D_128_ROWS = 72
+
+
+def _narrow_rows(head_dim: int, vt: Variant | None) -> bool:
+    return vt is not None and bool(vt.softcap or (vt.dense == "alibi"
+                                                  and head_dim > ALIBI_MAX_D_128_ROWS))
+
+
+def config(head_dim: int, vt: Variant | None = None) -> Config | None:
+    """The tile config for ``head_dim`` (and the variant ``vt``, when given)."""
     if head_dim % 8 or head_dim < 64:
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
-            return Config(head_dim, bm)
+            return Config(head_dim, 64 if bm == 128 and _narrow_rows(head_dim, vt) else bm)
     return None
 
 
@@ -129,7 +142,7 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
                 f"device has {cc / 10:.1f}")
     if p.dtype not in ("float16", "bfloat16"):
         return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
-    c = config(p.head_dim)
+    c = config(p.head_dim, p.variant)
     if c is None:
         return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
                 f"to {TILES[-1][0]}, not {p.head_dim}")
@@ -144,7 +157,7 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
-    c = config(head_dim)
+    c = config(head_dim, vt)
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic)
 
 
@@ -174,4 +187,10 @@ def ci_specs() -> list[jit.KernelSpec]:
         for atomic in (True, False):
             out.append(dkdv_spec(config(d), "bfloat16", Variant(causal, ragged=True), atomic))
     out.append(dkdv_spec(config(96), "float16", Variant(True, (32, 0), 30.0, ragged=True), True))
+    # score transforms, on their rows (_narrow_rows)
+    for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
+                  (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
+                  (256, Variant(True, softcap=30.0, dense="alibi")),
+                  (128, Variant(True, dense="alibi", ragged=True))):
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
     return out

@@ -45,6 +45,10 @@ struct FwdParams {
   float scale_log2_lo;  // scale * log2(e) - scale_log2, so exp2_score rounds only once
   float softcap_scale;  // Softcap variant: scale / cap
   float softcap_log2;   // Softcap variant: cap * log2(e)
+  // AlibiBias (common/mask.cuh): fp32 slopes per query head, [Hq] (batch stride 0)
+  // or [B, Hq]; null otherwise.
+  const float* alibi_slopes;
+  i64 alibi_batch_stride;
 };
 
 // dot * scale * log2(e) with a single rounding. The rounding of the constant alone

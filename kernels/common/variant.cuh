@@ -15,8 +15,8 @@
 //            (s2 = s * log2 e, where s is the score softmax sees):
 //              PlainLogits  s2 = dot * scale * log2 e
 //              Softcap      s2 = c tanh(dot * scale / c) * log2 e    (Gemma 2)
-//   dense    a per-element mask or bias read from memory (NoDense, BoolDense,
-//            AddDense: mask.cuh), applied after the logits.
+//   dense    a per-element mask or bias, applied after the logits: read from memory
+//            (BoolDense, AddDense) or computed (AlibiBias); NoDense (mask.cuh).
 //   seqs     where batch entry b's rows lie (FixedSeqs, or RaggedSeqs for packed
 //            sequences of different lengths: seqs.cuh). A kernel binds the params to
 //            its tile's sequence (Seqs::bind) and everything above reads the bound
@@ -32,6 +32,9 @@
 //                                             per-element work (every row sees every
 //                                             key, no dense mask, no key past Sk)
 //   kFastSoftmax                              the max-free softmax stays valid
+//   kTransform                                the score is more than dot * scale
+//                                             (a logits transform or a bias): no
+//                                             kernel may fold the scale into exp2
 //   Scores<V>::map (below)                    the one loop that applies band, logits
 //                                             and dense mask to a thread's scores;
 //                                             apply, forward and p_ds (the backward's
@@ -140,6 +143,7 @@ struct Variant {
   // scores beyond being finite or -inf; every variant here keeps it valid.
   static constexpr bool kFastSoftmax = true;
   static constexpr bool kCausal = BandT::kHi;  // heaviest query tiles last: schedule them first
+  static constexpr bool kTransform = LogitsT::kTransform || DenseT::enabled;
 
   __device__ __forceinline__ static int kv_begin(const FwdParams& p, int q_first) {
     return BandT::row_begin(p, q_first);
@@ -156,7 +160,7 @@ struct Variant {
   }
   __device__ __forceinline__ static bool partial(const FwdParams& p, int q_first, int q_last,
                                                  int k_first, int k_last) {
-    return DenseT::enabled || k_last >= p.seqlen_k ||
+    return DenseT::reads || k_last >= p.seqlen_k ||
            !BandT::covers(p, q_first, q_last, k_first, k_last);
   }
   // Key j lies in row i's band and below Sk (the dense mask is score's business).
@@ -167,13 +171,28 @@ struct Variant {
     return j < p.seqlen_k && (!BandT::kLo || j >= i + p.band_lo) &&
            (!BandT::kHi || j <= i + p.band_hi);
   }
-  // The score in the exp2 domain of query i, key j (logits, then the dense mask;
-  // EXACT as PlainLogits says).
+  // The score in the exp2 domain of query i, key j of the head whose dense state
+  // is `hd` (DenseT::head(p, b, h)): logits, then the dense mask or bias (EXACT as
+  // PlainLogits says).
+  using Head = typename DenseT::Head;
+  template <bool EXACT = false>
+  __device__ __forceinline__ static float score(const FwdParams& p, Head hd, int i, int j,
+                                                float dot) {
+    const float s2 = LogitsT::template s2<EXACT>(p, dot);
+    return DenseT::enabled ? DenseT::apply(p, hd, i, j, s2) : s2;
+  }
   template <bool EXACT = false>
   __device__ __forceinline__ static float score(const FwdParams& p, int b, int h, int i, int j,
                                                 float dot) {
-    const float s2 = LogitsT::template s2<EXACT>(p, dot);
-    return DenseT::enabled ? DenseT::apply(p, b, h, i, j, s2) : s2;
+    return score<EXACT>(p, DenseT::head(p, b, h), i, j, dot);
+  }
+  // The logits' s2 from the score s2 (a computed bias taken back out): what a
+  // backward that recovers the score from P needs for Logits::grad.
+  __device__ __forceinline__ static float logits_of_score(const FwdParams& p, Head hd, int i,
+                                                          int j, float s2) {
+    static_assert(!DenseT::reads, "a dense mask read from memory cannot be taken back out");
+    if constexpr (DenseT::enabled) return DenseT::unapply(p, hd, i, j, s2);
+    return s2;
   }
 };
 
@@ -268,7 +287,7 @@ struct Scores {
         const int col = col_base + cc;
         const int i = TRANSPOSED ? col : row, j = TRANSPOSED ? row : col;
         const bool kept = (!kLower || cc >= lo) && cc < hi;
-        if constexpr (V::Dense::enabled) {
+        if constexpr (V::Dense::reads) {
           x = kept ? op(x, r, c, i, j) : fill;  // op reads the mask: in bounds only
         } else {
           // op computed for every element, then selected: no branch, and the same
@@ -288,7 +307,7 @@ struct Scores {
   template <bool TRANSPOSED = false, class Frag, class At, class Op>
   __device__ __forceinline__ static void apply(const Frag& f, At&& at, const FwdParams& p, int i0,
                                                int j0, bool partial, float fill, Op&& op) {
-    if constexpr (V::Dense::enabled) {
+    if constexpr (V::Dense::reads) {
       map<TRANSPOSED>(f, at, p, i0, j0, partial, fill, op);
     } else {
       map<TRANSPOSED>(f, at, p, i0, j0, false, fill, op);
@@ -333,12 +352,12 @@ struct Scores {
       }
   }
 
-  // V::score of query i, key j; a row past Sq (tile padding, never stored) skips the
-  // dense mask, which must not be read there.
+  // V::score of query i, key j; a row past Sq (tile padding, never stored) skips a
+  // dense mask read from memory, which must not be read there.
   template <bool EXACT = false>
   __device__ __forceinline__ static float row_score(const FwdParams& p, int b, int h, int i,
                                                     int j, float dot) {
-    return !V::Dense::enabled || i < p.seqlen_q
+    return !V::Dense::reads || i < p.seqlen_q
                ? V::template score<EXACT>(p, b, h, i, j, dot)
                : V::Logits::template s2<EXACT>(p, dot);
   }

@@ -1,0 +1,162 @@
+"""Attention variants against the plain kernel, on one GPU, in one process.
+
+    python scripts/variant_bench.py [--json out.json] [--quick] [--no-flex]
+
+1. Score transforms: softcap (c = 30), ALiBi (the standard slopes 2^(-8h/H)) and both,
+   forward and backward, beside the plain kernel at the same shape (B*S = 16k,
+   H*D = 2048, bf16, D in {64, 128}, S in {4k, 16k}, causal and not). TFLOPs on the
+   true D (backward: 2.5x the forward's FLOPs); the ratio to plain is the figure the
+   variant issue sets targets for (>= 0.9x).
+2. Sliding windows: causal with window (1023, 0), B = 1, H = 2048 / D, S in {16k,
+   64k}: the time against the time the same attended scores would take at our dense
+   causal rate at that S (target <= 1.15x), and FlexAttention's sliding-window block
+   mask (torch.compile) beside it where this torch compiles it.
+Timing: CUDA events around back-to-back calls after warm-up, median of 5 batches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+
+def time_ms(fn, reps=10, batches=5):
+    import torch
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(batches):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
+
+
+def alibi_slopes(heads: int):
+    """The ALiBi paper's slopes for a power-of-two head count: 2^(-8 h / H), h = 1..H."""
+    import torch
+
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)],
+                        dtype=torch.float32, device="cuda")
+
+
+def transforms(dims, seqs, rows):
+    import torch
+
+    import cupy_attention as ca
+
+    for d in dims:
+        heads = 2048 // d
+        for s in seqs:
+            b = 16384 // s
+            g = torch.Generator(device="cuda").manual_seed(d + s)
+            q, k, v, do = (torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16,
+                                       generator=g) for _ in range(4))
+            slopes = alibi_slopes(heads)
+            for causal in (False, True):
+                flops = 4.0 * b * heads * s * s * d * (0.5 if causal else 1.0)
+                plain = {}
+                for name, kw in (("plain", {}), ("softcap", dict(softcap=30.0)),
+                                 ("alibi", dict(alibi_slopes=slopes)),
+                                 ("softcap+alibi", dict(softcap=30.0, alibi_slopes=slopes))):
+                    row = dict(part="transform", variant=name, d=d, s=s, b=b, h=heads,
+                               causal=causal)
+                    fwd = time_ms(lambda: ca.attention(q, k, v, causal=causal, **kw))
+                    o, lse = ca.attention(q, k, v, causal=causal, return_lse=True, **kw)
+                    bwd = time_ms(lambda: ca.attention_backward(do, q, k, v, o, lse,
+                                                                causal=causal, **kw), reps=5)
+                    row.update(fwd_tflops=flops / fwd / 1e9, bwd_tflops=2.5 * flops / bwd / 1e9)
+                    if name == "plain":
+                        plain = row
+                    row.update(fwd_ratio=row["fwd_tflops"] / plain["fwd_tflops"],
+                               bwd_ratio=row["bwd_tflops"] / plain["bwd_tflops"])
+                    rows.append(row)
+                    print({k_: (round(x, 3) if isinstance(x, float) else x)
+                           for k_, x in row.items()}, flush=True)
+            del q, k, v, do
+            torch.cuda.empty_cache()
+
+
+def attended(s: int, left: int) -> int:
+    """Attended scores of a causal window (left, 0) over S rows: row i sees min(i, left) + 1."""
+    full = min(s, left + 1)
+    return full * (full + 1) // 2 + (s - full) * (left + 1)
+
+
+def windows(dims, seqs, rows, flex: bool):
+    import torch
+
+    import cupy_attention as ca
+
+    left = 1023
+    for d in dims:
+        heads = 2048 // d
+        for s in seqs:
+            g = torch.Generator(device="cuda").manual_seed(s)
+            q, k, v = (torch.randn(1, heads, s, d, device="cuda", dtype=torch.bfloat16,
+                                   generator=g) for _ in range(3))
+            dense_ms = time_ms(lambda: ca.attention(q, k, v, causal=True), reps=3)
+            dense_rate = 4.0 * heads * d * (s * (s + 1) / 2) / dense_ms  # flops per ms
+            win_flops = 4.0 * heads * d * attended(s, left)
+            win_ms = time_ms(lambda: ca.attention(q, k, v, causal=True, window=(left, 0)))
+            row = dict(part="window", d=d, s=s, window=left, dense_causal_tflops=dense_rate / 1e9,
+                       window_ms=win_ms, window_tflops=win_flops / win_ms / 1e9,
+                       vs_dense_rate=win_ms / (win_flops / dense_rate))
+            if flex:
+                try:
+                    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+                    def sliding(b, h, qi, ki):
+                        return (qi >= ki) & (qi - ki <= left)
+
+                    mask = create_block_mask(sliding, None, None, s, s, device="cuda")
+                    fa = torch.compile(flex_attention)
+                    row["flex_ms"] = time_ms(lambda: fa(q, k, v, block_mask=mask))
+                    row["flex_tflops"] = win_flops / row["flex_ms"] / 1e9
+                except Exception as exc:  # noqa: BLE001 - a peer that cannot run is recorded
+                    row["flex_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            rows.append(row)
+            print({k_: (round(x, 3) if isinstance(x, float) else x) for k_, x in row.items()},
+                  flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-flex", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    rows: list = []
+    transforms((64, 128), (4096,) if args.quick else (4096, 16384), rows)
+    windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    print(f"{'variant':14s} {'D':>4} {'S':>6} {'causal':>6} {'fwd TF':>7} {'x plain':>7} "
+          f"{'bwd TF':>7} {'x plain':>7}")
+    for r in rows:
+        if r["part"] == "transform":
+            print(f"{r['variant']:14s} {r['d']:>4} {r['s']:>6} {str(r['causal']):>6} "
+                  f"{r['fwd_tflops']:>7.0f} {r['fwd_ratio']:>7.2f} {r['bwd_tflops']:>7.0f} "
+                  f"{r['bwd_ratio']:>7.2f}")
+    print(f"{'window':>7} {'D':>4} {'S':>6} {'dense TF':>8} {'win TF':>7} {'x dense':>7} {'flex TF':>7}")
+    for r in rows:
+        if r["part"] == "window":
+            print(f"{r['window']:>7} {r['d']:>4} {r['s']:>6} {r['dense_causal_tflops']:>8.0f} "
+                  f"{r['window_tflops']:>7.0f} {r['vs_dense_rate']:>7.2f} "
+                  f"{r.get('flex_tflops', math.nan):>7.0f}")
+
+
+if __name__ == "__main__":
+    main()
