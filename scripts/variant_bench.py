@@ -80,8 +80,6 @@ def transforms(dims, seqs, rows):
                     rows.append(row)
                     print({k_: (round(x, 3) if isinstance(x, float) else x)
                            for k_, x in row.items()}, flush=True)
-            del q, k, v, do
-            torch.cuda.empty_cache()
 
 
 def attended(s: int, left: int) -> int:
@@ -125,8 +123,6 @@ def windows(dims, seqs, rows, flex: bool):
             rows.append(row)
             print({k_: (round(x, 3) if isinstance(x, float) else x) for k_, x in row.items()},
                   flush=True)
-            del q, k, v
-            torch.cuda.empty_cache()
 
 
 def main():
