@@ -230,6 +230,20 @@ struct TileScheduler {
     n_blocks = cmax(0, ceil_div(VT::kv_end(p, q_last), KT::BLOCK_N) - n_begin);
     if (Seqs::kRagged && q0 >= p.seqlen_q) n_blocks = 0;  // a sequence's spare block
   }
+  // Under VT::kDiagonalFirst the key tiles go from the block of the work tile's last
+  // diagonal key (its last row's key i + Sk - Sq, clipped to the tiles) back to
+  // n_begin, then on from the diagonal: key tile j is block key_block(j, n_begin,
+  // back) with back = diagonal(...) - n_begin; otherwise block n_begin + j (back = 0).
+  __device__ __forceinline__ static int diagonal(const FwdParams& p, int q0, int n_begin,
+                                                 int n_blocks) {
+    if constexpr (!VT::kDiagonalFirst) return 0;
+    return cmin(cmax((q0 + KT::BLOCK_M - 1 + p.seqlen_k - p.seqlen_q) / KT::BLOCK_N, n_begin),
+                n_begin + n_blocks - 1) - n_begin;
+  }
+  __device__ __forceinline__ static int key_block(int j, int n_begin, int back) {
+    if constexpr (!VT::kDiagonalFirst) return n_begin + j;
+    return n_begin + (j <= back ? back - j : j);
+  }
   __device__ __forceinline__ int first() const { return blockIdx.x; }
   __device__ __forceinline__ int claim() const {
     return counter ? int(atomicAdd(counter, 1u)) : 0;
@@ -297,16 +311,19 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     TileSlot::write<Seqs>(st.tile_slot(done), tile, w, seq);
     const int q0 = sched.q0(w.m_block), h_kv = w.h / p.group;
     int n_begin, n_blocks;
-    sched.keys(Seqs::template bind<typename KT::T>(p, seq), q0, n_begin, n_blocks);
+    const auto& bound = Seqs::template bind<typename KT::T>(p, seq);
+    sched.keys(bound, q0, n_begin, n_blocks);
     // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
     // packed sequences are one batch entry, the sequence's rows from its first on.
     const int q_h = p.q_head_stride ? w.h : 0, q_b = p.q_batch_stride ? w.b : 0;
     const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? w.b : 0;
     const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? w.b : 0;
-    int q_row0 = q0, k_row0 = n_begin * KT::BLOCK_N;
+    int q_row0 = q0, k_row0 = 0;
     if constexpr (Seqs::kRagged) q_row0 += seq.q_start, k_row0 += seq.k_start;
+    const int back = sched.diagonal(bound, q0, n_begin, n_blocks);
+    const auto key_row = [&](int j) { return k_row0 + sched.key_block(j, n_begin, back) * KT::BLOCK_N; };
     // K_0 first: its buffer is free before the consumers hand back Q.
-    if (n_blocks > 0) load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, k_row0);
+    if (n_blocks > 0) load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
       const u32 bar = st.q_full(c);
@@ -320,12 +337,12 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     for (int j = 1; j <= n_blocks; ++j) {
       if (j < n_blocks) {
         load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads + j,
-             k_row0 + j * KT::BLOCK_N);
+             key_row(j));
       } else {
         claimed = sched.claim();
       }
       load(v_map, v_h, v_b, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1,
-           k_row0 + (j - 1) * KT::BLOCK_N);
+           key_row(j - 1));
     }
     loads += n_blocks;
     ++done;
@@ -373,7 +390,7 @@ struct Consumer {
   // The current work tile: its index, first query row, key tiles [n_begin, n_begin + n_blocks).
   // Head and batch come from the scheduler where needed, which keeps registers free
   // (packed sequences: from the tile's slot, in `ragged`).
-  int tile = 0, q0 = 0, n_begin = 0, n_blocks = 0;
+  int tile = 0, q0 = 0, n_begin = 0, n_blocks = 0, back = 0;  // back: TileScheduler::diagonal
   WorkTile ragged{};
   typename VT::Head dense{};  // the variant's dense state of the tile's head (ALiBi: its slope)
   float acc[KT::D_TILES * 4];
@@ -432,7 +449,9 @@ struct Consumer {
 
   // First key of tile j (relative to n_begin), and whether this warp's 16 rows need
   // per-element work on it (the variant's partial test, warp-uniform).
-  __device__ __forceinline__ int k0(int j) const { return (n_begin + j) * KT::BLOCK_N; }
+  __device__ __forceinline__ int k0(int j) const {
+    return sched.key_block(j, n_begin, back) * KT::BLOCK_N;
+  }
   __device__ __forceinline__ bool partial(int j) const {
     return VT::partial(p, q0 + row0, q0 + row0 + 15, k0(j), k0(j) + KT::BLOCK_N - 1);
   }
@@ -701,6 +720,7 @@ struct Consumer {
         dense = VT::Dense::head(p, w.b, w.h);
       }
       sched.keys(p, q0, n_begin, n_blocks);
+      back = sched.diagonal(p, q0, n_begin, n_blocks);
       if (q0 + 64 * c >= p.seqlen_q || q0 + 64 * (c + 1) <= 0) {
         skip_tile();
         if (lane == 0) mbarrier_arrive(st.q_empty(c));
