@@ -1,6 +1,6 @@
 """Attention variants against the plain kernel, on one GPU, in one process.
 
-    python scripts/variant_bench.py [--json out.json] [--quick] [--no-flex]
+    python scripts/variant_bench.py [--json out.json] [--quick] [--no-flex] [--part P]
 
 1. Score transforms: softcap (c = 30), ALiBi (the standard slopes 2^(-8h/H)) and both,
    forward and backward, beside the plain kernel at the same shape (B*S = 16k,
@@ -130,12 +130,15 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--part", choices=("transform", "window"), help="one part only")
     args = ap.parse_args()
     import torch
 
     rows: list = []
-    transforms((64, 128), (4096,) if args.quick else (4096, 16384), rows)
-    windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
+    if args.part in (None, "transform"):
+        transforms((64, 128), (4096,) if args.quick else (4096, 16384), rows)
+    if args.part in (None, "window"):
+        windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)

@@ -99,13 +99,20 @@ struct PlainLogits {
   __device__ __forceinline__ static float grad(const FwdParams&, float) { return 1.f; }
 };
 
-// tanh(x) = 1 - 2 / (e^{2x} + 1) with ex2.approx and a fast division: two MUFU
-// operations, absolute error about 3e-7 (tanh.approx.f32 takes one, but its relative
-// error of 2^-11 moved the LSE of a softcapped row past the tolerance rule: at c = 30
-// the score's error reached 1e-4). x -> +inf: e = inf, 2 / inf = 0; x -> -inf: e = 0.
+// tanh(x) = 1 - 2 / (e^{2x} + 1): ex2.approx, then the reciprocal by three Newton
+// steps on the FMA pipe from a bit-pattern seed (relative error 5e-2 -> 3e-3 -> 7e-6
+// -> 1e-7), absolute error about 3e-7. One MUFU operation per score beside the
+// softmax's ex2: with rcp.approx as the second the MUFU pipe bounded softcap at D = 64
+// (notes-alibi.md). tanh.approx.f32 (one MUFU) has a relative error of 2^-11, which
+// moved the LSE of a softcapped row past the tolerance rule (c = 30: 1e-4 in the
+// score). |x| is clamped to 9 (tanh(9) = 1 - 3e-8) so e + 1 stays finite.
 __device__ __forceinline__ float fast_tanh(float x) {
-  const float e = fast_exp2(x * 2.8853900817779268f);  // 2 log2(e)
-  return 1.f - __fdividef(2.f, e + 1.f);
+  x = fminf(fmaxf(x, -9.f), 9.f);
+  const float d = fast_exp2(x * 2.8853900817779268f) + 1.f;  // 2 log2(e)
+  float r = __int_as_float(0x7EF311C7 - __float_as_int(d));
+#pragma unroll
+  for (int i = 0; i < 3; ++i) r = fmaf(r, fmaf(-d, r, 1.f), r);
+  return fmaf(-2.f, r, 1.f);
 }
 
 // Logit softcapping (Gemma 2): s = c tanh(dot * scale / c). Params: softcap_scale =
