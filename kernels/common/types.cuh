@@ -82,6 +82,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return r;
 }
 
+// 1 / x, rcp.approx (one MUFU operation; 1 / inf = 0, 1 / 0 = inf).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 // Correctly handled special values and ~2 ulp: for the CUDA-core kernels, whose
 // fp32 results must stay within a few ulps of an fp32 reference.
 __device__ __forceinline__ float exact_exp2(float x) { return exp2f(x); }
