@@ -103,8 +103,6 @@ struct PlainLogits {
 // operations, absolute error about 3e-7 (tanh.approx.f32 takes one, but its relative
 // error of 2^-11 moved the LSE of a softcapped row past the tolerance rule: at c = 30
 // the score's error reached 1e-4). x -> +inf: e = inf, 1 / inf = 0; x -> -inf: e = 0.
-// (The reciprocal by Newton steps on the FMA pipe instead measured 4% slower: the
-// softcapped softmax is bound by issue, not by the MUFU pipe; notes-alibi.md.)
 __device__ __forceinline__ float fast_tanh(float x) {
   const float e = fast_exp2(x * 2.8853900817779268f);  // 2 log2(e)
   return fmaf(-2.f, fast_rcp(e + 1.f), 1.f);
@@ -116,8 +114,9 @@ struct Softcap {
   static constexpr bool kTransform = true;
   // s2 = c log2 e tanh(x) = c log2 e - 2 c log2 e / (e^{2x} + 1), x = dot * scale / c:
   // fast_tanh with its constants folded into one multiplication before the ex2 and
-  // one FMA after the reciprocal (three FP32 operations per score, not six: the
-  // softcapped softmax is bound by issue). The products of params are per launch.
+  // one FMA after the reciprocal (three FP32 operations per score, not six). The
+  // products of params are per launch. (Measured beside it, H100: the reciprocal by
+  // Newton steps on the FMA pipe, one MUFU operation fewer; notes-alibi.md.)
   template <bool EXACT = false>
   __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
     if constexpr (EXACT) return tanhf(dot * p.softcap_scale) * p.softcap_log2;
