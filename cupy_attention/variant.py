@@ -91,6 +91,8 @@ class Variant:
         if self.softcap:
             out["softcap_scale"] = scale / self.softcap
             out["softcap_log2"] = self.softcap / math.log(2.0)
+            out["softcap_exp2"] = 2.0 * scale / (self.softcap * math.log(2.0))
+            out["softcap_neg2"] = -2.0 * self.softcap / math.log(2.0)
         return out
 
 

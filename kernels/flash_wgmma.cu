@@ -489,8 +489,9 @@ struct Consumer {
     if (VT::kTransform || (VT::kCausal && masked)) {
       Scores<VT>::map(Frag(lane), [&](int i) -> float& { return s[i]; }, p, q0 + row0, k0(j),
                       masked, 0.f, [&](float x, int r, int, int i, int jj) {
-                        return fast_exp2(VT::kTransform ? score(i, jj, x) - sm.row[r].m_i
-                                                        : fmaf(x, p.scale_log2, -sm.row[r].m_i));
+                        return fast_exp2(VT::kTransform
+                                             ? VT::shifted(p, dense, i, jj, x, -sm.row[r].m_i)
+                                             : fmaf(x, p.scale_log2, -sm.row[r].m_i));
                       });
       return FragSoftmax<KT::N_TILES>::sums(s, sum);
     }

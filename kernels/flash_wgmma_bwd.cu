@@ -349,7 +349,7 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
         const bool kept = !partial || VT::keep(f, i, j);
         float& x = s[nt * 4 + 2 * r + c];
         if constexpr (VT::kTransform) {
-          x = kept ? fast_exp2(VT::score(f, hd, i, j, x) - lse2) : 0.f;
+          x = kept ? fast_exp2(VT::shifted(f, hd, i, j, x, -lse2)) : 0.f;
         } else {
           x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
         }

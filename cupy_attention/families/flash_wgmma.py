@@ -354,7 +354,8 @@ class FlashWgmma(FlashMma):
             out.append(spec(d, "bfloat16", Variant(causal, ragged=True)))
         out.append(spec(80, "float16", Variant(True, (32, 0), 30.0, ragged=True)))
         # score transforms on their narrowed rows (TRANSFORM_PAYLOAD_REGS)
-        for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
+        for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, softcap=30.0)),
+                      (64, Variant(True, dense="alibi")),
                       (88, Variant(True, dense="alibi")), (128, Variant(dense="alibi")),
                       (160, Variant(True, softcap=30.0, dense="alibi")),
                       (192, Variant(dense="alibi")), (256, Variant(True, dense="alibi")),

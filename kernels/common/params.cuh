@@ -45,6 +45,8 @@ struct FwdParams {
   float scale_log2_lo;  // scale * log2(e) - scale_log2, so exp2_score rounds only once
   float softcap_scale;  // Softcap variant: scale / cap
   float softcap_log2;   // Softcap variant: cap * log2(e)
+  float softcap_exp2;   // Softcap variant: 2 log2(e) scale / cap (tanh's ex2 argument per dot)
+  float softcap_neg2;   // Softcap variant: -2 cap log2(e)
   // AlibiBias (common/mask.cuh): fp32 slopes per query head, [Hq] (batch stride 0)
   // or [B, Hq]; null otherwise.
   const float* alibi_slopes;

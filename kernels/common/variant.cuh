@@ -114,14 +114,15 @@ struct Softcap {
   static constexpr bool kTransform = true;
   // s2 = c log2 e tanh(x) = c log2 e - 2 c log2 e / (e^{2x} + 1), x = dot * scale / c:
   // fast_tanh with its constants folded into one multiplication before the ex2 and
-  // one FMA after the reciprocal (three FP32 operations per score, not six). The
-  // products of params are per launch. (Measured beside it, H100: the reciprocal by
-  // Newton steps on the FMA pipe, one MUFU operation fewer; notes-alibi.md.)
+  // one FMA after the reciprocal (three FP32 operations per score, not six), the
+  // constants params (softcap_exp2, softcap_neg2) that the FP32 instructions read in
+  // place, not registers. (Measured beside it, H100: the reciprocal by Newton steps on
+  // the FMA pipe, one MUFU operation fewer; notes-alibi.md.)
   template <bool EXACT = false>
   __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
     if constexpr (EXACT) return tanhf(dot * p.softcap_scale) * p.softcap_log2;
-    const float e = fast_exp2(dot * (p.softcap_scale * 2.8853900817779268f));  // 2 log2(e)
-    return fmaf(-2.f * p.softcap_log2, fast_rcp(e + 1.f), p.softcap_log2);
+    const float e = fast_exp2(dot * p.softcap_exp2);
+    return fmaf(p.softcap_neg2, fast_rcp(e + 1.f), p.softcap_log2);
   }
   template <bool EXACT = false>
   __device__ __forceinline__ static float grad(const FwdParams& p, float dot) {
@@ -199,6 +200,16 @@ struct Variant {
   __device__ __forceinline__ static float score(const FwdParams& p, int b, int h, int i, int j,
                                                 float dot) {
     return score<EXACT>(p, DenseT::head(p, b, h), i, j, dot);
+  }
+  // score(...) + shift (the exp2's argument against a row reference, shift = -m or
+  // -lse2): plain logits under a computed bias fold both into FMAs, the dot's
+  // multiplication by the scale last (FMA(dot, scale, bias + shift)).
+  __device__ __forceinline__ static float shifted(const FwdParams& p, Head hd, int i, int j,
+                                                  float dot, float shift) {
+    if constexpr (!LogitsT::kTransform && DenseT::enabled && !DenseT::reads) {
+      return fmaf(dot, p.scale_log2, DenseT::apply(p, hd, i, j, shift));
+    }
+    return score(p, hd, i, j, dot) + shift;
   }
   // The logits' s2 from the score s2 (a computed bias taken back out): what a
   // backward that recovers the score from P needs for Logits::grad.
