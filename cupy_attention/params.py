@@ -32,7 +32,7 @@ FWD_FIELDS = [
     ("band_lo", _I32), ("band_hi", _I32),
     ("scale", _F32), ("scale_log2", _F32), ("scale_log2_lo", _F32),
     ("softcap_scale", _F32), ("softcap_log2", _F32), ("softcap_exp2", _F32),
-    ("softcap_neg2", _F32),
+    ("softcap_neg2", _F32), ("softcap_rlog2", _F32),
     ("alibi_slopes", _PTR), ("alibi_batch_stride", _I64),
 ]
 

@@ -93,6 +93,7 @@ class Variant:
             out["softcap_log2"] = self.softcap / math.log(2.0)
             out["softcap_exp2"] = 2.0 * scale / (self.softcap * math.log(2.0))
             out["softcap_neg2"] = -2.0 * self.softcap / math.log(2.0)
+            out["softcap_rlog2"] = math.log(2.0) / self.softcap
         return out
 
 

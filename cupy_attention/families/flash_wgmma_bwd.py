@@ -95,16 +95,12 @@ class Config:
         return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + p + 4 * bm * 4 + 1024
 
 
-# Variants that transform the score keep more live in the 128-row tiles: ptxas (CUDA
-# 13) spilled 512-600 bytes with softcap at D = 64-80 (the dS^T factor per element
-# beside S^T and dP^T) and 16 with ALiBi at D = 80, so those take the 64-row tiles
-# of the next row (benchmarks/results/notes-alibi.md).
-ALIBI_MAX_D_128_ROWS = 72
-
-
-def _narrow_rows(head_dim: int, vt: Variant | None) -> bool:
-    return vt is not None and bool(vt.softcap or (vt.dense == "alibi"
-                                                  and head_dim > ALIBI_MAX_D_128_ROWS))
+# Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
+# dP^T): ptxas (CUDA 13) spilled 512-600 bytes at D = 64-80, and still 116-216 once
+# its division became a multiplication, so softcap takes the 64-row tiles of the next
+# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles.
+def _narrow_rows(vt: Variant | None) -> bool:
+    return vt is not None and bool(vt.softcap)
 
 
 def config(head_dim: int, vt: Variant | None = None) -> Config | None:
@@ -113,7 +109,7 @@ def config(head_dim: int, vt: Variant | None = None) -> Config | None:
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
-            return Config(head_dim, 64 if bm == 128 and _narrow_rows(head_dim, vt) else bm)
+            return Config(head_dim, 64 if bm == 128 and _narrow_rows(vt) else bm)
     return None
 
 

@@ -47,6 +47,7 @@ struct FwdParams {
   float softcap_log2;   // Softcap variant: cap * log2(e)
   float softcap_exp2;   // Softcap variant: 2 log2(e) scale / cap (tanh's ex2 argument per dot)
   float softcap_neg2;   // Softcap variant: -2 cap log2(e)
+  float softcap_rlog2;  // Softcap variant: 1 / (cap log2(e))
   // AlibiBias (common/mask.cuh): fp32 slopes per query head, [Hq] (batch stride 0)
   // or [B, Hq]; null otherwise.
   const float* alibi_slopes;
