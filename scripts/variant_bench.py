@@ -4,7 +4,7 @@
 
 1. Score transforms: softcap (c = 30), ALiBi (the standard slopes 2^(-8h/H)) and both,
    forward and backward, beside the plain kernel at the same shape (B*S = 16k,
-   H*D = 2048, bf16, D in {64, 128}, S in {4k, 16k}, causal and not). TFLOPs on the
+   H*D = 2048, bf16, D in {64, 128, 256}, S in {4k, 16k}, causal and not). TFLOPs on the
    true D (backward: 2.5x the forward's FLOPs); the ratio to plain is the figure the
    variant issue sets targets for (>= 0.9x).
 2. Sliding windows: causal with window (1023, 0), B = 1, H = 2048 / D, S in {16k,
@@ -136,7 +136,7 @@ def main():
 
     rows: list = []
     if args.part in (None, "transform"):
-        transforms((64, 128), (4096,) if args.quick else (4096, 16384), rows)
+        transforms((64, 128, 256), (4096,) if args.quick else (4096, 16384), rows)
     if args.part in (None, "window"):
         windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
     if args.json:
