@@ -121,7 +121,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
 
 @torch.library.custom_op("cupy_attention::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, causal: bool,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                         alibi_slopes: Optional[torch.Tensor], causal: bool,
                          scale: Optional[float], window_left: int, window_right: int,
                          softcap: Optional[float], kernel: str, deterministic: bool,
                          check: bool) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -130,19 +131,20 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
                    window=_window(window_left, window_right), softcap=softcap,
-                   return_lse=True, kernel=kernel, check=check)
+                   alibi_slopes=alibi_slopes, return_lse=True, kernel=kernel, check=check)
 
 
 @attention_varlen_fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left, window_right, softcap,
-      kernel, deterministic, check):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale, window_left,
+      window_right, softcap, kernel, deterministic, check):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("cupy_attention::attention_varlen_bwd", mutates_args=())
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                         cu_seqlens_k: torch.Tensor, causal: bool, scale: Optional[float],
+                         cu_seqlens_k: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
+                         causal: bool, scale: Optional[float],
                          window_left: int, window_right: int, softcap: Optional[float],
                          deterministic: bool, kernel: str,
                          check: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,29 +155,30 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         dout = dout.contiguous()
     grads = _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
                              scale=scale, window=_window(window_left, window_right),
-                             softcap=softcap, deterministic=deterministic, kernel=kernel,
-                             check=check)
+                             softcap=softcap, alibi_slopes=alibi_slopes,
+                             deterministic=deterministic, kernel=kernel, check=check)
     return tuple(g if g.is_contiguous() else g.contiguous() for g in grads)
 
 
 @attention_varlen_bwd.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal, scale, window_left,
-      window_right, softcap, deterministic, kernel, check):
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale,
+      window_left, window_right, softcap, deterministic, kernel, check):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, causal, scale, window_left, window_right, softcap, kernel,
+    (q, k, v, cu_q, cu_k, alibi_slopes, causal, scale, window_left, window_right, softcap, kernel,
      deterministic, check) = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k, alibi_slopes)
     ctx.options = (causal, scale, window_left, window_right, softcap, deterministic,
                    "reference" if kernel == "reference" else "auto", False)
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+    q, k, v, out, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes,
+                                      *ctx.options)
+    return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("cupy_attention::attention_varlen_fwd", _varlen_backward,
@@ -184,7 +187,7 @@ torch.library.register_autograd("cupy_attention::attention_varlen_fwd", _varlen_
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      *, causal=False, scale=None, deterministic=False, kernel="auto", window=None,
-                     softcap=None, check=True):
+                     softcap=None, alibi_slopes=None, check=True):
     """Differentiable :func:`cupy_attention.attention_varlen`: packed sequences q
     [total_q, Hq, D], k, v [total_k, Hkv, D], int32 ``cu_seqlens_q/k`` [B + 1] on the
     same device. ``check`` reads the lengths on the host once in the forward (the
@@ -192,7 +195,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
-    out, _ = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, bool(causal),
+    out, _ = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, bool(causal),
                                   None if scale is None else float(scale), window_left,
                                   window_right, softcap, kernel, bool(deterministic), bool(check))
     return out

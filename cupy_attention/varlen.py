@@ -22,13 +22,13 @@ import numpy as np
 
 from . import device as _device
 from . import dispatch, interop
-from .arrays import host64, like
+from .arrays import host64, like, slopes_view
 from .backward import BACKWARD_KERNELS, _allocator, _choose
 from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (DTYPES, Problem, _unit_last_stride, check_like, check_scale, check_softcap,
-                      check_window, describe)
+from .problem import (ALIBI_MAX_SEQLEN, DTYPES, Problem, _unit_last_stride, check_alibi,
+                      check_like, check_scale, check_softcap, check_window, describe)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -56,7 +56,8 @@ def _check_max(x, name: str) -> int:
 
 
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                    *, causal=False, scale=None, window=None, softcap=None) -> Problem:
+                    *, causal=False, scale=None, window=None, softcap=None,
+                    alibi_slopes=None) -> Problem:
     """Shapes, dtypes and devices of a packed problem (the lengths' values are checked
     by :func:`check_seqlens`)."""
     if not isinstance(causal, (bool, int)) or isinstance(causal, float):
@@ -94,8 +95,13 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
     window = check_window(window, bool(causal), total_q, total_k)
     softcap = check_softcap(softcap)
     scale = check_scale(scale, D)
-    return Problem(ci.shape[0] - 1, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
-                   "none", scale, qi.device, window, softcap, True, mq, mk)
+    B = ci.shape[0] - 1
+    alibi = check_alibi(alibi_slopes, qi, B, Hq, min(total_q, ALIBI_MAX_SEQLEN - 1),
+                        min(total_k, ALIBI_MAX_SEQLEN - 1))
+    p = Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
+                "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
+    _check_alibi_lengths(p, mq, mk)
+    return p
 
 
 def _host_ints(x):
@@ -126,6 +132,12 @@ def check_seqlens(p: Problem, cu_q, cu_k) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def _check_alibi_lengths(p: Problem, longest_q: int, longest_k: int) -> None:
+    if p.alibi and max(longest_q, longest_k) >= ALIBI_MAX_SEQLEN:
+        raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} tokens, "
+                         f"got one of {max(longest_q, longest_k)}")
+
+
 def _device_ints(x, name, ctx):
     cupy = _device.require_cupy()
     if isinstance(x, np.ndarray):
@@ -145,8 +157,8 @@ def _capturing(ctx) -> bool:
 
 @translate_oom
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
-                     *, causal=False, scale=None, window=None, softcap=None, return_lse=False,
-                     kernel="auto", check=True):
+                     *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
+                     return_lse=False, kernel="auto", check=True):
     """Attention over packed sequences of different lengths (no padding).
 
     Parameters
@@ -160,6 +172,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         the kernels do not need them.
     causal, scale, window, softcap : as :func:`cupy_attention.attention`, applied to each
         sequence with its own bottom-right alignment.
+    alibi_slopes : float32 ``[Hq]`` or ``[B, Hq]`` (B sequences), optional: ALiBi, the
+        distance measured within each sequence (docs/variants.md).
     return_lse : also return the log-sum-exp, float32 [Hq, total_q].
     kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
     check : bool
@@ -174,14 +188,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     out [total_q, Hq, D] (contiguous), or ``(out, lse)``.
     """
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        causal=causal, scale=scale, window=window, softcap=softcap)
+                        causal=causal, scale=scale, window=window, softcap=softcap,
+                        alibi_slopes=alibi_slopes)
     if kernel == "reference":
-        return _reference(p, q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse)
+        return _reference(p, q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse, alibi_slopes)
     dispatch.check_kernel_name(kernel)
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
-        check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
+        _check_alibi_lengths(p, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
     family = dispatch.choose(p, kernel, _device.compute_capability(ctx.device_id))
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
@@ -195,7 +210,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
             elif p.seqlen_k:
                 t = Tensors(qc, kc, vc, oc, lc, None,
                             _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
-                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx))
+                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx),
+                            slopes_view(alibi_slopes, ctx))
                 family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id))
         o = interop.from_cupy(oc, ctx)
         return (o, interop.from_cupy(lc, ctx)) if return_lse else o
@@ -204,8 +220,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 @translate_oom
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q=None, max_seqlen_k=None, *, causal=False, scale=None,
-                              window=None, softcap=None, deterministic=False, kernel="auto",
-                              check=True):
+                              window=None, softcap=None, alibi_slopes=None, deterministic=False,
+                              kernel="auto", check=True):
     """Gradients (dq, dk, dv) of :func:`attention_varlen`, shaped like q, k, v.
 
     ``out`` and ``lse`` ([Hq, total_q]) are the forward's; the other arguments are as
@@ -213,7 +229,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     ``kernel``: ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
     """
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        causal=causal, scale=scale, window=window, softcap=softcap)
+                        causal=causal, scale=scale, window=window, softcap=softcap,
+                        alibi_slopes=alibi_slopes)
     qi = describe(q, "q")
     for name, x, shape, dtype in (("out", out, qi.shape, p.dtype), ("dout", dout, qi.shape, p.dtype),
                                   ("lse", lse, (p.heads_q, p.seqlen_q), "float32")):
@@ -226,7 +243,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
                                f"{', '.join(BACKWARD_KERNELS)}")
     if kernel == "reference":
-        return _reference_backward(p, dout, q, k, v, cu_seqlens_q, cu_seqlens_k)
+        return _reference_backward(p, dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
@@ -251,7 +268,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
             t = flash_bwd.BwdTensors(
                 fwd=Tensors(qc, kc, vc, oc, lc, None,
                             _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
-                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx)),
+                            _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx),
+                            slopes_view(alibi_slopes, ctx)),
                 dout=dc, dq=dq, dk=dk, dv=dv,
                 delta=alloc((p.heads_q, p.seqlen_q), cupy.float32, False),
                 dq_accum=None if deterministic else alloc(
@@ -272,47 +290,62 @@ def _sequences(cu_q, cu_k, total_q: int, total_k: int):
     return [(int(hq[b]), int(hq[b + 1]), int(hk[b]), int(hk[b + 1])) for b in range(len(hq) - 1)]
 
 
+def _slopes_of(alibi_slopes, b: int):
+    """Sequence b's slopes [Hq] from [Hq] or [B, Hq] (float64 on the host), or None."""
+    if alibi_slopes is None:
+        return None
+    s = np.asarray(host64(alibi_slopes))
+    return s if s.ndim == 1 else s[b]
+
+
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
-                               window=None, softcap=None):
+                               window=None, softcap=None, alibi_slopes=None):
     """(out [total_q, Hq, D], lse [Hq, total_q]) in float64, sequence by sequence through
     :func:`cupy_attention.attention_reference`."""
     q, k, v = (np.asarray(host64(x)) for x in (q, k, v))
     out = np.zeros(q.shape)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
-    for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0]):
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0],
+                                                    k.shape[0])):
         if q1 == q0 or k1 == k0:
             continue
         o, l = attention_reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
-                                   scale=scale, layout="bshd", window=window, softcap=softcap)
+                                   scale=scale, layout="bshd", window=window, softcap=softcap,
+                                   alibi_slopes=_slopes_of(alibi_slopes, b))
         out[q0:q1], lse[:, q0:q1] = o[0], l[0]
     return out, lse
 
 
 def attention_varlen_backward_reference(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *,
-                                        causal=False, scale=None, window=None, softcap=None):
+                                        causal=False, scale=None, window=None, softcap=None,
+                                        alibi_slopes=None):
     """(dq, dk, dv) in float64, sequence by sequence."""
     dout, q, k, v = (np.asarray(host64(x)) for x in (dout, q, k, v))
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
-    for q0, q1, k0, k1 in _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0]):
+    for b, (q0, q1, k0, k1) in enumerate(_sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0],
+                                                    k.shape[0])):
         if q1 == q0 or k1 == k0:
             continue
         g = attention_backward_reference(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1],
                                          v[None, k0:k1], causal=causal, scale=scale,
-                                         layout="bshd", window=window, softcap=softcap)
+                                         layout="bshd", window=window, softcap=softcap,
+                                         alibi_slopes=_slopes_of(alibi_slopes, b))
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
 
 
-def _reference(p, q, k, v, cu_q, cu_k, return_lse):
+def _reference(p, q, k, v, cu_q, cu_k, return_lse, alibi_slopes=None):
     o, l = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=p.causal, scale=p.scale,
-                                      window=p.window, softcap=p.softcap)
+                                      window=p.window, softcap=p.softcap,
+                                      alibi_slopes=alibi_slopes)
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     o = like(o, q, kind)
     return (o, like(l, q, kind, float32=True)) if return_lse else o
 
 
-def _reference_backward(p, dout, q, k, v, cu_q, cu_k):
+def _reference_backward(p, dout, q, k, v, cu_q, cu_k, alibi_slopes=None):
     grads = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, causal=p.causal,
-                                                scale=p.scale, window=p.window, softcap=p.softcap)
+                                                scale=p.scale, window=p.window, softcap=p.softcap,
+                                                alibi_slopes=alibi_slopes)
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     return tuple(like(g, q, kind) for g in grads)

@@ -166,3 +166,31 @@ def test_transform_configs_fit(head_dim, causal):
     assert block_n <= plain[1] or consumers < plain[0]
     vt = Variant(causal, dense="alibi")
     assert f"BN={block_n}" in flash_wgmma.spec(head_dim, "bfloat16", vt).name
+
+
+# ---------------------------------------------------------------------------
+# Packed sequences
+
+
+def test_varlen_reference_measures_within_each_sequence():
+    from cupy_attention.varlen import attention_varlen_reference, validate_varlen
+
+    rng = np.random.default_rng(5)
+    lens = [5, 0, 7]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    q, k, v = (rng.standard_normal((sum(lens), 2, 4)) for _ in range(3))
+    slopes = np.stack([SLOPES, SLOPES * 2, SLOPES * 4]).astype(np.float32)   # [B, Hq]
+    out, lse = attention_varlen_reference(q, k, v, cu, cu, causal=True, alibi_slopes=slopes)
+    for b, (a, e) in enumerate(zip(cu[:-1], cu[1:])):
+        if a == e:
+            continue
+        want, want_lse = direct(q[None, a:e].transpose(0, 2, 1, 3), k[None, a:e].transpose(0, 2, 1, 3),
+                                v[None, a:e].transpose(0, 2, 1, 3), slopes[b], causal=True)
+        np.testing.assert_allclose(out[a:e], want[0].transpose(1, 0, 2), atol=1e-12)
+        np.testing.assert_allclose(lse[:, a:e], want_lse[0], atol=1e-12)
+    p = validate_varlen(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), cu, cu,
+                        alibi_slopes=slopes)
+    assert p.alibi and p.variant.cpp().endswith("AlibiBias, RaggedSeqs>")
+    with pytest.raises(ShapeError, match=r"\[B, Hq\]"):
+        validate_varlen(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), cu, cu,
+                        alibi_slopes=np.ones((2, 2), dtype=np.float32))

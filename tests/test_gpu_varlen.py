@@ -5,7 +5,8 @@ test_gpu_variants: fp32 scores, inputs and P rounded to the dtype).
 
 Lengths include 0, 1 and lengths that are no multiple of any tile; query and key
 lengths differ per sequence (the causal and window alignment is each sequence's
-own); GQA; windows and softcap on some cases; torch autograd through
+own); GQA; windows, softcap and ALiBi ([Hq] slopes, distances within each sequence)
+on some cases; torch autograd through
 cupy_attention.torch.attention_varlen.
 """
 
@@ -19,7 +20,7 @@ from cupy_attention.varlen import (attention_varlen_backward_reference,
                                    attention_varlen_reference)
 
 from helpers import as_float, cast, prewarm_calls, seed_for, tolerance
-from test_gpu_variants import _same
+from test_gpu_variants import _same, _slopes
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +38,8 @@ for fam in ("flash_wgmma", "flash_mma"):
         window = (64, 0) if idx % 4 == 1 else (32, 16) if idx == 6 else None
         CASES.append(pytest.param(dict(
             family=fam, causal=causal and window != (32, 16), window=window,
-            softcap=30.0 if idx % 3 == 2 else None, head_dim=HEAD_DIMS[fam][idx % 4],
+            softcap=30.0 if idx % 3 == 2 else None, alibi=idx % 3 == 1,
+            head_dim=HEAD_DIMS[fam][idx % 4],
             lengths=LENGTHS[idx % 3], dtype=("float16", "bfloat16")[idx % 2],
             heads_kv=(2, 1, 4)[idx % 3], deterministic=idx % 4 == 3),
             id=f"{fam}-i{idx}"))
@@ -107,7 +109,7 @@ def _compile_in_parallel():
             try:
                 q, k, v, cu_q, cu_k = _inputs(c, cupy)
                 kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
-                          kernel=c["family"])
+                          alibi_slopes=_slopes(c), kernel=c["family"])
                 out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
                 for det in (False, True):
                     ca.attention_varlen_backward(out, q, k, v, out, lse, cu_q, cu_k,
@@ -124,11 +126,14 @@ def test_varlen_forward(c):
 
     _skip_unless(c)
     q, k, v, cu_q, cu_k = _inputs(c, cupy)
+    slopes = _slopes(c)
     out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, causal=c["causal"], window=c["window"],
-                                   softcap=c["softcap"], return_lse=True, kernel=c["family"])
+                                   softcap=c["softcap"], alibi_slopes=slopes, return_lse=True,
+                                   kernel=c["family"])
     assert out.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
     ref, ref_lse = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=c["causal"],
-                                              window=c["window"], softcap=c["softcap"])
+                                              window=c["window"], softcap=c["softcap"],
+                                              alibi_slopes=slopes)
     same, same_lse = _per_sequence_same(c, q, k, v, cu_q, cu_k)
     tolerance(_f64(out), ref, same, c["dtype"], "out")
     tolerance(_f64(lse), ref_lse, same_lse, "float32", "lse",
@@ -142,7 +147,8 @@ def test_varlen_backward(c):
 
     _skip_unless(c)
     q, k, v, cu_q, cu_k = _inputs(c, cupy)
-    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
+              alibi_slopes=_slopes(c))
     out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, kernel=c["family"], **kw)
     rng = np.random.default_rng(7)
     dout = cast(cupy.asarray(rng.standard_normal(q.shape).astype(np.float32)), c["dtype"], cupy)
