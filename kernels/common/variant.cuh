@@ -93,6 +93,10 @@ struct PlainLogits {
   __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
     return EXACT ? exp2_score(p, dot) : dot * p.scale_log2;
   }
+  // s2 + shift in one FMA (shift: the exp2's row reference, and a computed bias).
+  __device__ __forceinline__ static float shifted(const FwdParams& p, float dot, float shift) {
+    return fmaf(dot, p.scale_log2, shift);
+  }
   // d s / d dot: the backward's dS (with respect to s) times this is the gradient
   // of the raw dot product, before the final multiplication by scale.
   template <bool EXACT = false>
@@ -121,8 +125,12 @@ struct Softcap {
   template <bool EXACT = false>
   __device__ __forceinline__ static float s2(const FwdParams& p, float dot) {
     if constexpr (EXACT) return tanhf(dot * p.softcap_scale) * p.softcap_log2;
+    return shifted(p, dot, 0.f);
+  }
+  // s2 + shift: the shift joins c log2 e in the last FMA (per row, not per score).
+  __device__ __forceinline__ static float shifted(const FwdParams& p, float dot, float shift) {
     const float e = fast_exp2(dot * p.softcap_exp2);
-    return fmaf(p.softcap_neg2, fast_rcp(e + 1.f), p.softcap_log2);
+    return fmaf(p.softcap_neg2, fast_rcp(e + 1.f), p.softcap_log2 + shift);
   }
   template <bool EXACT = false>
   __device__ __forceinline__ static float grad(const FwdParams& p, float dot) {
@@ -202,14 +210,13 @@ struct Variant {
     return score<EXACT>(p, DenseT::head(p, b, h), i, j, dot);
   }
   // score(...) + shift (the exp2's argument against a row reference, shift = -m or
-  // -lse2): plain logits under a computed bias fold both into FMAs, the dot's
-  // multiplication by the scale last (FMA(dot, scale, bias + shift)).
+  // -lse2): without a mask read from memory the logits take the shift into their
+  // last FMA, with a computed bias added to it first (Logits::shifted: FMA(dot,
+  // scale, bias + shift) for plain logits).
   __device__ __forceinline__ static float shifted(const FwdParams& p, Head hd, int i, int j,
                                                   float dot, float shift) {
-    if constexpr (!LogitsT::kTransform && DenseT::enabled && !DenseT::reads) {
-      return fmaf(dot, p.scale_log2, DenseT::apply(p, hd, i, j, shift));
-    }
-    return score(p, hd, i, j, dot) + shift;
+    if constexpr (DenseT::reads) return score(p, hd, i, j, dot) + shift;
+    return LogitsT::shifted(p, dot, DenseT::enabled ? DenseT::apply(p, hd, i, j, shift) : shift);
   }
   // The logits' s2 from the score s2 (a computed bias taken back out): what a
   // backward that recovers the score from P needs for Logits::grad.
