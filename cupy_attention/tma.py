@@ -31,6 +31,50 @@ _Box = ctypes.c_uint32 * 4
 
 _encode = None
 
+# cuTensorMapEncodeTiled's CUresult codes worth naming (cuda.h); any other is shown by number.
+_CU_RESULT = {1: "CUDA_ERROR_INVALID_VALUE", 3: "CUDA_ERROR_NOT_INITIALIZED",
+              101: "CUDA_ERROR_INVALID_DEVICE", 201: "CUDA_ERROR_INVALID_CONTEXT"}
+
+
+class TensorMapError(DriverError):
+    """The driver refused to encode a tensor map. ``argument`` names the
+    cuTensorMapEncodeTiled argument that breaks a documented rule (``globalAddress``,
+    ``globalDim``, ``globalStrides``, ``boxDim``, ``elementStrides``), or is None when
+    every argument satisfies them (then the fault is elsewhere: context, device);
+    ``status`` is the CUresult."""
+
+    def __init__(self, message: str, *, argument: str | None, status: int):
+        super().__init__(message, status=status)
+        self.argument = argument
+
+
+def faulty_argument(ptr: int, dims, strides, box, element_strides=(1, 1, 1, 1),
+                    elem_size: int = 2, swizzle_bytes: int = 128) -> tuple[str, str] | None:
+    """(argument, rule) of the first documented cuTensorMapEncodeTiled rule the
+    arguments break, or None (CUDA driver API, cuTensorMapEncodeTiled: a 16-byte
+    aligned address, dims in [1, 2^32], strides multiples of 16 below 2^40, box
+    dims in [1, 256] with an inner box of a multiple of 16 bytes and at most the
+    swizzle span, element strides in [1, 8])."""
+    if ptr % 16:
+        return "globalAddress", f"{ptr:#x} is not 16-byte aligned"
+    for i, d in enumerate(dims):
+        if not 1 <= d <= 1 << 32:
+            return "globalDim", f"globalDim[{i}] = {d} is outside [1, 2^32]"
+    for i, s in enumerate(strides):
+        if s % 16 or not 0 < s < 1 << 40:
+            return "globalStrides", f"globalStrides[{i}] = {s} is not a multiple of 16 in (0, 2^40)"
+    for i, b in enumerate(box):
+        if not 1 <= b <= 256:
+            return "boxDim", f"boxDim[{i}] = {b} is outside [1, 256]"
+    inner = box[0] * elem_size
+    if inner % 16 or inner > swizzle_bytes:
+        return "boxDim", (f"boxDim[0] = {box[0]} spans {inner} bytes: not a multiple of 16 "
+                          f"of at most the {swizzle_bytes}-byte swizzle")
+    for i, e in enumerate(element_strides):
+        if not 1 <= e <= 8:
+            return "elementStrides", f"elementStrides[{i}] = {e} is outside [1, 8]"
+    return None
+
 
 def _encoder():
     global _encode
@@ -72,6 +116,15 @@ def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_
     return (head_dim, rows, h_dim, b_dim), (r_stride, h_stride, b_stride), (64, box_rows, 1, 1)
 
 
+def _encode_error(rc: int, ptr: int, dims, strides, box, element_strides) -> TensorMapError:
+    fault = faulty_argument(ptr, dims, strides, box, element_strides)
+    argument, why = fault if fault else (None, "no argument breaks a documented rule")
+    return TensorMapError(
+        f"cuTensorMapEncodeTiled failed ({_CU_RESULT.get(rc, 'CUresult')} {rc}): "
+        f"{argument or 'argument unknown'}: {why} (globalAddress {ptr:#x}, globalDim {dims}, "
+        f"globalStrides {strides}, boxDim {box})", argument=argument, status=rc)
+
+
 class TileMaps:
     """Encodes one map geometry for new base pointers, remembering up to ``keep``
     of them (all forgotten when a new one finds the memory full)."""
@@ -94,9 +147,7 @@ class TileMaps:
         rc = _encoder()(addr, _U16, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
                         ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
         if rc != 0:
-            raise DriverError(
-                f"cuTensorMapEncodeTiled failed (CUresult {rc}) for dims {list(dims)}, "
-                f"byte strides {list(strides)}, box {list(box)}")
+            raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones))
         tmap = np.frombuffer(ctypes.string_at(addr, 128), MAP_DTYPE)[0]
         maps = self._maps if len(self._maps) < self._keep else {}  # full: start over
         maps[ptr] = tmap

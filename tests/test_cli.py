@@ -282,3 +282,15 @@ def test_plots_without_matplotlib_say_so(tmp_path, monkeypatch):
     text = render(bench.plot_or_say, synthetic_report(), tmp_path)
     assert "matplotlib is not importable" in text
     assert not list(tmp_path.iterdir())
+
+
+def test_bench_subpackage_keeps_the_old_names_and_one_runner():
+    """bench.py became the cupy_attention.bench subpackage: the names importers use
+    stay importable from it, and Runner still has every method, now from its parts."""
+    for name in ("_SPIN_SOURCE", "_git_commit", "cold_probe", "recording_specs", "run", "add_arguments", "finish_arguments", "Runner", "BenchError", "SHORT",
+                 "system_info", "render_report", "plot_or_say", "load_report", "write_json"):
+        assert hasattr(bench, name), name
+    for method in ("time_calls", "extra_memory", "input_sets", "_torch_sdpa", "_torch_forward",
+                   "overhead", "_overhead_row", "run_case", "_run_backward", "method"):
+        assert callable(getattr(bench.Runner, method)), method
+    assert bench.__doc__.startswith("Benchmark harness")

@@ -104,3 +104,21 @@ def test_no_work_tile_counter_is_allocated_during_a_capture():
     assert counter is flash_wgmma._NO_COUNTER
     assert counter.dtype == np.uint64 and int(counter) == 0
     assert (0, CapturingStream.ptr) not in flash_wgmma._counters
+
+
+@pytest.mark.parametrize("ptr, geometry, argument", [
+    (256, GEOMETRY, None),                                        # all valid: context/device
+    (8, GEOMETRY, "globalAddress"),                               # not 16-byte aligned
+    (256, ((64, 0, 1, 1), GEOMETRY[1], GEOMETRY[2]), "globalDim"),
+    (256, (GEOMETRY[0], (136, 144, 144), GEOMETRY[2]), "globalStrides"),
+    (256, (GEOMETRY[0], GEOMETRY[1], (64, 512, 1, 1)), "boxDim"),
+    (256, (GEOMETRY[0], GEOMETRY[1], (72, 64, 1, 1)), "boxDim"),  # 144 bytes > 128B swizzle
+])
+def test_a_refused_encoding_names_the_argument(monkeypatch, ptr, geometry, argument):
+    """A CUresult failure becomes a TensorMapError (a DriverError) whose ``argument``
+    names the first argument that breaks a documented cuTensorMapEncodeTiled rule."""
+    monkeypatch.setattr(tma, "_encode", lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(tma.TensorMapError, match="CUDA_ERROR_INVALID_VALUE 1") as info:
+        tma.TileMaps(geometry)(ptr)
+    assert info.value.argument == argument and info.value.status == 1
+    assert (argument or "argument unknown") in str(info.value)
