@@ -62,7 +62,7 @@ import cupy_attention as ca
 from . import device, dispatch, jit
 from .arrays import host64
 from .errors import NoDeviceError, UnsupportedError
-from .interop import _is_torch
+from .interop import is_torch
 from .problem import Problem
 from .reference import attention_reference
 
@@ -498,7 +498,7 @@ def cupy_randn(cupy, shape, dtype: str):
 
 
 def nbytes(x) -> int:
-    return x.numel() * x.element_size() if _is_torch(x) else int(x.nbytes)
+    return x.numel() * x.element_size() if is_torch(x) else int(x.nbytes)
 
 
 def _pool_peak_hook(cupy):
@@ -781,7 +781,8 @@ class Runner:
         made before the timed calls, and each backward kernel that takes the case is
         timed. torch: one forward per input set with its autograd graph retained, and
         the timed call is ``autograd.grad`` through it."""
-        from .backward import BACKWARD_KERNELS, _choose
+        from .backward import BACKWARD_KERNELS
+        from .calls import backward_family
 
         sets = self.input_sets(case, with_dout=True)
         problem = case.problem(self.device_id)
@@ -791,7 +792,7 @@ class Runner:
                                                  name not in self.kernels):
                 continue
             try:
-                _choose(problem, name, self.device_id)
+                backward_family(problem, name, self.device_id)
             except UnsupportedError as exc:
                 rows.append(make_row(case, name, "ours", skipped=str(exc)))
                 continue
