@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -148,6 +149,14 @@ def tuning_files() -> list[Path]:
     return sorted(d.glob(f"{PREFIX}*.json")) if d.is_dir() else []
 
 
+def _any_tuning_file() -> bool:
+    try:
+        with os.scandir(jit.cache_dir()) as it:
+            return any(e.name.startswith(PREFIX) and e.name.endswith(".json") for e in it)
+    except OSError:
+        return False
+
+
 def clear() -> int:
     """Remove every tuned-table file from the cache directory; how many."""
     n = 0
@@ -178,7 +187,9 @@ def _load(device_id: int) -> dict[str, tuple]:
         if table is not None:
             return table
         table = {}
-        if jit.cache_enabled():
+        # No tuned file at all (the common case): nothing to key, so skip the device
+        # name, driver and NVRTC queries that the persistence key needs.
+        if jit.cache_enabled() and _any_tuning_file():
             try:
                 key = current_key(device_id)
             except Exception:  # no CuPy, no device, no NVRTC: nothing tuned applies
