@@ -254,7 +254,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         decrease and end at the totals (one small device-to-host copy, which waits for
         the stream). ``False`` skips it (for CUDA-graph capture or a hot loop: wrong
         lengths then give wrong results, or reads out of bounds). Skipped while the
-        stream is capturing a graph.
+        stream is capturing a graph. A call with the signature of an earlier one
+        (shapes, strides, dtypes and devices of the arrays, cu_seqlens included, and
+        the other arguments; no ALiBi) skips validation and planning, but ``check=True``
+        still reads the lengths every call: ``check=False`` is the fast path.
 
     Returns
     -------
