@@ -230,7 +230,7 @@ def build_cases(args) -> tuple[list[Case], list[str]]:
 # ---------------------------------------------------------------------------
 # Arguments
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     """Parse "512,1k,16k" into (512, 1024, 16384)."""
     out = []
     for item in text.split(","):
@@ -245,7 +245,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _dtype_list(text: str) -> tuple[str, ...]:
+def dtype_list(text: str) -> tuple[str, ...]:
     out = []
     for item in text.split(","):
         name = DTYPE_ALIASES.get(item.strip().lower())
@@ -257,13 +257,13 @@ def _dtype_list(text: str) -> tuple[str, ...]:
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
-    dims = _int_list(text)
+    dims = int_list(text)
     if len(dims) != 4:
         raise argparse.ArgumentTypeError(f"--shape takes B,H,S,D (four integers), got {text!r}")
     return dims
 
 
-def _name_list(text: str) -> tuple[str, ...]:
+def name_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
 
 
@@ -273,11 +273,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the GPU suite's subset: bf16, S in {1024, 4096}, D in {64, 128}, "
                            "causal off/on, one fp32 case (S=2048, D=64), plus --overhead; "
                            f"{QUICK_REPS} reps")
-    grid.add_argument("--seqlens", type=_int_list, default=SEQLENS, metavar="S,...",
+    grid.add_argument("--seqlens", type=int_list, default=SEQLENS, metavar="S,...",
                       help="sequence lengths (default: 512,1k,2k,4k,8k,16k)")
-    grid.add_argument("--head-dims", type=_int_list, default=HEAD_DIMS, metavar="D,...",
+    grid.add_argument("--head-dims", type=int_list, default=HEAD_DIMS, metavar="D,...",
                       help="head dims (default: 64,128,256,72,80,96,160)")
-    grid.add_argument("--dtypes", "--dtype", type=_dtype_list, default=DTYPES, metavar="DT,...",
+    grid.add_argument("--dtypes", "--dtype", type=dtype_list, default=DTYPES, metavar="DT,...",
                       help="bf16, fp16, fp32 (default: bf16,fp16; fp32 suits the CUDA-core "
                            "kernels)")
     grid.add_argument("--causal", choices=("on", "off", "both"), default="both")
@@ -295,13 +295,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="add host overhead per call on a tiny problem and the cold compile time")
 
     who = p.add_argument_group("kernels")
-    who.add_argument("--kernels", type=_name_list, metavar="NAME,...",
+    who.add_argument("--kernels", type=name_list, metavar="NAME,...",
                      help="our families to time (default: every family that accepts each case); "
                           "named ones run even above --quadratic-max-seqlen")
     who.add_argument("--torch", action=argparse.BooleanOptionalAction, default=None,
                      help="time torch SDPA beside ours (default: when torch with CUDA is "
                           "importable)")
-    who.add_argument("--torch-backends", type=_name_list, metavar="NAME,...",
+    who.add_argument("--torch-backends", type=name_list, metavar="NAME,...",
                      help=f"torch SDPA backends (default: {','.join(TORCH_BACKENDS)}; each only "
                           "where it accepts the case)")
     who.add_argument("--quadratic-max-seqlen", type=int, metavar="S",
@@ -521,7 +521,7 @@ def _pool_peak_hook(cupy):
     return PoolPeak()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -584,7 +584,7 @@ class Runner:
             self.stream.synchronize()
             return kernel, None
         except Exception as exc:
-            return None, _first_line(exc)
+            return None, first_line(exc)
 
     def sync(self) -> None:
         self.stream.synchronize()
@@ -703,7 +703,7 @@ class Runner:
         except Unsupported as exc:
             return make_row(case, kernel, impl, skipped=str(exc))
         except Exception as exc:  # keep going: one broken kernel must not end the run
-            return make_row(case, kernel, impl, error=_first_line(exc))
+            return make_row(case, kernel, impl, error=first_line(exc))
         finally:
             self.free_memory()
 
@@ -896,7 +896,7 @@ def cold_compile() -> dict:
             empty = _probe(tmp)
             warm = _probe(tmp)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
-            return {"error": _first_line(exc)}
+            return {"error": first_line(exc)}
     return {"specs": empty["specs"], "compiled_entries": empty["entries"],
             "empty_cache_s": empty["first_s"], "disk_cache_s": warm["first_s"],
             "hot_s": warm["second_s"]}
@@ -940,7 +940,7 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"speedup_{anchor.split(':')[1]}"] = found[anchor] / r["ms"]
 
 
-def _num(x, fmt: str) -> str:
+def format_number(x, fmt: str) -> str:
     if x is None:
         return "–"
     if isinstance(x, str):
@@ -962,20 +962,20 @@ def _err(r: dict) -> str:
     e = r.get("max_err")
     if isinstance(e, str):
         return f"[red]{e}[/]"
-    return _num(e, ".1e")
+    return format_number(e, ".1e")
 
 
 _COMMON_TAIL = [
     ("kernel", lambda r: escape(r["kernel"]), "left"),
-    ("ms", lambda r: _num(r["ms"], ".3f"), "right"),
-    ("±%", lambda r: _num(r["spread_pct"], ".1f"), "right"),
+    ("ms", lambda r: format_number(r["ms"], ".3f"), "right"),
+    ("±%", lambda r: format_number(r["spread_pct"], ".1f"), "right"),
 ]
 _RATIOS = [
     ("×flash", lambda r: _ratio(r.get("speedup_flash")), "right"),
     ("×cudnn", lambda r: _ratio(r.get("speedup_cudnn")), "right"),
 ]
 _EXTRAS = [
-    ("cold s", lambda r: _num(r["cold_s"], ".2f"), "right"),
+    ("cold s", lambda r: format_number(r["cold_s"], ".2f"), "right"),
     ("extra MiB", lambda r: _mib(r.get("extra_bytes")), "right"),
     ("max err", _err, "right"),
 ]
@@ -983,12 +983,12 @@ COLUMNS = {
     "fwd": [("S", lambda r: str(r["seqlen_q"]), "right"),
             ("causal", lambda r: "yes" if r["causal"] else "no", "left"),
             ("B×H", lambda r: f"{r['batch']}×{r['heads_q']}", "right"),
-            *_COMMON_TAIL, ("TFLOPs", lambda r: _num(r["tflops"], ".1f"), "right"),
+            *_COMMON_TAIL, ("TFLOPs", lambda r: format_number(r["tflops"], ".1f"), "right"),
             *_RATIOS, *_EXTRAS],
     "decode": [("B", lambda r: str(r["batch"]), "right"),
                ("Sk", lambda r: str(r["seqlen_k"]), "right"),
                ("Hq/Hkv", lambda r: f"{r['heads_q']}/{r['heads_kv']}", "right"),
-               *_COMMON_TAIL, ("KV TB/s", lambda r: _num(r.get("tbps"), ".2f"), "right"),
+               *_COMMON_TAIL, ("KV TB/s", lambda r: format_number(r.get("tbps"), ".2f"), "right"),
                *_RATIOS, *_EXTRAS],
 }
 COLUMNS["bwd"] = [c for c in COLUMNS["fwd"] if c[0] not in ("extra MiB", "max err")]
@@ -1093,7 +1093,7 @@ def render_steps(steps: list[dict], console: Console) -> None:
         table.add_row(SHORT[s["dtype"]], str(s["head_dim"]), str(s["seqlen_q"]),
                       "yes" if s["causal"] else "no", escape(s["impl"]), f"{s['fwd_ms']:.3f}",
                       f"{s['bwd_ms']:.3f}", f"{s['step_ms']:.3f}",
-                      _num(s.get("speedup_flash"), ".2f"), _num(s.get("speedup_cudnn"), ".2f"),
+                      format_number(s.get("speedup_flash"), ".2f"), format_number(s.get("speedup_cudnn"), ".2f"),
                       style="dim" if s["impl"] != "ours" else None)
     console.print(table)
 
@@ -1295,7 +1295,7 @@ def run(args, console: Console) -> int:
             try:
                 report["overhead"] = runner.overhead()
             except Exception as exc:  # the tables above are still worth printing
-                report["notes"].append(f"overhead section failed: {_first_line(exc)}")
+                report["notes"].append(f"overhead section failed: {first_line(exc)}")
                 progress.console.print(f"[red]{escape(report['notes'][-1])}[/]")
             progress.advance(task)
     render_results(report["results"], console)

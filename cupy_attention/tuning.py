@@ -11,7 +11,7 @@ planned, and after that a lookup is one dict access.
 The file sits beside the kernel cache and obeys its trust rules: it is read only
 when :func:`cupy_attention.jit.cache_trust_problem` accepts the directory and the
 file itself is a regular file of the current user that group and others cannot
-write (``jit._read_trusted``), and written atomically (temp file, fsync, rename).
+write (``jit.read_trusted``), and written atomically (temp file, fsync, rename).
 A tuned entry is only a choice among the family's own candidates: one that is not
 (an old file, a hand edit) is ignored. ``CUPY_ATTENTION_NO_CACHE=1`` ignores the
 tuned table as well.
@@ -107,7 +107,7 @@ def table_path(key: dict) -> Path:
 def read_table(path: Path, key: dict | None = None) -> dict | None:
     """A tuned-table file's content if it is trusted, parses, has our schema and (when
     given) records ``key``; None otherwise."""
-    blob = jit._read_trusted(Path(path))
+    blob = jit.read_trusted(Path(path))
     if blob is None:
         return None
     try:
@@ -196,7 +196,7 @@ def _load(device_id: int) -> dict[str, tuple]:
                 key = None
             why = jit.cache_trust_problem() if key is not None else None
             if why is not None:
-                jit._warn_untrusted(str(jit.cache_dir()), why)
+                jit.warn_untrusted(str(jit.cache_dir()), why)
             elif key is not None:
                 data = read_table(table_path(key), key)
                 for name, entry in (data or {}).get("entries", {}).items():
