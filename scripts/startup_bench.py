@@ -19,6 +19,12 @@
    ``attention_varlen`` with ``check=False`` (the fast path) and ``check=True``
    (a device-to-host copy of cu_seqlens, which waits for the stream, per call).
 
+Bytecode: an installed package has its ``.pyc`` files; a checkout run with
+``PYTHONDONTWRITEBYTECODE=1`` recompiles every module of the package in every
+process (about 40 ms for cupy_attention on a slow CPU). The children therefore run
+without that variable (the warm-up process writes ``__pycache__``, which git ignores)
+unless ``--no-bytecode`` keeps it, to measure that case.
+
 ``--profile`` adds a cProfile of one warm start (top functions by cumulative
 time) to the JSON. Prints a table; writes everything to ``--out``.
 """
@@ -119,6 +125,8 @@ def main() -> int:
                     help="comma-separated: cupy,torch (default: cupy, and torch if importable)")
     ap.add_argument("--cache-dir", default=None, help="kernel cache (default: a fresh temp dir)")
     ap.add_argument("--profile", action="store_true", help="cProfile one warm start")
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="keep PYTHONDONTWRITEBYTECODE from the environment (no .pyc caching)")
     args = ap.parse_args()
 
     if args.kinds:
@@ -130,8 +138,11 @@ def main() -> int:
     cache = args.cache_dir or tempfile.mkdtemp(prefix="ca-startup-")
     env = dict(os.environ, CUPY_ATTENTION_CACHE_DIR=cache)
     env.pop("CUPY_ATTENTION_NO_CACHE", None)
+    if not args.no_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     report = {"python": sys.version.split()[0], "cache_dir": cache, "runs": args.runs,
+              "bytecode_cached": "PYTHONDONTWRITEBYTECODE" not in env,
               "calls": args.calls, "kinds": {}}
     try:
         import cupy
@@ -165,7 +176,8 @@ def main() -> int:
                      entry["hot"].get("varlen_hot_us_check_true")))
 
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-    print(f"device: {report['device']}   cache: {cache}   warm runs: {args.runs}")
+    print(f"device: {report['device']}   cache: {cache}   warm runs: {args.runs}   "
+          f".pyc cached: {report['bytecode_cached']}")
     print(f"{'kind':6} {'cold ms':>8} {'import ms':>10} {'1st call ms':>12} {'warm total':>11} "
           f"{'hot us':>7} {'varlen us':>10} {'varlen chk':>11}")
     for r in rows:
