@@ -9,9 +9,6 @@ See :func:`attention` for the arguments, :func:`kernels` for the kernel ladder.
 __version__ = "0.1.0"
 
 from .api import attention  # noqa: E402
-from .backward import attention_backward  # noqa: E402
-from .decode import append_kv, attention_decode  # noqa: E402
-from .decode import merge_attention_states, merge_attention_states_many  # noqa: E402
 from .errors import (  # noqa: E402
     AttentionError,
     CompileError,
@@ -24,8 +21,35 @@ from .errors import (  # noqa: E402
     ShapeError,
     UnsupportedError,
 )
-from .reference import attention_reference  # noqa: E402
-from .varlen import attention_varlen, attention_varlen_backward  # noqa: E402
+
+# The other entry points load on first use (PEP 562): ``import cupy_attention`` and a
+# first ``attention`` call import nothing of the backward, decode, varlen or reference
+# code (start-up time, docs/reliability.md).
+_LAZY = {
+    "attention_backward": "backward",
+    "append_kv": "decode",
+    "attention_decode": "decode",
+    "merge_attention_states": "decode",
+    "merge_attention_states_many": "decode",
+    "attention_reference": "reference",
+    "attention_varlen": "varlen",
+    "attention_varlen_backward": "varlen",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def kernels() -> dict:

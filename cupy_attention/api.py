@@ -10,7 +10,6 @@ from .arrays import device_mask, host64, like, slopes_view
 from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
-from .reference import attention_reference
 
 
 @translate_oom
@@ -238,6 +237,8 @@ def _give_back(arr, user_array, ctx):
 
 
 def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse, alibi_slopes=None):
+    from .reference import attention_reference
+
     ref_out, ref_lse = attention_reference(host64(q), host64(k), host64(v), causal=p.causal,
                                            scale=p.scale, mask=host64(mask), layout=p.layout,
                                            window=p.window, softcap=p.softcap,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from . import device as _device
 from . import interop
 from .arrays import device_mask, host64, like, slopes_view
-from .dispatch import BACKWARD_FAMILIES, BackwardFamily, choose_backward
+from .calls import allocator, backward_family
+from .dispatch import BACKWARD_FAMILIES
 from .errors import DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
@@ -69,14 +70,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     interop.check_jax_call(q, p.device)
     _device.require_device()
     ctx = interop.context_for(q)
-    family = _choose(p, kernel, ctx.device_id)
+    family = backward_family(p, kernel, ctx.device_id)
     return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family, alibi_slopes)
-
-
-def _choose(p: Problem, kernel: str, device_id: int) -> BackwardFamily:
-    """The backward family that runs ``p`` on ``device_id`` (dispatch.choose_backward)."""
-    return choose_backward(p, kernel, _device.compute_capability(device_id),
-                           _device.max_shared_per_block(device_id))
 
 
 def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
@@ -97,7 +92,7 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
                               ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout")))
         kv_shape = out_shape(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, p.layout)
         empty = p.empty or p.seqlen_k == 0
-        alloc = _allocator(ctx, q)
+        alloc = allocator(ctx, q)
         dq = alloc(qc.shape, qc.dtype, empty)
         dk = alloc(kv_shape, qc.dtype, empty)
         dv = alloc(kv_shape, qc.dtype, empty)
@@ -128,23 +123,6 @@ def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, s
                              dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum)
     family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                   deterministic)
-
-
-def _allocator(ctx, q):
-    """``alloc(shape, cupy dtype, zero)`` -> a CuPy array on ``ctx``'s device. With torch
-    tensors the memory comes from torch's caching allocator (viewed through DLPack),
-    which CUDA-graph capture understands; CuPy's pool may call cudaMalloc, which a
-    capturing stream refuses."""
-    cupy = _device.require_cupy()
-    if ctx.kind != "torch":
-        return lambda shape, dtype, zero: (cupy.zeros if zero else cupy.empty)(shape, dtype=dtype)
-    import torch
-
-    def alloc(shape, dtype, zero):
-        tdtype = ctx.torch_dtype if cupy.dtype(dtype).itemsize == 2 else torch.float32
-        t = (torch.zeros if zero else torch.empty)(shape, dtype=tdtype, device=q.device)
-        return interop.to_cupy(t, "scratch", ctx)
-    return alloc
 
 
 def _reference(p: Problem, dout, q, k, v, mask, alibi_slopes=None):

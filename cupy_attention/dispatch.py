@@ -11,7 +11,6 @@ import dataclasses
 from types import ModuleType
 
 from .errors import UnsupportedError
-from .families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from .families.base import Family
 from .families.decode import Decode
 from .families.flash import Flash
@@ -77,26 +76,45 @@ class BackwardFamily:
         self.module.launch(p, t, stream, device_id, arch, deterministic)
 
 
-BACKWARD_FAMILIES: dict[str, BackwardFamily] = {f.name: f for f in (
-    BackwardFamily("flash_wgmma", flash_wgmma_bwd, True),
-    BackwardFamily("flash_mma", flash_mma_bwd, True),
-    BackwardFamily("flash", flash_bwd, False))}
+_backward_families: dict[str, BackwardFamily] | None = None
+
+
+def backward_families() -> dict[str, BackwardFamily]:
+    """The backward families by name, fastest first. Their modules are imported on
+    first use (a forward-only process never loads them); ``BACKWARD_FAMILIES`` is the
+    same dict."""
+    global _backward_families
+    if _backward_families is None:
+        from .families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
+
+        _backward_families = {f.name: f for f in (
+            BackwardFamily("flash_wgmma", flash_wgmma_bwd, True),
+            BackwardFamily("flash_mma", flash_mma_bwd, True),
+            BackwardFamily("flash", flash_bwd, False))}
+    return _backward_families
+
+
+def __getattr__(name: str):
+    if name == "BACKWARD_FAMILIES":
+        return backward_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def choose_backward(p: Problem, kernel: str, cc: int | None, smem: int) -> BackwardFamily:
     """The backward family that runs ``p`` (``kernel`` "auto" or a name of
     ``BACKWARD_FAMILIES``); a typed error naming the alternatives if none can."""
+    families = backward_families()
     if kernel == "auto":
-        for family in BACKWARD_FAMILIES.values():
+        for family in families.values():
             if family.check(p, cc, smem) is None:
                 return family
-        last = list(BACKWARD_FAMILIES.values())[-1]
+        last = list(families.values())[-1]
         raise UnsupportedError(f"{last.check(p, cc, smem)}; kernel='reference' runs it on the host")
-    family = BACKWARD_FAMILIES[kernel]
+    family = families[kernel]
     reason = family.check(p, cc, smem)
     if reason is None:
         return family
-    alts = [n for n, f in BACKWARD_FAMILIES.items() if n != kernel and f.check(p, cc, smem) is None]
+    alts = [n for n, f in families.items() if n != kernel and f.check(p, cc, smem) is None]
     if not alts:
         raise UnsupportedError(f"{reason}; kernel='reference' runs it on the host")
     alt = " or ".join(f"kernel='{a}'" for a in alts + ["reference"])

@@ -40,7 +40,7 @@ import dataclasses
 from .device import require_cupy
 from .errors import DeviceMismatchError, DTypeError, UnsupportedError
 
-def _is_torch(x) -> bool:
+def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
 
 
@@ -161,7 +161,7 @@ def array_kind(x) -> str:
     cupy = require_cupy()
     if isinstance(x, cupy.ndarray):
         return "cupy"
-    if _is_torch(x):
+    if is_torch(x):
         return "torch"
     if is_jax(x):
         return "jax"

@@ -282,6 +282,7 @@ def _forward(arrays, spec) -> None:
 
 def _backward(arrays, spec, stream, device_id) -> None:
     from . import backward as bw
+    from .calls import backward_family
     from . import interop
 
     dout, q, k, v, out, lse, dq, dk, dv, delta = arrays[:10]
@@ -298,7 +299,7 @@ def _backward(arrays, spec, stream, device_id) -> None:
             if g.size:
                 g.fill(0)
         return
-    family = bw._choose(p, "auto", device_id)   # as cupy_attention.torch: the fastest backward
+    family = backward_family(p, "auto", device_id)   # as cupy_attention.torch: the fastest backward
     ctx = interop.Context("cupy", stream, device_id)
     bw.launch_into(p, ctx, family, dout, q, k, v, out, lse, None, (dq, dk, dv),
                    (delta, dq_accum), spec["deterministic"])

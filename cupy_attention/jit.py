@@ -355,7 +355,7 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def _warn_untrusted(key: str, why: str) -> None:
+def warn_untrusted(key: str, why: str) -> None:
     with _warned_lock:
         if key in _warned:
             return
@@ -365,20 +365,20 @@ def _warn_untrusted(key: str, why: str) -> None:
                   "directory only you can write)", RuntimeWarning, stacklevel=3)
 
 
-def _read_trusted(path: Path) -> bytes | None:
+def read_trusted(path: Path) -> bytes | None:
     """The bytes of the cache file ``path`` if it exists and can be trusted, else None."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         if path.is_symlink():
-            _warn_untrusted(str(path), f"the cache entry {path} is a symlink")
+            warn_untrusted(str(path), f"the cache entry {path} is a symlink")
         return None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         why = (f"the cache entry {path} is not a regular file"
                if not stat.S_ISREG(st.st_mode) else _untrusted(st, f"the cache entry {path}"))
         if why:
-            _warn_untrusted(str(path), why)
+            warn_untrusted(str(path), why)
             return None
         return f.read()
 
@@ -389,11 +389,11 @@ def load_or_compile(spec: KernelSpec, arch: str) -> Compiled:
         return compile_spec(spec, arch)
     why = cache_trust_problem()
     if why is not None:
-        _warn_untrusted(str(cache_dir()), why)
+        warn_untrusted(str(cache_dir()), why)
         return compile_spec(spec, arch)
     key = cache_key(spec, arch)
     path = cache_path(spec, arch)
-    blob = _read_trusted(path)
+    blob = read_trusted(path)
     hit = None if blob is None else _decode(blob, spec, arch, key)
     if hit is not None:
         return hit

@@ -140,7 +140,7 @@ class Problem:
                 f"Sk={self.seqlen_k} D={self.head_dim} {self.dtype}{self.variant.suffix()}{extra}")
 
 
-def _unit_last_stride(info: TensorInfo) -> bool:
+def unit_last_stride(info: TensorInfo) -> bool:
     """Unit stride in the last axis; vacuous for an empty tensor (NumPy gives those
     all-zero strides) or a last axis of length 1."""
     return info.strides[-1] == 1 or info.shape[-1] <= 1 or 0 in info.shape
@@ -157,7 +157,7 @@ def check_like(x, name: str, qi: TensorInfo, shape: tuple, dtype: str, *, shape_
         raise DTypeError(f"{name} must {dtype_rule or 'be ' + dtype}, got {info.dtype}")
     if info.device != qi.device:
         raise DeviceMismatchError(f"{name} is on device {info.device} but q is on {qi.device}")
-    if not _unit_last_stride(info):
+    if not unit_last_stride(info):
         raise LayoutError(f"{name} must have unit stride in its last axis, got strides "
                           f"{info.strides}{layout_hint}")
 
@@ -235,7 +235,7 @@ def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q
     if info.device != qi.device:
         raise DeviceMismatchError(f"alibi_slopes is on device {info.device} but q is on "
                                   f"{qi.device}")
-    if not _unit_last_stride(info):
+    if not unit_last_stride(info):
         raise LayoutError(f"alibi_slopes must have unit stride in its last axis, got strides "
                           f"{info.strides}")
     if mask_kind != "none":
@@ -299,7 +299,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
         raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
                          "grouped-query attention")
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
-        if not _unit_last_stride(info):
+        if not unit_last_stride(info):
             raise LayoutError(f"{name} must have unit stride in its last (head-dim) axis, got "
                               f"strides {info.strides}; pass {name}.contiguous() or a view of "
                               "a packed tensor sliced along the other axes")

@@ -53,7 +53,7 @@ ERR_FLOOR = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -20
 
 
 def _shape6(text: str) -> tuple[int, ...]:
-    dims = bench._int_list(text)
+    dims = bench.int_list(text)
     if len(dims) != 6:
         raise argparse.ArgumentTypeError(
             f"--shape takes B,Hq,Hkv,Sq,Sk,D (six integers), got {text!r}")
@@ -68,7 +68,7 @@ def add_shape_arguments(p: argparse.ArgumentParser, repeat: bool) -> None:
     p.add_argument("--shape", type=_shape6, action="append" if repeat else "store",
                    metavar="B,Hq,Hkv,Sq,Sk,D",
                    help="a problem (1k = 1024)" + (" (repeatable)" if repeat else ""))
-    p.add_argument("--dtype", "--dtypes", dest="dtypes", type=bench._dtype_list,
+    p.add_argument("--dtype", "--dtypes", dest="dtypes", type=bench.dtype_list,
                    default=("bfloat16",), metavar="DT[,DT]",
                    help="bf16, fp16 or fp32 (default: bf16)")
     p.add_argument("--causal", nargs="?", const="on", choices=("on", "off", "both"), default=None,
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="common model shapes at S = 1k, 4k, 8k (B*S = 16k): "
                         + "; ".join(f"{k}: " + ", ".join(f"{hq}/{hkv}/D{d}" for hq, hkv, d in v)
                                     for k, v in PRESETS.items()))
-    p.add_argument("--kernels", type=bench._name_list, metavar="NAME,...",
+    p.add_argument("--kernels", type=bench.name_list, metavar="NAME,...",
                    help="families to tune (default: the one kernel='auto' picks)")
     p.add_argument("--reps", type=int, default=DEFAULT_REPS, metavar="N",
                    help=f"timed calls per round, two rounds (default {DEFAULT_REPS}, at least "
@@ -179,7 +179,7 @@ def show(console: Console) -> int:
         for name, e in data["entries"].items():
             table.add_row(escape(name), escape(cfg_text(e.get("config", ()))),
                           escape(cfg_text(e.get("table", ()))), escape(str(e.get("source"))),
-                          bench._num(e.get("ms"), ".4f"), bench._num(e.get("table_ms"), ".4f"),
+                          bench.format_number(e.get("ms"), ".4f"), bench.format_number(e.get("table_ms"), ".4f"),
                           escape(str(e.get("reason", ""))))
         console.print(table)
     return 0
@@ -233,7 +233,7 @@ def _time_family(runner, case, family, cands, sets, ref, arch, progress, task) -
             row.update(figures, max_err=float(abs(got - ref).max()),
                        tflops=case.flops() / (figures["ms"] * 1e-3) / 1e12)
         except Exception as exc:  # a candidate that fails to compile or run is skipped
-            row["error"] = bench._first_line(exc)
+            row["error"] = bench.first_line(exc)
         rows.append(row)
         progress.advance(task)
     table_err = rows[0].get("max_err")
@@ -348,7 +348,7 @@ def render_rows(case, family: str, rows, kept, why: str, console: Console) -> No
         mark = "kept" if r is kept else ("table" if r["table"] else "")
         if "error" in r:
             table.add_row(escape(cfg_text(r["config"])), "–", "–", "–", "–",
-                          bench._num(r.get("max_err"), ".2e"), f"[red]{escape(r['error'])}[/]")
+                          bench.format_number(r.get("max_err"), ".2e"), f"[red]{escape(r['error'])}[/]")
             continue
         ratio = f"{base / r['ms']:.3f}x" if base else "–"
         table.add_row(escape(cfg_text(r["config"])), f"{r['ms']:.4f}", f"{r['tflops']:.1f}",

@@ -11,7 +11,7 @@ planned, and after that a lookup is one dict access.
 The file sits beside the kernel cache and obeys its trust rules: it is read only
 when :func:`cupy_attention.jit.cache_trust_problem` accepts the directory and the
 file itself is a regular file of the current user that group and others cannot
-write (``jit._read_trusted``), and written atomically (temp file, fsync, rename).
+write (``jit.read_trusted``), and written atomically (temp file, fsync, rename).
 A tuned entry is only a choice among the family's own candidates: one that is not
 (an old file, a hand edit) is ignored. ``CUPY_ATTENTION_NO_CACHE=1`` ignores the
 tuned table as well.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -106,7 +107,7 @@ def table_path(key: dict) -> Path:
 def read_table(path: Path, key: dict | None = None) -> dict | None:
     """A tuned-table file's content if it is trusted, parses, has our schema and (when
     given) records ``key``; None otherwise."""
-    blob = jit._read_trusted(Path(path))
+    blob = jit.read_trusted(Path(path))
     if blob is None:
         return None
     try:
@@ -148,6 +149,14 @@ def tuning_files() -> list[Path]:
     return sorted(d.glob(f"{PREFIX}*.json")) if d.is_dir() else []
 
 
+def _any_tuning_file() -> bool:
+    try:
+        with os.scandir(jit.cache_dir()) as it:
+            return any(e.name.startswith(PREFIX) and e.name.endswith(".json") for e in it)
+    except OSError:
+        return False
+
+
 def clear() -> int:
     """Remove every tuned-table file from the cache directory; how many."""
     n = 0
@@ -178,14 +187,16 @@ def _load(device_id: int) -> dict[str, tuple]:
         if table is not None:
             return table
         table = {}
-        if jit.cache_enabled():
+        # No tuned file at all (the common case): nothing to key, so skip the device
+        # name, driver and NVRTC queries that the persistence key needs.
+        if jit.cache_enabled() and _any_tuning_file():
             try:
                 key = current_key(device_id)
             except Exception:  # no CuPy, no device, no NVRTC: nothing tuned applies
                 key = None
             why = jit.cache_trust_problem() if key is not None else None
             if why is not None:
-                jit._warn_untrusted(str(jit.cache_dir()), why)
+                jit.warn_untrusted(str(jit.cache_dir()), why)
             elif key is not None:
                 data = read_table(table_path(key), key)
                 for name, entry in (data or {}).get("entries", {}).items():

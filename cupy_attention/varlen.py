@@ -23,11 +23,12 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
-from .backward import BACKWARD_KERNELS, _allocator, _choose
+from .backward import BACKWARD_KERNELS
+from .calls import HotCache, allocator, backward_family, is_torch_type
 from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (ALIBI_MAX_SEQLEN, DTYPES, Problem, _unit_last_stride, check_alibi,
+from .problem import (ALIBI_MAX_SEQLEN, DTYPES, Problem, unit_last_stride, check_alibi,
                       check_like, check_scale, check_softcap, check_window, describe)
 from .reference import attention_backward_reference, attention_reference
 
@@ -86,7 +87,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
         raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
                          "grouped-query attention")
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
-        if not _unit_last_stride(info):
+        if not unit_last_stride(info):
             raise ShapeError(f"{name} must have unit stride in its last (head-dim) axis, got "
                              f"strides {info.strides}")
     ci = _check_cu(cu_seqlens_q, "cu_seqlens_q", qi, None)
@@ -155,6 +156,78 @@ def _capturing(ctx) -> bool:
         return False
 
 
+# ---------------------------------------------------------------------------
+# Hot path (as api.attention's): a call whose arrays match an earlier call's shapes,
+# strides, dtypes and devices, cu_seqlens included (not their values), repeats that
+# call's launch with new pointers: no validation, dispatch or packing. Device arrays
+# only (CuPy, or torch CUDA tensors with cu_seqlens on q's device), no ALiBi.
+# ``check=True`` still reads the lengths on the host for every call (a device-to-host
+# copy that waits for the stream): ``check=False`` is the fast path.
+
+HOT = HotCache(1024)
+
+
+def signature(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, return_lse,
+              kernel):
+    """What a varlen launch depends on, hashable; None where there is no fast path
+    (NumPy or other producers, host cu_seqlens, unhashable arguments: validation then
+    names what is wrong)."""
+    arrays = (q, k, v, cu_q, cu_k)
+    try:
+        if is_torch_type(q):
+            if not all(is_torch_type(x) and x.is_cuda for x in arrays):
+                return None
+            desc = tuple((type(x), x.shape, x.stride(), x.dtype, x.device) for x in arrays)
+        else:
+            if not all(type(x).__module__.startswith("cupy") for x in arrays):
+                return None
+            desc = tuple((type(x), x.shape, x.strides, x.dtype, x.device.id) for x in arrays)
+        key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
+               None if window is None else tuple((type(x), x) for x in window),
+               type(softcap), softcap, bool(return_lse), kernel)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+class VarlenHotCall:
+    """One signature's launch, repeated with new pointers (``launcher``: a HotLaunch)."""
+
+    def __init__(self, kind: str, device_id: int, p: Problem, launcher):
+        self.kind, self.device_id, self.p, self.launcher = kind, device_id, p, launcher
+
+    def __call__(self, q, k, v, cu_q, cu_k, return_lse, check):
+        cupy = _device.require_cupy()
+        if cupy.cuda.runtime.getDevice() != self.device_id:
+            return None  # the general path switches devices
+        p = self.p
+        if self.kind == "torch":
+            import torch
+
+            dev = self.device_id
+            stream = interop.external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
+            if check and not stream.is_capturing():
+                check_seqlens(p, cu_q, cu_k)
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            lse = (torch.empty((p.heads_q, p.seqlen_q), dtype=torch.float32, device=q.device)
+                   if return_lse else None)
+            self.launcher.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                              lse.data_ptr() if lse is not None else 0, stream,
+                              (cu_q.data_ptr(), cu_k.data_ptr()))
+        else:
+            stream = cupy.cuda.get_current_stream()
+            if check and not stream.is_capturing():
+                check_seqlens(p, cu_q, cu_k)
+            out = cupy.empty(q.shape, dtype=q.dtype)
+            lse = (cupy.empty((p.heads_q, p.seqlen_q), dtype=cupy.float32)
+                   if return_lse else None)
+            self.launcher.run(q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr,
+                              lse.data.ptr if lse is not None else 0, stream,
+                              (cu_q.data.ptr, cu_k.data.ptr))
+        return (out, lse) if return_lse else out
+
+
 @translate_oom
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
@@ -181,12 +254,24 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         decrease and end at the totals (one small device-to-host copy, which waits for
         the stream). ``False`` skips it (for CUDA-graph capture or a hot loop: wrong
         lengths then give wrong results, or reads out of bounds). Skipped while the
-        stream is capturing a graph.
+        stream is capturing a graph. A call with the signature of an earlier one
+        (shapes, strides, dtypes and devices of the arrays, cu_seqlens included, and
+        the other arguments; no ALiBi) skips validation and planning, but ``check=True``
+        still reads the lengths every call: ``check=False`` is the fast path.
 
     Returns
     -------
     out [total_q, Hq, D] (contiguous), or ``(out, lse)``.
     """
+    hot_key = None
+    if alibi_slopes is None:
+        hot_key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            causal, scale, window, softcap, return_lse, kernel)
+        hot = HOT.get(hot_key)
+        if hot is not None:
+            result = hot(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse, check)
+            if result is not None:
+                return result
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         causal=causal, scale=scale, window=window, softcap=softcap,
                         alibi_slopes=alibi_slopes)
@@ -200,7 +285,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     family = dispatch.choose(p, kernel, _device.compute_capability(ctx.device_id))
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
-        alloc = _allocator(ctx, q)
+        alloc = allocator(ctx, q)
         qc, kc, vc = (interop.to_cupy(x, n, ctx) for x, n in ((q, "q"), (k, "k"), (v, "v")))
         oc = alloc(qc.shape, qc.dtype, p.seqlen_k == 0)
         lc = alloc((p.heads_q, p.seqlen_q), cupy.float32, False) if return_lse else None
@@ -212,7 +297,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                             _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
                             _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx),
                             slopes_view(alibi_slopes, ctx))
-                family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id))
+                arch = _device.device_arch(ctx.device_id)
+                family.launch(p, t, ctx.stream, ctx.device_id, arch)
+                if hot_key is not None and ctx.kind in ("cupy", "torch"):
+                    launcher = family.prepare(p, t, ctx.device_id, arch)
+                    if launcher is not None:
+                        HOT.put(hot_key, VarlenHotCall(ctx.kind, ctx.device_id, p, launcher))
         o = interop.from_cupy(oc, ctx)
         return (o, interop.from_cupy(lc, ctx)) if return_lse else o
 
@@ -248,13 +338,13 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
         check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
-    family = _choose(p, kernel, ctx.device_id)
+    family = backward_family(p, kernel, ctx.device_id)
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
         qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
                               ((q, "q"), (k, "k"), (v, "v"), (out, "out"), (dout, "dout")))
         empty = p.empty or p.seqlen_k == 0 or p.batch == 0
-        alloc = _allocator(ctx, q)
+        alloc = allocator(ctx, q)
         dq = alloc(qc.shape, qc.dtype, empty)
         # keys no query sees keep dK = dV = 0: the kernels write every key row of a
         # sequence, but a key row outside every sequence (cu_seqlens_k[-1] < total_k

@@ -201,3 +201,50 @@ def test_varlen_torch_autograd():
     assert err < 3e-2, err
     for g, r in zip((q.grad, k.grad, v.grad), grads):
         assert np.abs(g.double().cpu().numpy() - r).max() < 6e-2 * max(1.0, np.abs(r).max())
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_varlen_hot_path_matches_the_general_path(kind):
+    """A repeated signature takes the hot path (no validation, launch with new pointers,
+    cu_seqlens included): bitwise the general path's result for new values and new
+    lengths; ``check=True`` still refuses bad lengths there."""
+    import cupy
+
+    from cupy_attention import varlen
+
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    rng = np.random.default_rng(11)
+
+    def case(lens):
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        arrs = [rng.standard_normal((int(cu[-1]), h, 64)).astype(np.float16) for h in (4, 2, 2)]
+        if torch is not None:
+            return ([torch.from_numpy(a).cuda() for a in arrs], torch.from_numpy(cu).cuda())
+        return [cupy.asarray(a) for a in arrs], cupy.asarray(cu)
+
+    def run(arrs, cu, **kw):
+        return ca.attention_varlen(*arrs, cu, cu, causal=True, return_lse=True, **kw)
+
+    def bits(x):
+        x = x.contiguous().view(torch.int16).cpu().numpy() if torch is not None else x.get()
+        return x.view(np.uint16) if x.dtype.itemsize == 2 else x.view(np.uint32)
+
+    a, cu_a = case([100, 0, 37, 119])
+    run(a, cu_a)                                       # registers the signature
+    before = len(varlen.HOT)
+    b, cu_b = case([3, 200, 50, 3])                    # same total and B: same signature
+    hot = [run(b, cu_b, check=check) for check in (True, False)]
+    assert len(varlen.HOT) == before, "no new entry: the hot path ran"
+    saved = dict(varlen.HOT.entries)
+    varlen.HOT.entries.clear()
+    try:
+        general = run(b, cu_b)
+    finally:
+        varlen.HOT.entries.update(saved)
+    for got in hot:
+        for x, y in zip(got, general):
+            assert (bits(x) == bits(y)).all()
+    bad = cu_b.clone() if torch is not None else cu_b.copy()
+    bad[1], bad[2] = 250, 203
+    with pytest.raises(ca.ShapeError, match="must not decrease"):
+        run(b, bad)

@@ -177,7 +177,7 @@ def build_cases(args) -> tuple[list[Case], list[str]]:
 # ---------------------------------------------------------------------------
 # Arguments
 
-def _int_list(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
     """Parse "512,1k,16k" into (512, 1024, 16384)."""
     out = []
     for item in text.split(","):
@@ -192,7 +192,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _dtype_list(text: str) -> tuple[str, ...]:
+def dtype_list(text: str) -> tuple[str, ...]:
     out = []
     for item in text.split(","):
         name = DTYPE_ALIASES.get(item.strip().lower())
@@ -204,13 +204,13 @@ def _dtype_list(text: str) -> tuple[str, ...]:
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
-    dims = _int_list(text)
+    dims = int_list(text)
     if len(dims) != 4:
         raise argparse.ArgumentTypeError(f"--shape takes B,H,S,D (four integers), got {text!r}")
     return dims
 
 
-def _name_list(text: str) -> tuple[str, ...]:
+def name_list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
 
 
@@ -220,11 +220,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the GPU suite's subset: bf16, S in {1024, 4096}, D in {64, 128}, "
                            "causal off/on, one fp32 case (S=2048, D=64), plus --overhead; "
                            f"{QUICK_REPS} reps")
-    grid.add_argument("--seqlens", type=_int_list, default=SEQLENS, metavar="S,...",
+    grid.add_argument("--seqlens", type=int_list, default=SEQLENS, metavar="S,...",
                       help="sequence lengths (default: 512,1k,2k,4k,8k,16k)")
-    grid.add_argument("--head-dims", type=_int_list, default=HEAD_DIMS, metavar="D,...",
+    grid.add_argument("--head-dims", type=int_list, default=HEAD_DIMS, metavar="D,...",
                       help="head dims (default: 64,128,256,72,80,96,160)")
-    grid.add_argument("--dtypes", "--dtype", type=_dtype_list, default=DTYPES, metavar="DT,...",
+    grid.add_argument("--dtypes", "--dtype", type=dtype_list, default=DTYPES, metavar="DT,...",
                       help="bf16, fp16, fp32 (default: bf16,fp16; fp32 suits the CUDA-core "
                            "kernels)")
     grid.add_argument("--causal", choices=("on", "off", "both"), default="both")
@@ -242,13 +242,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="add host overhead per call on a tiny problem and the cold compile time")
 
     who = p.add_argument_group("kernels")
-    who.add_argument("--kernels", type=_name_list, metavar="NAME,...",
+    who.add_argument("--kernels", type=name_list, metavar="NAME,...",
                      help="our families to time (default: every family that accepts each case); "
                           "named ones run even above --quadratic-max-seqlen")
     who.add_argument("--torch", action=argparse.BooleanOptionalAction, default=None,
                      help="time torch SDPA beside ours (default: when torch with CUDA is "
                           "importable)")
-    who.add_argument("--torch-backends", type=_name_list, metavar="NAME,...",
+    who.add_argument("--torch-backends", type=name_list, metavar="NAME,...",
                      help=f"torch SDPA backends (default: {','.join(TORCH_BACKENDS)}; each only "
                           "where it accepts the case)")
     who.add_argument("--quadratic-max-seqlen", type=int, metavar="S",

@@ -14,7 +14,7 @@ from .render import render_header, render_overhead, render_results
 from .report import add_ratios, case_line, write_json
 from .runner import Runner
 from .system import environment
-from .timing import BenchError, _first_line
+from .timing import BenchError, first_line
 
 
 def import_torch(want: bool | None, notes: list[str]):
@@ -67,7 +67,7 @@ def run(args, console: Console) -> int:
             try:
                 report["overhead"] = runner.overhead()
             except Exception as exc:  # the tables above are still worth printing
-                report["notes"].append(f"overhead section failed: {_first_line(exc)}")
+                report["notes"].append(f"overhead section failed: {first_line(exc)}")
                 progress.console.print(f"[red]{escape(report['notes'][-1])}[/]")
             progress.advance(task)
     render_results(report["results"], console)

@@ -16,7 +16,7 @@ import cupy_attention as ca
 
 from .. import device, dispatch, jit
 from .cases import Case, OVERHEAD_CALLS, OVERHEAD_WARMUP, SPIN_MAX_S, case_label
-from .timing import _first_line, cupy_randn, recording_specs
+from .timing import first_line, cupy_randn, recording_specs
 
 
 class OverheadProbe:
@@ -83,7 +83,7 @@ def cold_compile() -> dict:
             empty = _probe(tmp)
             warm = _probe(tmp)
         except (RuntimeError, subprocess.SubprocessError, ValueError) as exc:
-            return {"error": _first_line(exc)}
+            return {"error": first_line(exc)}
     return {"specs": empty["specs"], "compiled_entries": empty["entries"],
             "empty_cache_s": empty["first_s"], "disk_cache_s": warm["first_s"],
             "hot_s": warm["second_s"]}

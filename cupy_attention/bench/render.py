@@ -11,7 +11,7 @@ from .cases import SHORT, case_key, case_label
 from .report import training_steps
 
 
-def _num(x, fmt: str) -> str:
+def format_number(x, fmt: str) -> str:
     if x is None:
         return "–"
     if isinstance(x, str):
@@ -33,20 +33,20 @@ def _err(r: dict) -> str:
     e = r.get("max_err")
     if isinstance(e, str):
         return f"[red]{e}[/]"
-    return _num(e, ".1e")
+    return format_number(e, ".1e")
 
 
 _COMMON_TAIL = [
     ("kernel", lambda r: escape(r["kernel"]), "left"),
-    ("ms", lambda r: _num(r["ms"], ".3f"), "right"),
-    ("±%", lambda r: _num(r["spread_pct"], ".1f"), "right"),
+    ("ms", lambda r: format_number(r["ms"], ".3f"), "right"),
+    ("±%", lambda r: format_number(r["spread_pct"], ".1f"), "right"),
 ]
 _RATIOS = [
     ("×flash", lambda r: _ratio(r.get("speedup_flash")), "right"),
     ("×cudnn", lambda r: _ratio(r.get("speedup_cudnn")), "right"),
 ]
 _EXTRAS = [
-    ("cold s", lambda r: _num(r["cold_s"], ".2f"), "right"),
+    ("cold s", lambda r: format_number(r["cold_s"], ".2f"), "right"),
     ("extra MiB", lambda r: _mib(r.get("extra_bytes")), "right"),
     ("max err", _err, "right"),
 ]
@@ -54,12 +54,12 @@ COLUMNS = {
     "fwd": [("S", lambda r: str(r["seqlen_q"]), "right"),
             ("causal", lambda r: "yes" if r["causal"] else "no", "left"),
             ("B×H", lambda r: f"{r['batch']}×{r['heads_q']}", "right"),
-            *_COMMON_TAIL, ("TFLOPs", lambda r: _num(r["tflops"], ".1f"), "right"),
+            *_COMMON_TAIL, ("TFLOPs", lambda r: format_number(r["tflops"], ".1f"), "right"),
             *_RATIOS, *_EXTRAS],
     "decode": [("B", lambda r: str(r["batch"]), "right"),
                ("Sk", lambda r: str(r["seqlen_k"]), "right"),
                ("Hq/Hkv", lambda r: f"{r['heads_q']}/{r['heads_kv']}", "right"),
-               *_COMMON_TAIL, ("KV TB/s", lambda r: _num(r.get("tbps"), ".2f"), "right"),
+               *_COMMON_TAIL, ("KV TB/s", lambda r: format_number(r.get("tbps"), ".2f"), "right"),
                *_RATIOS, *_EXTRAS],
 }
 COLUMNS["bwd"] = [c for c in COLUMNS["fwd"] if c[0] not in ("extra MiB", "max err")]
@@ -138,7 +138,7 @@ def render_steps(steps: list[dict], console: Console) -> None:
         table.add_row(SHORT[s["dtype"]], str(s["head_dim"]), str(s["seqlen_q"]),
                       "yes" if s["causal"] else "no", escape(s["impl"]), f"{s['fwd_ms']:.3f}",
                       f"{s['bwd_ms']:.3f}", f"{s['step_ms']:.3f}",
-                      _num(s.get("speedup_flash"), ".2f"), _num(s.get("speedup_cudnn"), ".2f"),
+                      format_number(s.get("speedup_flash"), ".2f"), format_number(s.get("speedup_cudnn"), ".2f"),
                       style="dim" if s["impl"] != "ours" else None)
     console.print(table)
 

@@ -15,7 +15,7 @@ from ..reference import attention_reference
 from .cases import Case, ERR_ROWS, make_row
 from .overhead import OverheadProbe
 from .peers import TorchPeers
-from .timing import Timing, Unsupported, _finite, _first_line
+from .timing import Timing, Unsupported, _finite, first_line
 
 
 class Runner(TorchPeers, OverheadProbe, Timing):
@@ -44,7 +44,7 @@ class Runner(TorchPeers, OverheadProbe, Timing):
         except Unsupported as exc:
             return make_row(case, kernel, impl, skipped=str(exc))
         except Exception as exc:  # keep going: one broken kernel must not end the run
-            return make_row(case, kernel, impl, error=_first_line(exc))
+            return make_row(case, kernel, impl, error=first_line(exc))
         finally:
             self.free_memory()
 
@@ -92,7 +92,8 @@ class Runner(TorchPeers, OverheadProbe, Timing):
         made before the timed calls, and each backward kernel that takes the case is
         timed. torch: one forward per input set with its autograd graph retained, and
         the timed call is ``autograd.grad`` through it."""
-        from .backward import BACKWARD_KERNELS, _choose
+        from ..backward import BACKWARD_KERNELS
+        from ..calls import backward_family
 
         sets = self.input_sets(case, with_dout=True)
         problem = case.problem(self.device_id)
@@ -102,7 +103,7 @@ class Runner(TorchPeers, OverheadProbe, Timing):
                                                  name not in self.kernels):
                 continue
             try:
-                _choose(problem, name, self.device_id)
+                backward_family(problem, name, self.device_id)
             except UnsupportedError as exc:
                 rows.append(make_row(case, name, "ours", skipped=str(exc)))
                 continue

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from .. import device, jit
-from ..interop import _is_torch
+from ..interop import is_torch
 from .cases import (BWD_FACTOR, ERR_ROWS, Case, ITEMSIZE, MAX_INPUT_SETS, ROUNDS, SPIN_MAX_S,
                     TORCH_BACKENDS)
 
@@ -68,7 +68,7 @@ def cupy_randn(cupy, shape, dtype: str):
 
 
 def nbytes(x) -> int:
-    return x.numel() * x.element_size() if _is_torch(x) else int(x.nbytes)
+    return x.numel() * x.element_size() if is_torch(x) else int(x.nbytes)
 
 
 def _pool_peak_hook(cupy):
@@ -91,7 +91,7 @@ def _pool_peak_hook(cupy):
     return PoolPeak()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -156,7 +156,7 @@ class Timing:
             self.stream.synchronize()
             return kernel, None
         except Exception as exc:
-            return None, _first_line(exc)
+            return None, first_line(exc)
 
     def sync(self) -> None:
         self.stream.synchronize()

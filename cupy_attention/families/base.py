@@ -85,6 +85,9 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
 
 
 _POINTERS = struct.Struct("<5Q")  # q, k, v, o, lse: the first fields of FwdParams
+_CU_POINTERS = struct.Struct("<2Q")  # cu_seqlens_q, cu_seqlens_k (adjacent in FwdParams)
+_CU_OFFSET = FWD_DTYPE.fields["cu_seqlens_q"][1]
+assert FWD_DTYPE.fields["cu_seqlens_k"][1] == _CU_OFFSET + 8
 
 
 class HotLaunch:
@@ -103,11 +106,15 @@ class HotLaunch:
         self.variants = variants
         self.extra = extra
 
-    def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream, cu=None) -> None:
+        """Launch for these pointers; ``cu``: packed sequences' (cu_seqlens_q,
+        cu_seqlens_k) pointers, patched in too (None keeps the template's)."""
         vec = self.strides_aligned and not ((q | k | v | o) & 15)
         kernel, grid, block, smem = self.variants(vec)
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
+        if cu is not None:
+            _CU_POINTERS.pack_into(buf, _CU_OFFSET, *cu)
         args = (np.frombuffer(buf, FWD_DTYPE)[0],)
         if self.extra is not None:
             args += self.extra(vec, q, k, v, stream)

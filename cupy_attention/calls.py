@@ -1,0 +1,60 @@
+"""Call plumbing the entry points share (api, backward, varlen, decode): choosing a
+backward family for a device, allocating results where CUDA-graph capture allows,
+and the signature-keyed hot-call cache.
+
+Nothing here validates: callers pass a validated :class:`~cupy_attention.problem.Problem`.
+"""
+
+from __future__ import annotations
+
+from . import device as _device
+from . import interop
+from .dispatch import BackwardFamily, choose_backward
+
+
+def backward_family(p, kernel: str, device_id: int) -> BackwardFamily:
+    """The backward family that runs ``p`` on ``device_id`` (dispatch.choose_backward
+    with the device's compute capability and shared-memory limit)."""
+    return choose_backward(p, kernel, _device.compute_capability(device_id),
+                           _device.max_shared_per_block(device_id))
+
+
+def allocator(ctx, q):
+    """``alloc(shape, cupy dtype, zero)`` -> a CuPy array on ``ctx``'s device. With torch
+    tensors the memory comes from torch's caching allocator (viewed through DLPack),
+    which CUDA-graph capture understands; CuPy's pool may call cudaMalloc, which a
+    capturing stream refuses."""
+    cupy = _device.require_cupy()
+    if ctx.kind != "torch":
+        return lambda shape, dtype, zero: (cupy.zeros if zero else cupy.empty)(shape, dtype=dtype)
+    import torch
+
+    def alloc(shape, dtype, zero):
+        tdtype = ctx.torch_dtype if cupy.dtype(dtype).itemsize == 2 else torch.float32
+        t = (torch.zeros if zero else torch.empty)(shape, dtype=tdtype, device=q.device)
+        return interop.to_cupy(t, "scratch", ctx)
+    return alloc
+
+
+def is_torch_type(x) -> bool:
+    """A torch tensor, by its type's module (torch is never imported to ask)."""
+    return type(x).__module__.startswith("torch")
+
+
+class HotCache:
+    """Hot calls by signature: a bounded dict (``limit`` entries, then no more are
+    kept; a process that sees more shapes runs them on the general path)."""
+
+    def __init__(self, limit: int = 1024):
+        self.entries: dict = {}
+        self.limit = limit
+
+    def get(self, key):
+        return self.entries.get(key) if key is not None else None
+
+    def put(self, key, hot) -> None:
+        if key is not None and len(self.entries) < self.limit:
+            self.entries[key] = hot
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,143 @@
+"""Start-up and hot paths on the host (issue #26): ``import cupy_attention`` loads no
+heavy optional module and none of the entry points a first ``attention`` call does not
+need; the varlen hot path repeats a launch with new pointers (cu_seqlens included)
+and still honours ``check=True``. No GPU: CuPy is replaced by a stand-in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import cupy_attention as ca
+from cupy_attention import device, varlen
+from cupy_attention.errors import ShapeError
+from cupy_attention.families.base import HotLaunch
+from cupy_attention.params import FWD_DTYPE
+from cupy_attention.problem import Problem
+
+
+def test_import_loads_no_optional_or_unneeded_module():
+    code = ("import sys, cupy_attention as ca\n"
+            "bad = [m for m in ('rich', 'torch', 'jax', 'matplotlib', 'cupy_attention.varlen',\n"
+            "       'cupy_attention.decode', 'cupy_attention.backward', 'cupy_attention.reference',\n"
+            "       'cupy_attention.families.flash_bwd', 'cupy_attention.cli',\n"
+            "       'cupy_attention.bench') if m in sys.modules]\n"
+            "assert not bad, bad\n"
+            "assert callable(ca.attention_varlen) and 'cupy_attention.varlen' in sys.modules\n"
+            "from cupy_attention import attention_backward, attention_decode\n"
+            "assert 'attention_decode' in dir(ca)\n"
+            "from cupy_attention.dispatch import BACKWARD_FAMILIES\n"
+            "assert list(BACKWARD_FAMILIES) == ['flash_wgmma', 'flash_mma', 'flash']\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_unknown_attribute_still_raises():
+    with pytest.raises(AttributeError):
+        ca.no_such_function  # noqa: B018
+
+
+class FakeArray:
+    """Enough of a CuPy array for the hot path (shape, strides, dtype, device, pointer)."""
+
+    def __init__(self, shape, dtype, ptr, values=None):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        strides, step = [], self.dtype.itemsize
+        for n in reversed(self.shape):
+            strides.append(step)
+            step *= n
+        self.strides = tuple(reversed(strides))
+        self.device = types.SimpleNamespace(id=0)
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.values = values
+
+    def get(self):
+        return np.asarray(self.values, dtype=self.dtype)
+
+
+FakeArray.__module__ = "cupy._stand_in"
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    ptrs = iter(range(1 << 20, 1 << 30, 1 << 16))
+    stream = types.SimpleNamespace(is_capturing=lambda: False)
+    fake = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0),
+                                   get_current_stream=lambda: stream),
+        empty=lambda shape, dtype: FakeArray(shape, dtype, next(ptrs)),
+        float32=np.float32)
+    monkeypatch.setattr(device, "require_cupy", lambda: fake)
+    return fake
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+def _varlen_case(lens=(0, 5, 12, 20)):
+    q = FakeArray((20, 4, 64), "float16", 0x1000)
+    k = FakeArray((20, 2, 64), "float16", 0x2000)
+    v = FakeArray((20, 2, 64), "float16", 0x3000)
+    cu = FakeArray((len(lens),), "int32", 0x4000, lens)
+    p = Problem(len(lens) - 1, 4, 2, 20, 20, 64, "float16", "thd", True, "none", 0.125, 0,
+                varlen=True)
+    return q, k, v, cu, p
+
+
+def test_varlen_hot_call_patches_pointers_and_honours_check(fake_cupy, monkeypatch):
+    monkeypatch.setattr(varlen, "HOT", varlen.HotCache(4))
+    q, k, v, cu, p = _varlen_case()
+    key = varlen.signature(q, k, v, cu, cu, None, None, True, None, None, None, True, "auto")
+    assert key is not None
+    rec = Recorder()
+    varlen.HOT.put(key, varlen.VarlenHotCall("cupy", 0, p, rec))
+    out, lse = ca.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (4, 20) and lse.dtype == np.float32
+    (qp, kp, vp, op, lp, _stream, cus), = rec.calls
+    assert (qp, kp, vp, op, lp, cus) == (0x1000, 0x2000, 0x3000, out.data.ptr, lse.data.ptr,
+                                         (0x4000, 0x4000))
+    bad = FakeArray(cu.shape, "int32", 0x5000, (0, 7, 5, 20))
+    with pytest.raises(ShapeError, match="must not decrease"):
+        ca.attention_varlen(q, k, v, bad, bad, causal=True, return_lse=True)
+    ca.attention_varlen(q, k, v, bad, bad, causal=True, return_lse=True, check=False)
+    assert rec.calls[-1][-1] == (0x5000, 0x5000), "check=False: the fast path, no host read"
+
+
+def test_varlen_signature_separates_what_the_launch_depends_on():
+    q, k, v, cu, _ = _varlen_case()
+    base = dict(max_q=None, max_k=None, causal=True, scale=None, window=None, softcap=None,
+                return_lse=False, kernel="auto")
+    sig = lambda **kw: varlen.signature(q, k, v, cu, cu, **{**base, **kw})  # noqa: E731
+    keys = [sig(), sig(causal=False), sig(scale=0.5), sig(window=(8, 0)), sig(softcap=30.0),
+            sig(return_lse=True), sig(kernel="flash_mma"), sig(max_q=5)]
+    assert None not in keys and len(set(keys)) == len(keys)
+    other = FakeArray((5,), "int32", 0x9000, (0, 1, 2, 3, 20))
+    assert varlen.signature(q, k, v, other, other, **base) != sig()
+    assert varlen.signature(q, k, v, cu, cu, **{**base, "window": [1, 0]}) is not None
+    host = np.zeros(4, np.int32)
+    assert varlen.signature(q, k, v, host, host, **base) is None, "host cu_seqlens: no hot path"
+    assert varlen.signature(np.zeros((20, 4, 64)), k, v, cu, cu, **base) is None
+
+
+def test_hot_launch_patches_cu_seqlens():
+    seen = []
+    kernel = types.SimpleNamespace(launch=lambda grid, block, args, smem, stream: seen.append(args))
+    hl = HotLaunch.__new__(HotLaunch)
+    hl.template = bytes(FWD_DTYPE.itemsize)
+    hl.strides_aligned, hl.extra = True, None
+    hl.variants = lambda vec: (kernel, (1,), (32,), 0)
+    hl.run(16, 32, 48, 64, 80, None, (96, 112))
+    hl.run(16, 32, 48, 64, 0, None)
+    a, b = seen[0][0], seen[1][0]
+    assert [int(a[f]) for f in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")] == \
+        [16, 32, 48, 64, 80, 96, 112]
+    assert int(b["lse"]) == 0 and int(b["cu_seqlens_q"]) == 0, "the template's value kept"
