@@ -1,0 +1,63 @@
+"""Dropout's host-side random stream: the Philox4x32-10 known answers (Random123's
+kat_vectors) and the keep mask's statistics, determinism and counter mapping."""
+
+import numpy as np
+import pytest
+
+from cupy_attention import dropout
+
+
+@pytest.mark.parametrize("counter, key, expected", [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_known_answers(counter, key, expected):
+    assert tuple(int(w) for w in dropout.philox4x32_10(counter, key)) == expected
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_fraction_within_5_sigma(p):
+    mask = dropout.keep_mask(1234, 7, 2, 3, 100, 130, p)
+    keep = 1 - dropout.threshold(p) / 65536
+    sigma = np.sqrt(keep * (1 - keep) / mask.size)
+    assert abs(mask.mean() - keep) < 5 * sigma
+
+
+def test_keep_mask_deterministic_and_seeded():
+    a = dropout.keep_mask(1 << 40 | 5, 3, 2, 2, 40, 50, 0.3)
+    assert np.array_equal(a, dropout.keep_mask(1 << 40 | 5, 3, 2, 2, 40, 50, 0.3))
+    assert not np.array_equal(a, dropout.keep_mask(5, 3, 2, 2, 40, 50, 0.3))   # seed's high word
+    assert not np.array_equal(a, dropout.keep_mask(1 << 40 | 5, 4, 2, 2, 40, 50, 0.3))
+
+
+def test_keep_mask_is_a_prefix():
+    """An element's bit depends on (b, h, i, j) only, not on the problem's size."""
+    big = dropout.keep_mask(9, 0, 2, 4, 64, 80, 0.5)
+    assert np.array_equal(big[:1, :3, :17, :33], dropout.keep_mask(9, 0, 1, 3, 17, 33, 0.5))
+
+
+def test_counter_mapping_one_element():
+    seed, offset, Hq, b, h, i, j = (3 << 32) | 11, 5, 3, 1, 2, 21, 37
+    ri, rj = i % 16, j % 16
+    words = dropout.philox4x32_10(
+        ((j // 16) * 32 + (ri % 8) * 4 + (rj % 8) // 2, i // 16, b * Hq + h, offset),
+        (seed & 0xFFFFFFFF, seed >> 32))
+    half = (ri // 8) * 4 + (rj // 8) * 2 + rj % 2
+    u = (int(words[half // 2]) >> (16 * (half % 2))) & 0xFFFF
+    p = 0.5
+    assert dropout.keep_mask(seed, offset, 2, Hq, 32, 48, p)[b, h, i, j] == (u >= 32768)
+
+
+def test_p_zero_keeps_everything():
+    assert dropout.keep_mask(1, 0, 1, 1, 20, 20, 0.0).all()
+    assert dropout.keep_scale(0.0) == 1.0
+
+
+def test_generator_advances_and_reseeds():
+    g = dropout.Generator()
+    g.manual_seed(42)
+    assert [g.next(), g.next()] == [(42, 0), (42, 1)]
+    g.manual_seed(42)
+    assert g.next() == (42, 0)
