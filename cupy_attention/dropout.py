@@ -17,9 +17,12 @@ the element takes half (ri // 8) * 4 + (rj // 8) * 2 + rj % 2. One call then ser
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import numpy as np
+
+from .errors import DTypeError, ShapeError
 
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
@@ -68,6 +71,24 @@ def keep_mask(seed: int, offset: int, B: int, Hq: int, Sq: int, Sk: int, p: floa
                       for w in words])
     u = (word >> ((half % np.uint64(2)) * np.uint64(16)).astype(np.uint32)) & np.uint32(0xFFFF)
     return u >= threshold(p)
+
+
+def check_args(p, seed, offset, *, need_seed: bool = False) -> None:
+    """Typed errors for dropout_p, dropout_seed, dropout_offset (the backward passes
+    need_seed: it must redraw the forward's mask)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise DTypeError(f"dropout_p must be a real number, got {type(p).__name__}")
+    if not 0.0 <= float(p) < 1.0:
+        raise ShapeError(f"dropout_p must be in [0, 1), got {p}")
+    if p > 0 and need_seed and seed is None:
+        raise ShapeError("dropout_p > 0 needs the dropout_seed and dropout_offset the forward used")
+    for name, value, bound in (("dropout_seed", seed, 1 << 64), ("dropout_offset", offset, 1 << 32)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 0 <= value < bound:
+            raise ShapeError(f"{name} must be in [0, 2^{bound.bit_length() - 1}), got {value}")
 
 
 class Generator:

@@ -61,3 +61,21 @@ def test_generator_advances_and_reseeds():
     assert [g.next(), g.next()] == [(42, 0), (42, 1)]
     g.manual_seed(42)
     assert g.next() == (42, 0)
+
+
+@pytest.mark.parametrize("p, seed, offset, error", [
+    ("0.1", None, None, dropout.DTypeError), (True, None, None, dropout.DTypeError),
+    (1.0, None, None, dropout.ShapeError), (-0.1, None, None, dropout.ShapeError),
+    (0.1, 1.5, None, dropout.DTypeError), (0.1, 1 << 64, None, dropout.ShapeError),
+    (0.1, -1, None, dropout.ShapeError), (0.1, 1, 1 << 32, dropout.ShapeError),
+])
+def test_argument_errors(p, seed, offset, error):
+    with pytest.raises(error, match="dropout_"):
+        dropout.check_args(p, seed, offset)
+
+
+def test_backward_needs_the_seed():
+    with pytest.raises(dropout.ShapeError, match="dropout_seed"):
+        dropout.check_args(0.1, None, None, need_seed=True)
+    dropout.check_args(0.0, None, None, need_seed=True)
+    dropout.check_args(0.5, (1 << 64) - 1, (1 << 32) - 1, need_seed=True)
