@@ -166,6 +166,10 @@ def test_transform_configs_fit(head_dim, causal):
     assert block_n <= plain[1] or consumers < plain[0]
     vt = Variant(causal, dense="alibi")
     assert f"BN={block_n}" in flash_wgmma.spec(head_dim, "bfloat16", vt).name
+    # what `cupy-attention tune` times for such a variant stays within the same rule
+    cands = flash_wgmma.candidates(head_dim, causal, transforms=True)
+    assert cands[0] == cfg
+    assert all(flash_wgmma.config_fits(head_dim, c, transforms=True) for c in cands[1:])
 
 
 # ---------------------------------------------------------------------------
