@@ -219,10 +219,11 @@ def check_softcap(softcap) -> float:
 ALIBI_MAX_SEQLEN = 1 << 22
 
 
-def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q: int,
-                seqlen_k: int, mask_kind: str = "none") -> bool:
+def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int,
+                mask_kind: str = "none") -> bool:
     """Whether ALiBi is on: ``alibi_slopes`` float32 ``[Hq]`` or ``[B, Hq]`` on q's
-    device, unit stride in its last axis; refused beside a dense mask."""
+    device, unit stride in its last axis; refused beside a dense mask. The caller
+    checks the sequences' lengths (:func:`check_alibi_length`)."""
     if alibi_slopes is None:
         return False
     info = describe(alibi_slopes, "alibi_slopes")
@@ -241,10 +242,14 @@ def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q
     if mask_kind != "none":
         raise UnsupportedError("alibi_slopes does not combine with mask: add the ALiBi bias "
                                "to the floating mask instead, or drop the mask")
-    if max(seqlen_q, seqlen_k) >= ALIBI_MAX_SEQLEN:
+    return True
+
+
+def check_alibi_length(alibi: bool, seqlen_q: int, seqlen_k: int) -> None:
+    """ALiBi's sequences (one of them, when packed) shorter than ALIBI_MAX_SEQLEN."""
+    if alibi and max(seqlen_q, seqlen_k) >= ALIBI_MAX_SEQLEN:
         raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} "
                          f"tokens, got Sq={seqlen_q}, Sk={seqlen_k}")
-    return True
 
 
 def check_scale(scale, head_dim: int) -> float:
@@ -332,7 +337,8 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     if lse_out is not None:
         check_like(lse_out, "lse_out", qi, (B, Hq, Sq), "float32")
 
-    alibi = check_alibi(alibi_slopes, qi, B, Hq, Sq, Sk, mask_kind)
+    alibi = check_alibi(alibi_slopes, qi, B, Hq, mask_kind)
+    check_alibi_length(alibi, Sq, Sk)
 
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
                    qi.device, window, softcap, alibi=alibi)

@@ -28,8 +28,8 @@ from .calls import HotCache, allocator, backward_family, is_torch_type
 from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (ALIBI_MAX_SEQLEN, DTYPES, Problem, unit_last_stride, check_alibi,
-                      check_like, check_scale, check_softcap, check_window, describe)
+from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_like, check_scale,
+                      check_softcap, check_window, describe, unit_last_stride)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -97,12 +97,10 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
     softcap = check_softcap(softcap)
     scale = check_scale(scale, D)
     B = ci.shape[0] - 1
-    alibi = check_alibi(alibi_slopes, qi, B, Hq, min(total_q, ALIBI_MAX_SEQLEN - 1),
-                        min(total_k, ALIBI_MAX_SEQLEN - 1))
-    p = Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
-                "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
-    _check_alibi_lengths(p, mq, mk)
-    return p
+    alibi = check_alibi(alibi_slopes, qi, B, Hq)
+    check_alibi_length(alibi, mq, mk)   # the longest sequences, where given
+    return Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
+                   "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
 
 
 def _host_ints(x):
@@ -131,12 +129,6 @@ def check_seqlens(p: Problem, cu_q, cu_k) -> tuple[int, int]:
                              f"rows; the last entry must be the total")
         out.append(int(steps.max()) if steps.size else 0)
     return out[0], out[1]
-
-
-def _check_alibi_lengths(p: Problem, longest_q: int, longest_k: int) -> None:
-    if p.alibi and max(longest_q, longest_k) >= ALIBI_MAX_SEQLEN:
-        raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} tokens, "
-                         f"got one of {max(longest_q, longest_k)}")
 
 
 def _device_ints(x, name, ctx):
@@ -281,7 +273,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
-        _check_alibi_lengths(p, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
+        check_alibi_length(p.alibi, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
     family = dispatch.choose(p, kernel, _device.compute_capability(ctx.device_id))
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
@@ -337,7 +329,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
-        check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
+        check_alibi_length(p.alibi, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
     family = backward_family(p, kernel, ctx.device_id)
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:

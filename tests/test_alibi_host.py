@@ -12,7 +12,8 @@ import pytest
 import cupy_attention as ca
 from cupy_attention.errors import DTypeError, ShapeError, UnsupportedError
 from cupy_attention.families import flash_wgmma
-from cupy_attention.problem import ALIBI_MAX_SEQLEN, check_alibi, describe, validate
+from cupy_attention.problem import (ALIBI_MAX_SEQLEN, check_alibi, check_alibi_length, describe,
+                                    validate)
 from cupy_attention.reference import (alibi_bias, attention_backward_reference,
                                       attention_reference)
 from cupy_attention.variant import Variant
@@ -131,8 +132,11 @@ def test_slopes_with_mask_refused():
 
 def test_sequences_past_the_exact_range_refused():
     qi = describe(np.zeros((1, 2, 1, 4), dtype=np.float32), "q")
+    assert check_alibi(SLOPES, qi, 1, 2)
+    check_alibi_length(True, 1, ALIBI_MAX_SEQLEN - 1)
+    check_alibi_length(False, 1, ALIBI_MAX_SEQLEN)
     with pytest.raises(ShapeError, match="shorter than"):
-        check_alibi(SLOPES, qi, 1, 2, 1, ALIBI_MAX_SEQLEN)
+        check_alibi_length(True, 1, ALIBI_MAX_SEQLEN)
 
 
 def test_reference_kernel_takes_slopes():
