@@ -23,9 +23,9 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
-from .backward import BACKWARD_KERNELS
+from .backward import check_options
 from .calls import HotCache, allocator, backward_family, is_torch_type
-from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
+from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
 from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_like, check_scale,
@@ -319,11 +319,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         if x is None:
             raise ShapeError(f"{name} is required")
         check_like(x, name, qi, shape, dtype)
-    if not isinstance(deterministic, bool):
-        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    if kernel not in BACKWARD_KERNELS:
-        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
-                               f"{', '.join(BACKWARD_KERNELS)}")
+    check_options(deterministic, kernel)
     if kernel == "reference":
         return _reference_backward(p, dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     _device.require_device()
