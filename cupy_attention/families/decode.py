@@ -379,7 +379,8 @@ class Decode(Family):
         if p.mask_kind != "none":
             return "decode takes no dense mask"
         if p.alibi:
-            return "decode takes no ALiBi (its blocks see a split's keys, not the sequence's length)"
+            return ("decode takes no ALiBi (its blocks see a split's keys, not the "
+                    "sequence's length)")
         return None
 
     def auto_takes(self, p: Problem) -> bool:

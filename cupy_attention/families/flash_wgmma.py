@@ -117,7 +117,8 @@ def narrowed(head_dim: int, cfg) -> tuple:
         while block_n > 64 and (payload(head_dim, consumers, block_n) > cap[2] or smem_bytes(
                 head_dim, (consumers, block_n, min_blocks, 2)) > SMEM_LIMIT):
             block_n -= 16
-    while stages > 2 and smem_bytes(head_dim, (consumers, block_n, min_blocks, stages)) > SMEM_LIMIT:
+    while stages > 2 and smem_bytes(head_dim,
+                                    (consumers, block_n, min_blocks, stages)) > SMEM_LIMIT:
         stages -= 1
     return consumers, block_n, min_blocks, stages
 
