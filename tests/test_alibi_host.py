@@ -4,7 +4,6 @@ direct formula (forward, and the backward against finite differences)."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -18,6 +17,8 @@ from cupy_attention.reference import (alibi_bias, attention_backward_reference,
                                       attention_reference)
 from cupy_attention.variant import Variant
 
+from test_variants_host import direct as variants_direct
+
 SLOPES = np.array([0.5, 0.125], dtype=np.float32)
 
 
@@ -28,29 +29,8 @@ def qkv(seed, B=1, Hq=2, Hkv=1, Sq=7, Sk=9, D=5):
 
 
 def direct(q, k, v, slopes, *, causal=False, softcap=None):
-    """Row by row with Python floats: score, softcap, then -slope * |i + Sk - Sq - j|."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    slopes = np.broadcast_to(slopes, (B, Hq))
-    out = np.zeros((B, Hq, Sq, D))
-    lse = np.full((B, Hq, Sq), -math.inf)
-    for b in range(B):
-        for h in range(Hq):
-            hk = h // (Hq // Hkv)
-            for i in range(Sq):
-                c = i + Sk - Sq
-                js = [j for j in range(Sk) if not causal or j <= c]
-                if not js:
-                    continue
-                s = [float(q[b, h, i] @ k[b, hk, j]) / math.sqrt(D) for j in js]
-                if softcap:
-                    s = [softcap * math.tanh(x / softcap) for x in s]
-                s = [x - float(slopes[b, h]) * abs(c - j) for x, j in zip(s, js)]
-                top = max(s)
-                w = [math.exp(x - top) for x in s]
-                lse[b, h, i] = top + math.log(sum(w))
-                out[b, h, i] = sum(wj * v[b, hk, j] for wj, j in zip(w, js)) / sum(w)
-    return out, lse
+    """test_variants_host's row-by-row formula with these slopes."""
+    return variants_direct(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("Sq,Sk", [(7, 9), (9, 7), (8, 8)])
