@@ -172,6 +172,15 @@ def out_shape(batch, heads, seqlen, dim, layout):
     return (batch, heads, seqlen, dim) if layout == "bhsd" else (batch, seqlen, heads, dim)
 
 
+def check_heads(heads_q: int, heads_kv: int, head_dim: int) -> None:
+    """A head dim of at least 1, and q heads a multiple of the k/v heads (GQA/MQA)."""
+    if head_dim == 0:
+        raise ShapeError("head dim D must be at least 1, got 0")
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ShapeError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) "
+                         "for grouped-query attention")
+
+
 def check_window(window, causal: bool, seqlen_q: int, seqlen_k: int):
     """The ``window`` argument as the Problem keeps it: ``(left, right)`` ints with
     ``-1`` for an unbounded side, ``right`` 0 under causal, a side that bounds no row
@@ -298,11 +307,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     if Dk != D or Dv != D:
         raise ShapeError(f"head dims differ: q has D={D}, k has D={Dk}, v has D={Dv}; "
                          "q, k and v must share one head dim")
-    if D == 0:
-        raise ShapeError("head dim D must be at least 1, got 0")
-    if Hkv == 0 or Hq % Hkv:
-        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
-                         "grouped-query attention")
+    check_heads(Hq, Hkv, D)
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
         if not unit_last_stride(info):
             raise LayoutError(f"{name} must have unit stride in its last (head-dim) axis, got "

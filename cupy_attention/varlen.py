@@ -28,8 +28,8 @@ from .calls import HotCache, allocator, backward_family, is_torch_type
 from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_like, check_scale,
-                      check_softcap, check_window, describe, unit_last_stride)
+from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_heads, check_like,
+                      check_scale, check_softcap, check_window, describe, unit_last_stride)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -81,11 +81,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
         raise ShapeError(f"k and v must have the same shape, got {ki.shape} and {vi.shape}")
     if Dk != D:
         raise ShapeError(f"head dims differ: q has D={D}, k and v have D={Dk}")
-    if D == 0:
-        raise ShapeError("head dim D must be at least 1, got 0")
-    if Hkv == 0 or Hq % Hkv:
-        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
-                         "grouped-query attention")
+    check_heads(Hq, Hkv, D)
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
         if not unit_last_stride(info):
             raise ShapeError(f"{name} must have unit stride in its last (head-dim) axis, got "
