@@ -309,7 +309,8 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         if s.batch and s.seqlen_q and s.heads_q:
             vec = fam.vectorizable_arrays(s.head_dim, (qv, kv, vv, ov))
             sms = _device.multiprocessor_count(ctx.device_id)
-            pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits))
+            pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits),
+                          _device.max_shared_per_block(ctx.device_id))
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
             fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream, ctx.device_id, arch,

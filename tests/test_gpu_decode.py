@@ -51,6 +51,7 @@ def _compile_in_parallel():
         return
     dev = cupy.cuda.runtime.getDevice()
     arch, sms = device.device_arch(dev), device.multiprocessor_count(dev)
+    limit = device.max_shared_per_block(dev)
     jobs = {}
     for page, (hq, hkv), d, sq, dtype, causal in itertools.product(
             PAGES, HEADS, DIMS, (1, 4), DTYPES, (False, True)):
@@ -58,7 +59,7 @@ def _compile_in_parallel():
             s = fam.DecodeShape(b, hq, hkv, sq, 2048, d, dtype, Variant(causal),
                                 page is not None)
             for splits in (None, 1, 5):
-                p = fam.plan(s, True, sms, splits)
+                p = fam.plan(s, True, sms, splits, limit)
                 jobs[(p.spec, arch)] = None
                 jobs[(fam.merge_spec("float32", dtype, d), arch)] = None
     with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
@@ -222,6 +223,16 @@ def test_head_dims_not_a_power_of_two(D):
 def test_long_sequence_beside_empty_ones():
     run_case(seed_for("long"), B=3, Hq=32, Hkv=8, D=128, Sq=1, page=64, dtype="bfloat16",
              lengths=(65536, 0, 3))
+
+
+# (Hq, Hkv, Sq): packed rows group x Sq = 64 (four row warps), 32 and 21 (two), 128
+# (two blocks of 64), 16 (MHA, one row per head).
+@pytest.mark.parametrize("Hq,Hkv,Sq", [(32, 8, 16), (16, 2, 4), (24, 8, 7), (64, 8, 16),
+                                       (8, 8, 16)])
+@pytest.mark.parametrize("page", [None, 16])
+def test_many_packed_rows(Hq, Hkv, Sq, page):
+    run_case(seed_for("rows", Hq, Hkv, Sq, page), B=3, Hq=Hq, Hkv=Hkv, D=128, Sq=Sq, page=page,
+             dtype="bfloat16", lengths=(Sq, 700, 3000), splits=(None, 3)[Sq % 2])
 
 
 @pytest.mark.parametrize("Sq", [2, 8, 16])
