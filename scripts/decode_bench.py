@@ -11,11 +11,14 @@ rounds: reported is the time per call of the faster round and the spread
 |round1 - round2| / min in percent (a difference smaller than the spread is noise).
 Paged caches hold each sequence's pages in shuffled order. torch's SDPA runs with
 ``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
-mask would be aligned top-left, so the row is a timing anchor only).
+mask would be aligned top-left, so the row is a timing anchor only) on head-major
+[B, Hkv, Sk, D] caches; ours read [B, Sk, Hkv, D] (``--layouts hnd`` adds head-major
+views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures).
 
     python scripts/decode_bench.py                       # the issue's anchor shapes
     python scripts/decode_bench.py --grid --json decode.json
     python scripts/decode_bench.py --shape 1,32,8,1,32768,128 --pages 0,1,16,64
+    python scripts/decode_bench.py --layouts nhd,hnd --no-torch
 """
 
 from __future__ import annotations
