@@ -110,7 +110,8 @@ def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softc
     arguments that are not hashable: validation names what is wrong with them)."""
     try:
         if type(q).__module__.startswith("torch"):
-            arrays = tuple((x.shape, x.stride(), x.dtype, x.device) for x in (q, k, v))
+            # get_device(): an int (-1 on the CPU), cheaper than building x.device
+            arrays = tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in (q, k, v))
         else:
             arrays = tuple((x.shape, x.strides, x.dtype, x.device.id) for x in (q, k, v))
         key = (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
@@ -135,11 +136,9 @@ class _HotCall:
         if self.kind == "torch":
             import torch
 
-            dev = self.device_id
-            stream = interop.external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
-            out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
-            lse = (torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-                   if return_lse else None)
+            stream = interop.torch_stream(self.device_id)
+            out = q.new_empty(self.out_shape)
+            lse = q.new_empty(self.lse_shape, dtype=torch.float32) if return_lse else None
             self.launcher.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                               lse.data_ptr() if lse is not None else 0, stream)
         else:

@@ -547,7 +547,7 @@ def _compile_recorded(run, workers=None) -> int:
 
     import cupy
 
-    from cupy_attention import api, jit, varlen
+    from cupy_attention import api, decode, jit, varlen
 
     if not jit.cache_enabled():
         return 0
@@ -559,19 +559,23 @@ def _compile_recorded(run, workers=None) -> int:
         def launch(self, *args, **kwargs):
             pass
 
+        def launch_packed(self, *args, **kwargs):
+            pass
+
     def record(spec, arch, device_id):
         wanted[(spec, arch)] = None
         return _NoLaunch()
 
-    caches = (api._HOT, varlen.HOT)
+    caches = (api._HOT, varlen.HOT, decode._HOT)
     before = [set(cache.entries) for cache in caches]
-    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    real = jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed
     jit.get_function = record
-    jit.LoadedKernel.launch = lambda self, *a, **k: None   # in case a family bypasses get_function
+    # in case a family bypasses get_function
+    jit.LoadedKernel.launch = jit.LoadedKernel.launch_packed = lambda self, *a, **k: None
     try:
         run()
     finally:
-        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
+        jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed = real
         for cache, keys in zip(caches, before):
             for key in set(cache.entries) - keys:
                 cache.entries.pop(key, None)

@@ -430,3 +430,19 @@ def test_merge_reference_is_the_one_shot_softmax():
     np.testing.assert_allclose(o, a_o, atol=1e-12)
     o, l = merge_attention_states_reference([a_o, b_o], [empty, empty])
     assert (o == 0).all() and np.isneginf(l).all()
+
+
+def test_hot_signature_only_for_device_arrays():
+    """The decode hot path skips validation, so host arrays, host tables and lengths,
+    lists and unhashable arguments never get a signature."""
+    from cupy_attention import decode as dec
+
+    q = np.zeros((2, 1, 8, 64), np.float16)
+    k = np.zeros((2, 16, 2, 64), np.float16)
+    lens = np.array([3, 4], np.int32)
+    assert dec._signature(q, k, k, lens, None, True, None, None, 0.0, False, None, None) is None
+    assert dec._signature(q, k, k, [3, 4], None, True, None, None, 0.0, False, None, None) is None
+    torch = pytest.importorskip("torch")
+    tq, tk = torch.zeros(2, 1, 8, 64), torch.zeros(2, 16, 2, 64)
+    assert dec._signature(tq, tk, tk, None, None, True, None, None, 0.0, False, None,
+                          None) is None   # CPU tensors

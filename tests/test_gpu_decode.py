@@ -363,6 +363,56 @@ def test_torch_in_torch_out_on_the_callers_stream():
     assert float(diff.max()) <= 2 * noise_floor(as_float(want), "bfloat16")
 
 
+@pytest.mark.parametrize("torch_arrays", [False, True])
+def test_decode_hot_path_follows_new_tables_and_lengths(torch_arrays):
+    """A repeat call with the same shapes takes the hot path (no validation), and must
+    still read the new call's q, caches, block table and lengths: two caches of one
+    shape with different page orders and lengths, called alternately, each against its
+    own reference."""
+    import cupy
+
+    from cupy_attention import decode as dec
+
+    torch = pytest.importorskip("torch") if torch_arrays else None
+    cases = []
+    for n, lengths in enumerate(((700, 1, 2000), (1999, 64, 3))):
+        c = make_cache(seed_for("hot-decode", n, torch_arrays), B=3, Hq=16, Hkv=2, D=128, Sq=2,
+                       lengths=lengths, page=16, dtype="bfloat16", spare=4 - n)
+        cases.append(c)
+    # one shape for both: pad the smaller pool and table
+    pages = max(c[1].shape[0] for c in cases)
+    width = max(c[3].shape[1] for c in cases)
+    runs = []
+    for q, k, v, table, lens, ks, vs in cases:
+        if k.shape[0] < pages:
+            pad = nan_array((pages - k.shape[0],) + k.shape[1:], "bfloat16", cupy)
+            k, v = (cupy.concatenate([x.view(cupy.uint16), pad.view(cupy.uint16)]).view(x.dtype)
+                    for x in (k, v))
+        table = cupy.pad(table, ((0, 0), (0, width - table.shape[1])), constant_values=-1)
+        runs.append((q, k, v, table, lens, ks, vs))
+    if torch_arrays:
+        conv = lambda x: (torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)  # noqa: E731
+                          if x.dtype.itemsize == 2 else torch.from_dlpack(x))
+    else:
+        conv = lambda x: x  # noqa: E731
+    keys = set()
+    for rep in range(2):
+        for q, k, v, table, lens, ks, vs in runs:
+            args = (conv(q), conv(k), conv(v))
+            kw = dict(cache_seqlens=conv(lens), block_table=conv(table), return_lse=True)
+            keys.add(dec._signature(*args, kw["cache_seqlens"], kw["block_table"], True, None,
+                                    None, 0.0, True, None, None))
+            out, lse = ca.attention_decode(*args, **kw)
+            if torch_arrays:
+                torch.cuda.synchronize()
+                out = cupy.from_dlpack(out.view(torch.int16)).view(q.dtype)
+                lse = cupy.from_dlpack(lse)
+            ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="bfloat16")
+            check_attention(as_float(out).swapaxes(1, 2), ref, same, "bfloat16",
+                            lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+    assert len(keys) == 1 and dec._HOT.get(keys.pop()) is not None   # one signature: hot
+
+
 # ---------------------------------------------------------------------------
 # Merging attention states
 

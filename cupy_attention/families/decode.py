@@ -303,6 +303,9 @@ def launch_merge(params: np.void, rows: int, kspec: jit.KernelSpec, stream, devi
 _POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of DecodeParams.fwd
 _PARTS = struct.Struct("<2Q")      # o_part, lse_part
 _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
+_CACHE_AT = DECODE_DTYPE.fields["cache"][1]
+_TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
+_LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
 # MergeParams: a.o, a.lse, o, lse
 _MERGE_AT = (MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["o"][1],
              MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["lse"][1],
@@ -338,15 +341,21 @@ class DecodeLaunch:
                                                  arch, device_id)
             self.merge_grid = (-(-rows // MERGE_WARPS),)
 
-    def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
+            lengths: int | None = None) -> None:
+        """Launch on new pointers; ``table`` and ``lengths`` (when not None) replace
+        the block table's and the lengths' (a hot decode call's own)."""
         import cupy
 
         s, p = self.s, self.p
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
+        if table is not None:
+            struct.pack_into("<Q", buf, _TABLE_AT, table)
+        if lengths is not None:
+            struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
         if p.num_splits == 1:
-            self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
-                               p.smem, stream)
+            self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
             return
         with stream:   # the partials live on the launch stream (stream-ordered reuse)
             o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
@@ -354,23 +363,23 @@ class DecodeLaunch:
             lse_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q),
                                   dtype=cupy.float32)
         _PARTS.pack_into(buf, _PARTS_AT, o_part.data.ptr, lse_part.data.ptr)
-        self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
-                           p.smem, stream)
+        self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
         mbuf = bytearray(self.merge_template)
         for at, ptr in zip(_MERGE_AT, (o_part.data.ptr, lse_part.data.ptr, o, lse)):
             struct.pack_into("<Q", mbuf, at, ptr)
-        self.merge_kernel.launch(self.merge_grid, (32 * MERGE_WARPS,),
-                                 (np.frombuffer(mbuf, MERGE_DTYPE)[0],), 0, stream)
+        self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr)
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
-                  device_id: int, arch: str, **tensors) -> None:
+                  device_id: int, arch: str, **tensors) -> DecodeLaunch:
     """Decode (and, with splits, the merge of its partials) on ``stream``.
-    ``tensors``: decode_params' keyword arguments."""
+    ``tensors``: decode_params' keyword arguments. Returns the launch, which a hot
+    call repeats on new pointers."""
     lse_strides = (0, 0, 0) if lse is None else (*_strides(lse)[:2], 1)
     q, k, v = (tensors[n].data.ptr for n in ("q", "k", "v"))
-    DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors).run(
-        q, k, v, out.data.ptr, _ptr(lse), stream)
+    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors)
+    launch.run(q, k, v, out.data.ptr, _ptr(lse), stream)
+    return launch
 
 
 class HotDecode:
