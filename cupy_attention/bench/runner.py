@@ -58,6 +58,8 @@ class Runner(TorchPeers, OverheadProbe, Timing):
     def run_case(self, case: Case) -> list[dict]:
         if case.kind == "bwd":
             return self._run_backward(case)
+        if case.kind == "decode" and case.page:
+            return self._run_paged(case)
         sets = self.input_sets(case)
         ref = self._reference(case, *sets[0])
         problem = case.problem(self.device_id)
@@ -84,6 +86,45 @@ class Runner(TorchPeers, OverheadProbe, Timing):
             rows.append(self._measure(case, label, "torch", self._torch_forward(backend, case),
                                       sets, ref))
         del sets
+        self.free_memory()
+        return rows
+
+    def _run_paged(self, case: Case) -> list[dict]:
+        """attention_decode on a paged cache: each set's K and V cut into pages of
+        ``case.page`` rows and stored in a shuffled order, with its block table."""
+        if self.kernels is not None and "decode" not in self.kernels:
+            return [make_row(case, "decode", "ours", skipped="paged caches run on decode, "
+                             "which --kernels leaves out")]
+        cupy = self.cupy
+        sets = self.input_sets(case)
+        ref = self._reference(case, *sets[0])
+        rng = np.random.default_rng(case.page)
+        b, page = case.batch, case.page
+        per = -(-case.seqlen_k // page)
+        paged = []
+        for q, k, v in sets:
+            order = rng.permutation(b * per)
+            table = cupy.asarray(order.astype(np.int32).reshape(b, per))
+            lens = cupy.full((b,), case.seqlen_k, dtype=cupy.int32)
+
+            def pool(x):   # [B, Hkv, Sk, D] -> pages [B * per, page, Hkv, D], shuffled
+                rows = cupy.zeros((b, per * page, case.heads_kv, case.head_dim), dtype=x.dtype)
+                rows[:, :case.seqlen_k] = x.transpose(0, 2, 1, 3)
+                out = cupy.empty_like(rows).reshape(b * per, page, case.heads_kv,
+                                                    case.head_dim)
+                out[cupy.asarray(order)] = rows.reshape(b * per, page, case.heads_kv,
+                                                        case.head_dim)
+                return out
+            paged.append((q.transpose(0, 2, 1, 3), pool(k), pool(v), table, lens))
+        del sets
+
+        def ours(q, k, v, table, lens):
+            out = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                      causal=case.causal)
+            return out.transpose(0, 2, 1, 3)   # [B, Hq, Sq, D], as the reference is
+
+        rows = [self._measure(case, "decode", "ours", ours, paged, ref)]
+        del paged
         self.free_memory()
         return rows
 
