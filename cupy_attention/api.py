@@ -7,6 +7,7 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import device_mask, host64, like, slopes_view
+from .calls import HotCache
 from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
@@ -76,7 +77,7 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     hot_key = None
     if mask is None and out is None and lse_out is None and alibi_slopes is None:
         hot_key = _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap)
-        hot = _HOT.get(hot_key) if hot_key is not None else None
+        hot = _HOT.get(hot_key)
         if hot is not None:
             result = hot(q, k, v, return_lse)
             if result is not None:
@@ -100,8 +101,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
 # and device repeats that call's launch with new pointers (no validation, no
 # dispatch, no packing). Only device arrays, no mask or preallocated outputs.
 
-_HOT: dict = {}
 _HOT_LIMIT = 1024
+_HOT = HotCache(_HOT_LIMIT)
 
 
 def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap):
@@ -109,7 +110,8 @@ def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softc
     arguments that are not hashable: validation names what is wrong with them)."""
     try:
         if type(q).__module__.startswith("torch"):
-            arrays = tuple((x.shape, x.stride(), x.dtype, x.device) for x in (q, k, v))
+            # get_device(): an int (-1 on the CPU), cheaper than building x.device
+            arrays = tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in (q, k, v))
         else:
             arrays = tuple((x.shape, x.strides, x.dtype, x.device.id) for x in (q, k, v))
         key = (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
@@ -134,11 +136,9 @@ class _HotCall:
         if self.kind == "torch":
             import torch
 
-            dev = self.device_id
-            stream = interop.external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
-            out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
-            lse = (torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-                   if return_lse else None)
+            stream = interop.torch_stream(self.device_id)
+            out = q.new_empty(self.out_shape)
+            lse = q.new_empty(self.lse_shape, dtype=torch.float32) if return_lse else None
             self.launcher.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                               lse.data_ptr() if lse is not None else 0, stream)
         else:
@@ -166,10 +166,10 @@ def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse, hot_k
             else:
                 arch = _device.device_arch(ctx.device_id)
                 family.launch(p, tensors, ctx.stream, ctx.device_id, arch)
-                if hot_key is not None and ctx.kind in ("torch", "cupy") and len(_HOT) < _HOT_LIMIT:
+                if hot_key is not None and ctx.kind in ("torch", "cupy") and len(_HOT) < _HOT.limit:
                     launcher = family.prepare(p, tensors, ctx.device_id, arch)
                     if launcher is not None:
-                        _HOT[hot_key] = _HotCall(ctx.kind, ctx.device_id, p, launcher)
+                        _HOT.put(hot_key, _HotCall(ctx.kind, ctx.device_id, p, launcher))
         o = _give_back(results[0], out, ctx)
         if not return_lse:
             return o

@@ -1,5 +1,6 @@
-"""Array plumbing the forward and backward entry points share: the dense mask as
-the kernels read it, the ALiBi slopes, and the float64 host copies and casts of ``kernel="reference"``."""
+"""Array plumbing the forward and backward entry points share: the dense mask and
+the ALiBi slopes as the kernels read them, and the float64 host copies and casts of
+``kernel="reference"``."""
 
 from __future__ import annotations
 

@@ -60,11 +60,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
                  window=window, softcap=softcap, alibi_slopes=alibi_slopes)
     _check_grad_inputs(p, dout, lse, q)
-    if not isinstance(deterministic, bool):
-        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    if kernel not in BACKWARD_KERNELS:
-        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
-                               f"{', '.join(BACKWARD_KERNELS)}")
+    check_options(deterministic, kernel)
     if kernel == "reference":
         return _reference(p, dout, q, k, v, mask, alibi_slopes)
     interop.check_jax_call(q, p.device)
@@ -72,6 +68,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     ctx = interop.context_for(q)
     family = backward_family(p, kernel, ctx.device_id)
     return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family, alibi_slopes)
+
+
+def check_options(deterministic, kernel) -> None:
+    """The backward's own arguments, as every backward entry point takes them."""
+    if not isinstance(deterministic, bool):
+        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if kernel not in BACKWARD_KERNELS:
+        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
+                               f"{', '.join(BACKWARD_KERNELS)}")
 
 
 def _check_grad_inputs(p: Problem, dout, lse, q) -> None:

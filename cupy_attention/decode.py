@@ -25,6 +25,7 @@ import numpy as np
 
 from . import device as _device
 from . import interop
+from .calls import HotCache
 from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
                      translate_oom)
 from .families import decode as fam
@@ -274,6 +275,15 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     -------
     out [B, Sq, Hq, D] like q, or ``(out, lse)``.
     """
+    hot_key = None
+    if k_new is None and v_new is None:
+        hot_key = _signature(q, k_cache, v_cache, cache_seqlens, block_table, causal, scale,
+                             window, softcap, return_lse, num_splits, max_seqlen)
+        hot = _HOT.get(hot_key)
+        if hot is not None:
+            result = hot(q, k_cache, v_cache, block_table, cache_seqlens, return_lse)
+            if result is not None:
+                return result
     s, scale, page_size = validate_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                           block_table=block_table, causal=causal, scale=scale,
                                           window=window, softcap=softcap, k_new=k_new,
@@ -309,15 +319,82 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
         if s.batch and s.seqlen_q and s.heads_q:
             vec = fam.vectorizable_arrays(s.head_dim, (qv, kv, vv, ov))
             sms = _device.multiprocessor_count(ctx.device_id)
-            pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits))
+            pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits),
+                          _device.max_shared_per_block(ctx.device_id))
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
-            fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream, ctx.device_id, arch,
-                              q=qv, k=kv, v=vv,
-                              q_strides=bsd(qv), k_strides=cache(kv), v_strides=cache(vv),
-                              block_table=table, seqlens=lengths, page_size=page_size)
+            launch = fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream,
+                                       ctx.device_id, arch, q=qv, k=kv, v=vv,
+                                       q_strides=bsd(qv), k_strides=cache(kv),
+                                       v_strides=cache(vv), block_table=table,
+                                       seqlens=lengths, page_size=page_size)
+            if hot_key is not None and ctx.kind in ("torch", "cupy"):
+                _HOT.put(hot_key, _HotDecode(ctx.kind, ctx.device_id, s, launch))
         out = _give(out, ctx)
         return (out, _give(lse, ctx)) if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# Hot path: a decode step whose arrays match an earlier call's shapes, strides,
+# dtypes and devices, with its block table and lengths on the device (values the
+# host never reads), repeats that call's launch on new pointers: no validation, no
+# planning, no packing. A decoding loop calls this once per layer and step.
+
+_HOT = HotCache(1024)
+
+
+def _signature(q, k, v, lengths, table, causal, scale, window, softcap, return_lse,
+               num_splits, max_seqlen):
+    """What a decode launch depends on, hashable; None where there is no hot path
+    (host arrays, host lengths or table, unhashable arguments)."""
+    try:
+        torch_kind = type(q).__module__.startswith("torch")
+        arrays = []
+        for x in (q, k, v, lengths, table):
+            if x is None:
+                arrays.append(None)
+            elif torch_kind:
+                device = x.get_device()   # an int, -1 on the CPU (cheaper than x.device)
+                if device < 0:
+                    return None
+                arrays.append((type(x), x.shape, x.stride(), x.dtype, device))
+            else:
+                arrays.append((type(x), x.shape, x.strides, x.dtype, x.device.id))
+        key = (bool(causal), scale, None if window is None else tuple((type(w), w) for w in window),
+               type(softcap), softcap, bool(return_lse), num_splits, max_seqlen, tuple(arrays))
+        hash(key)
+        return key
+    except (AttributeError, TypeError):   # NumPy, lists, JAX and other producers
+        return None
+
+
+class _HotDecode:
+    def __init__(self, kind: str, device_id: int, s, launch):
+        self.kind, self.device_id, self.s, self.launch = kind, device_id, s, launch
+
+    def __call__(self, q, k, v, table, lengths, return_lse):
+        cupy = _device.require_cupy()
+        if cupy.cuda.runtime.getDevice() != self.device_id:
+            return None   # the general path switches devices
+        s = self.s
+        shape, lse_shape = (s.batch, s.seqlen_q, s.heads_q, s.head_dim), (s.batch, s.heads_q,
+                                                                            s.seqlen_q)
+        if self.kind == "torch":
+            import torch
+
+            stream = interop.torch_stream(self.device_id)
+            out = q.new_empty(shape)
+            lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
+            ptr = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
+        else:
+            stream = cupy.cuda.get_current_stream()
+            out = cupy.empty(shape, dtype=q.dtype)
+            lse = cupy.empty(lse_shape, dtype=cupy.float32) if return_lse else None
+            ptr = lambda x: 0 if x is None else x.data.ptr  # noqa: E731
+        if s.batch and s.seqlen_q and s.heads_q:
+            self.launch.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), stream, ptr(table),
+                            ptr(lengths))
+        return (out, lse) if return_lse else out
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, *, cache_seqlens, block_table=None):

@@ -130,6 +130,18 @@ def torch_view(t, name: str, ctx) -> DeviceView:
 _external_streams: dict = {}
 
 
+def torch_stream(device_id: int):
+    """torch's current stream on ``device_id`` as a CuPy stream (one wrapper per
+    handle). The raw handle comes from torch's private ``_cuda_getCurrentRawStream``
+    where it exists (a plain int, ~4 us cheaper than building the Stream object that
+    ``torch.cuda.current_stream`` returns), else from the public call."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    ptr = raw(device_id) if raw is not None else torch.cuda.current_stream(device_id).cuda_stream
+    return external_stream(ptr, device_id)
+
+
 def external_stream(ptr: int, device_id: int):
     """One CuPy wrapper per foreign stream handle (creating one per call costs ~10 us)."""
     key = (ptr, device_id)

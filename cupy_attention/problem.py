@@ -172,6 +172,15 @@ def out_shape(batch, heads, seqlen, dim, layout):
     return (batch, heads, seqlen, dim) if layout == "bhsd" else (batch, seqlen, heads, dim)
 
 
+def check_heads(heads_q: int, heads_kv: int, head_dim: int) -> None:
+    """A head dim of at least 1, and q heads a multiple of the k/v heads (GQA/MQA)."""
+    if head_dim == 0:
+        raise ShapeError("head dim D must be at least 1, got 0")
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ShapeError(f"q heads ({heads_q}) must be a multiple of k/v heads ({heads_kv}) "
+                         "for grouped-query attention")
+
+
 def check_window(window, causal: bool, seqlen_q: int, seqlen_k: int):
     """The ``window`` argument as the Problem keeps it: ``(left, right)`` ints with
     ``-1`` for an unbounded side, ``right`` 0 under causal, a side that bounds no row
@@ -219,10 +228,11 @@ def check_softcap(softcap) -> float:
 ALIBI_MAX_SEQLEN = 1 << 22
 
 
-def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q: int,
-                seqlen_k: int, mask_kind: str = "none") -> bool:
+def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int,
+                mask_kind: str = "none") -> bool:
     """Whether ALiBi is on: ``alibi_slopes`` float32 ``[Hq]`` or ``[B, Hq]`` on q's
-    device, unit stride in its last axis; refused beside a dense mask."""
+    device, unit stride in its last axis; refused beside a dense mask. The caller
+    checks the sequences' lengths (:func:`check_alibi_length`)."""
     if alibi_slopes is None:
         return False
     info = describe(alibi_slopes, "alibi_slopes")
@@ -241,10 +251,14 @@ def check_alibi(alibi_slopes, qi: TensorInfo, batch: int, heads_q: int, seqlen_q
     if mask_kind != "none":
         raise UnsupportedError("alibi_slopes does not combine with mask: add the ALiBi bias "
                                "to the floating mask instead, or drop the mask")
-    if max(seqlen_q, seqlen_k) >= ALIBI_MAX_SEQLEN:
+    return True
+
+
+def check_alibi_length(alibi: bool, seqlen_q: int, seqlen_k: int) -> None:
+    """ALiBi's sequences (one of them, when packed) shorter than ALIBI_MAX_SEQLEN."""
+    if alibi and max(seqlen_q, seqlen_k) >= ALIBI_MAX_SEQLEN:
         raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} "
                          f"tokens, got Sq={seqlen_q}, Sk={seqlen_k}")
-    return True
 
 
 def check_scale(scale, head_dim: int) -> float:
@@ -293,11 +307,7 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     if Dk != D or Dv != D:
         raise ShapeError(f"head dims differ: q has D={D}, k has D={Dk}, v has D={Dv}; "
                          "q, k and v must share one head dim")
-    if D == 0:
-        raise ShapeError("head dim D must be at least 1, got 0")
-    if Hkv == 0 or Hq % Hkv:
-        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
-                         "grouped-query attention")
+    check_heads(Hq, Hkv, D)
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
         if not unit_last_stride(info):
             raise LayoutError(f"{name} must have unit stride in its last (head-dim) axis, got "
@@ -332,7 +342,8 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     if lse_out is not None:
         check_like(lse_out, "lse_out", qi, (B, Hq, Sq), "float32")
 
-    alibi = check_alibi(alibi_slopes, qi, B, Hq, Sq, Sk, mask_kind)
+    alibi = check_alibi(alibi_slopes, qi, B, Hq, mask_kind)
+    check_alibi_length(alibi, Sq, Sk)
 
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
                    qi.device, window, softcap, alibi=alibi)

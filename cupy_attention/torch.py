@@ -39,9 +39,9 @@ NO_WINDOW = -2  # -1 already means "unbounded" inside a window
 
 @torch.library.custom_op("cupy_attention::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float], layout: str, window_left: int,
-                  window_right: int, softcap: Optional[float], kernel: str,
-                  deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
+                  layout: str, window_left: int, window_right: int, softcap: Optional[float],
+                  kernel: str, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of :func:`cupy_attention.attention` as a torch operator
     (``deterministic`` is the backward's: kept for the registered autograd formula)."""
     out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
@@ -62,8 +62,9 @@ def _(q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_ri
 @torch.library.custom_op("cupy_attention::attention_bwd", mutates_args=())
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, mask: Optional[torch.Tensor],
-                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float], layout: str, window_left: int,
-                  window_right: int, softcap: Optional[float], deterministic: bool,
+                  alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
+                  layout: str, window_left: int, window_right: int, softcap: Optional[float],
+                  deterministic: bool,
                   kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of :func:`cupy_attention.attention_backward` as a torch operator."""
     # Autograd may hand over broadcast (stride 0) or transposed gradients.
@@ -107,8 +108,9 @@ torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
               deterministic=False, kernel="auto", window=None, softcap=None, alibi_slopes=None):
     """Differentiable :func:`cupy_attention.attention` (same arguments, ``window``,
-    ``softcap`` and ``alibi_slopes`` included; the mask and the slopes get no gradient). ``deterministic=True`` makes the
-    backward bitwise reproducible. Traceable by ``torch.compile`` (custom operators)."""
+    ``softcap`` and ``alibi_slopes`` included; the mask and the slopes get no
+    gradient). ``deterministic=True`` makes the backward bitwise reproducible.
+    Traceable by ``torch.compile`` (custom operators)."""
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)  # typed errors, no clipping
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None

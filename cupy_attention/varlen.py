@@ -23,13 +23,13 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
-from .backward import BACKWARD_KERNELS
+from .backward import check_options
 from .calls import HotCache, allocator, backward_family, is_torch_type
-from .errors import DeviceMismatchError, DTypeError, ShapeError, UnsupportedError, translate_oom
+from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (ALIBI_MAX_SEQLEN, DTYPES, Problem, unit_last_stride, check_alibi,
-                      check_like, check_scale, check_softcap, check_window, describe)
+from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_heads, check_like,
+                      check_scale, check_softcap, check_window, describe, unit_last_stride)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -81,11 +81,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
         raise ShapeError(f"k and v must have the same shape, got {ki.shape} and {vi.shape}")
     if Dk != D:
         raise ShapeError(f"head dims differ: q has D={D}, k and v have D={Dk}")
-    if D == 0:
-        raise ShapeError("head dim D must be at least 1, got 0")
-    if Hkv == 0 or Hq % Hkv:
-        raise ShapeError(f"q heads ({Hq}) must be a multiple of k/v heads ({Hkv}) for "
-                         "grouped-query attention")
+    check_heads(Hq, Hkv, D)
     for name, info in (("q", qi), ("k", ki), ("v", vi)):
         if not unit_last_stride(info):
             raise ShapeError(f"{name} must have unit stride in its last (head-dim) axis, got "
@@ -97,12 +93,10 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
     softcap = check_softcap(softcap)
     scale = check_scale(scale, D)
     B = ci.shape[0] - 1
-    alibi = check_alibi(alibi_slopes, qi, B, Hq, min(total_q, ALIBI_MAX_SEQLEN - 1),
-                        min(total_k, ALIBI_MAX_SEQLEN - 1))
-    p = Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
-                "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
-    _check_alibi_lengths(p, mq, mk)
-    return p
+    alibi = check_alibi(alibi_slopes, qi, B, Hq)
+    check_alibi_length(alibi, mq, mk)   # the longest sequences, where given
+    return Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
+                   "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
 
 
 def _host_ints(x):
@@ -131,12 +125,6 @@ def check_seqlens(p: Problem, cu_q, cu_k) -> tuple[int, int]:
                              f"rows; the last entry must be the total")
         out.append(int(steps.max()) if steps.size else 0)
     return out[0], out[1]
-
-
-def _check_alibi_lengths(p: Problem, longest_q: int, longest_k: int) -> None:
-    if p.alibi and max(longest_q, longest_k) >= ALIBI_MAX_SEQLEN:
-        raise ShapeError(f"alibi_slopes takes sequences shorter than {ALIBI_MAX_SEQLEN} tokens, "
-                         f"got one of {max(longest_q, longest_k)}")
 
 
 def _device_ints(x, name, ctx):
@@ -281,7 +269,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
-        _check_alibi_lengths(p, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
+        check_alibi_length(p.alibi, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
     family = dispatch.choose(p, kernel, _device.compute_capability(ctx.device_id))
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
@@ -327,17 +315,13 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         if x is None:
             raise ShapeError(f"{name} is required")
         check_like(x, name, qi, shape, dtype)
-    if not isinstance(deterministic, bool):
-        raise DTypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    if kernel not in BACKWARD_KERNELS:
-        raise UnsupportedError(f"unknown backward kernel {kernel!r}; choose one of "
-                               f"{', '.join(BACKWARD_KERNELS)}")
+    check_options(deterministic, kernel)
     if kernel == "reference":
         return _reference_backward(p, dout, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     _device.require_device()
     ctx = interop.context_for(q)
     if check and not _capturing(ctx):
-        check_seqlens(p, cu_seqlens_q, cu_seqlens_k)
+        check_alibi_length(p.alibi, *check_seqlens(p, cu_seqlens_q, cu_seqlens_k))
     family = backward_family(p, kernel, ctx.device_id)
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:

@@ -1,91 +1,103 @@
-// decode: attention of a few query rows per sequence against a (paged) KV cache,
-// split over the keys (flash-decoding), fp16/bf16 in, fp32 accumulation, sm_80+.
+// decode: attention of a few query rows per sequence against a (paged) KV cache on
+// tensor cores (mma.sync m16n8k16, fp16/bf16 in, fp32 accumulation), split over the
+// keys (flash-decoding), sm_80+.
 //
 // Layouts: q, o, lse as in common/params.cuh; the cache as in common/paged.cuh.
-// Query rows are packed per KV group: a block owns ROWS packed rows r of one
-// (batch b, KV head hk), r = i * group + g for query i in [0, Sq) and query head
-// h = hk * group + g, so every query head of a group reads each K/V byte from the
-// same shared-memory tile (GQA / MQA packing; Sq > 1 is speculative decoding).
+// Query rows are packed per KV group: a block owns ROWS = 16 * ROW_WARPS packed rows
+// r of one (batch b, KV head hk), r = i * group + g for query i in [0, Sq) and query
+// head h = hk * group + g, so every query head of a group reads each K/V byte from
+// the same shared-memory tile (GQA / MQA packing; Sq > 1 is speculative decoding).
+// The packed rows are the M of the mma: group x Sq rows cost the arithmetic of 16.
 // Causal and windows are aligned bottom-right against each sequence's own length:
 // the host passes the band for Sk = 0 and the block adds its sequence's length.
 //
 // Work split: grid (row blocks * splits, Hkv, B). Split s of a sequence covers keys
 // [s * split_keys, (s + 1) * split_keys), the last one to the sequence's end (the
-// host plans for a length that may be short of it); with one split the block writes o and lse,
-// otherwise it writes fp32 o and lse partials that merge.cu combines.
+// host plans for a length that may be short of it); with one split the block writes
+// o and lse, otherwise fp32 o and lse partials that merge.cu combines.
 //
-// Threads: a key row of D elements is CHUNKS 16-byte chunks; LANES lanes (CHUNKS
-// rounded up to a power of two) hold one key each, so a warp holds 32 / LANES keys
-// at once and a block SLOTS of them ("slots"). Each lane keeps its 8 columns of
-// every packed query row in registers (rQ) and of every output row (acc).
+// Warps: ROW_WARPS x KEY_WARPS. Warp (rw, kw) owns packed rows [16 rw, 16 rw + 16)
+// and keys [kw * WARP_KEYS, (kw + 1) * WARP_KEYS) of every tile of BLOCK_N keys, with
+// its own online softmax; the KEY_WARPS states of a row merge once, at the end.
 //
 // Steps (per block):
-//   1. rQ <- q (8 columns per lane, fp32); the block's key range from the variant
-//      (kv_begin / kv_end over its rows) clipped to its split.
-//   2. cp.async the first STAGES - 1 tiles of BLOCK_N = SLOTS * KEYS_PER_SLOT keys
-//      (K and V, 16-byte chunks, the page-table walk per row) into the ring.
-//   3. per tile: wait, one barrier, issue the tile STAGES - 1 ahead; each slot takes
-//      keys slot, slot + SLOTS, ...: s = VT::score(q . k) (a butterfly over the
-//      key's LANES lanes), masked by VT::keep; the online softmax per row
-//      (SoftmaxRow); acc = acc * alpha + p v.
-//   4. the slots' (m_i, l_i, acc) meet in shared memory (the ring's space) and
+//   1. the block's key range from the variant (kv_begin / kv_end over its rows),
+//      clipped to its split; Q's packed rows into shared memory (zero columns past D).
+//   2. producer (every thread): cp.async tile t (K and V, 16-byte chunks) into ring
+//      buffer t % STAGES, STAGES - 1 tiles ahead. Paged caches: the tile's page ids
+//      were copied into shared memory (one 4-byte cp.async per key) in the commit
+//      group STAGES - 1 tiles earlier, so no copy waits on a block-table load.
+//   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
+//      (masks and logit transforms through VT::keep / VT::score on partial tiles or
+//      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
+//      bits as A fragments, acc += P V (ldmatrix.trans + mma).
+//   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and
 //      merge; o = acc / l_i and lse, or the split's partials.
 //
-// Constraints: D <= 256 (padded to a multiple of 8 in shared memory and registers
-// only). VEC (16-byte aligned base pointers and strides, D % 8 == 0) copies with
-// cp.async; otherwise tiles are staged with element loads. Keys past a block's
-// range are zero-filled and masked; rows past a sequence's length are never read.
-// Masked scores are selected to -inf, and a key masked for some row of the block
-// adds p v by selection (p = 0 adds nothing), so NaN/Inf in masked K or V stays out.
+// Constraints: D <= 256 (padded to a multiple of 16 in shared memory and registers
+// only; pad columns are zero-filled, so they add exact zeros). VEC (16-byte aligned
+// base pointers and strides, D % 8 == 0) copies with cp.async; otherwise tiles are
+// staged with element loads. Keys past a block's range are zero-filled and masked;
+// rows past a sequence's length are never read. Masked scores are selected to -inf;
+// as in flash_mma, a NaN in a V row that some packed row masks (Sq > 1, causal) still
+// reaches that row's product (0 * NaN), so caches must hold finite values in the
+// rows they hold.
 #include "common/copy.cuh"
+#include "common/mma.cuh"
 #include "common/paged.cuh"
 #include "common/softmax.cuh"
-#include "common/storage.cuh"
+#include "common/tma.cuh"
 #include "common/variant.cuh"
 
-// Lanes per key: CHUNKS rounded up to a power of two.
-__host__ __device__ constexpr int decode_lanes(int chunks) {
-  return chunks <= 1 ? 1 : 2 * decode_lanes((chunks + 1) / 2);
-}
-
-template <int D_, int ROWS_, int WARPS_, int STAGES_, class T_, bool VEC_, bool PAGED_>
+template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
+          bool VEC_, bool PAGED_>
 struct DecodeTraits {
   using T = T_;
-  using Cache = KVCache<PAGED_>;
   static constexpr int D = D_;
-  static constexpr int D_PAD = RoundUp<D_, 8>::value;
-  static constexpr int CHUNKS = D_PAD / 8;               // 16-byte chunks per key row
-  static constexpr int LANES = decode_lanes(CHUNKS);     // lanes per key
-  static constexpr int ROWS = ROWS_;                     // packed query rows per block
-  static constexpr int WARPS = WARPS_;
+  static constexpr int D_PAD = RoundUp<D_, 16>::value;
+  static constexpr int SROW = D_PAD + 8;                // shared row stride (ldmatrix banks)
+  static constexpr int CHUNKS = D_PAD / 8;              // 16-byte chunks per shared row
+  static constexpr int ROW_WARPS = ROW_WARPS_;
+  static constexpr int KEY_WARPS = KEY_WARPS_;
+  static constexpr int ROWS = 16 * ROW_WARPS;           // packed query rows per block
+  static constexpr int WARPS = ROW_WARPS * KEY_WARPS;
   static constexpr int THREADS = 32 * WARPS;
+  static constexpr int WARP_KEYS = WARP_KEYS_;
+  static constexpr int BLOCK_N = KEY_WARPS * WARP_KEYS;  // keys per tile
   static constexpr int STAGES = STAGES_;
-  static constexpr int SLOTS = WARPS * (32 / LANES);     // keys the block holds at once
-  // keys per slot per tile: 8 query rows leave registers for 2 (rQ, acc: 128)
-  static constexpr int KEYS_PER_SLOT = ROWS_ > 4 ? 2 : 4;
-  static constexpr int BLOCK_N = SLOTS * KEYS_PER_SLOT;
+  static constexpr int N_TILES = WARP_KEYS / 8;         // n8 tiles of S per warp
+  static constexpr int D_TILES = D_PAD / 8;             // n8 tiles of O per warp
+  static constexpr int QK_STEPS = D_PAD / 16;
+  static constexpr int PV_STEPS = WARP_KEYS / 16;
+  static constexpr bool Q_IN_REGS = D_PAD <= 128;       // else re-read per tile
   static constexpr bool VEC = VEC_;
+  using Pages = PageRing<PAGED_, BLOCK_N, STAGES>;
+  static constexpr int MROW = D_PAD + 4;                // merge row stride (floats)
 
   struct Storage {
     union {
       struct {
-        T k[STAGES][BLOCK_N * D_PAD];
-        T v[STAGES][BLOCK_N * D_PAD];
+        T k[STAGES][BLOCK_N * SROW];
+        T v[STAGES][BLOCK_N * SROW];
       } ring;
       struct {
-        float acc[SLOTS][ROWS][D_PAD];
-        float m[SLOTS][ROWS];
-        float l[SLOTS][ROWS];
+        float acc[KEY_WARPS][ROWS][MROW];
+        float m[KEY_WARPS][ROWS];
+        float l[KEY_WARPS][ROWS];
       } merge;
     };
+    T q[ROWS * SROW];
+    typename Pages::Ids ids;
+    alignas(8) u64 full[STAGES];   // sm_90 bulk copies: tile landed (one phase per use)
   };
   static constexpr int SMEM_BYTES = sizeof(Storage);
 
   static_assert(sizeof(T) == 2, "decode takes 16-bit inputs");
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
-  static_assert(LANES <= 32, "one key per warp at most");
-  static_assert(ROWS >= 1 && ROWS <= 8, "rQ and acc hold 16 * ROWS registers");
-  static_assert(STAGES >= 2, "the ring needs two buffers");
+  static_assert(ROW_WARPS >= 1 && KEY_WARPS >= 1 && WARPS <= 8, "1..8 warps");
+  static_assert(WARP_KEYS % 16 == 0, "a warp's keys are whole k16 steps of P V");
+  static_assert(STAGES >= 2, "a tile in flight while another is computed");
+  static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -101,65 +113,61 @@ struct DecodeParams {
   i32 split_keys;   // keys per split, a multiple of BLOCK_N
 };
 
-// 8 consecutive 16-bit values as fp32.
-template <class T>
-__device__ __forceinline__ void unpack8(float (&x)[8], const uint4& u) {
-  const u32 w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    T lo, hi;
-    lo.bits = u16(w[e] & 0xffffu);
-    hi.bits = u16(w[e] >> 16);
-    x[2 * e] = to_float(lo);
-    x[2 * e + 1] = to_float(hi);
-  }
-}
-
-// The block's rows: ROWS (query head of the group, query row) pairs r0.. of KV head hk,
-// batch b; rows past the last repeat it (computed, never stored).
+// The block's packed rows r0 .. r_last (rows past the last repeat it: computed,
+// never stored), and the query row and head of the two fragment rows (g, g + 8 of
+// the warp's m16 tile) this thread holds.
 template <class KT>
 struct DecodeRows {
-  int i[KT::ROWS], h[KT::ROWS];  // query row and query head of each
+  int i[2], h[2];
   int r0, r_last;
-  __device__ __forceinline__ DecodeRows(const FwdParams& p, int row_block, int hk) {
+  __device__ __forceinline__ DecodeRows(const FwdParams& p, int row_block, int hk, int rw,
+                                        int lane) {
     const int group = p.group;
     r0 = row_block * KT::ROWS;
     r_last = cmin(r0 + KT::ROWS, group * p.seqlen_q) - 1;
 #pragma unroll
-    for (int r = 0; r < KT::ROWS; ++r) {
-      const int pr = cmin(r0 + r, r_last);
+    for (int r = 0; r < 2; ++r) {
+      const int pr = cmin(r0 + 16 * rw + lane / 4 + 8 * r, r_last);
       i[r] = pr / group;
       h[r] = hk * group + pr % group;
     }
   }
 };
 
-// Q of the block's rows into registers: this lane's 8 columns from `col`.
+// Q's packed rows into shared memory (plain loads; the caller's barrier publishes them).
 template <class KT>
-__device__ __forceinline__ void load_q(float (&rQ)[KT::ROWS][8], const FwdParams& p,
-                                       const DecodeRows<KT>& rows, int b, int chunk, int col) {
+__device__ __forceinline__ void load_q(typename KT::Storage& st, const FwdParams& p,
+                                       const DecodeRows<KT>& rows, int b, int hk) {
   using T = typename KT::T;
-#pragma unroll
-  for (int r = 0; r < KT::ROWS; ++r) {
-    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + rows.h[r] * p.q_head_stride +
-                 rows.i[r] * p.q_row_stride;
+  for (int c = threadIdx.x; c < KT::ROWS * KT::CHUNKS; c += KT::THREADS) {
+    const int r = c / KT::CHUNKS, col = (c % KT::CHUNKS) * 8;
+    const int pr = cmin(rows.r0 + r, rows.r_last);
+    const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride +
+                 (hk * p.group + pr % p.group) * p.q_head_stride + (pr / p.group) * p.q_row_stride;
+    T* s = &st.q[r * KT::SROW + col];
     if constexpr (KT::VEC) {
       uint4 u = make_uint4(0, 0, 0, 0);
-      if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(q + col);
-      unpack8<T>(rQ[r], u);
+      if (col < KT::D) u = *reinterpret_cast<const uint4*>(q + col);
+      *reinterpret_cast<uint4*>(s) = u;
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) rQ[r][e] = col + e < KT::D ? to_float(q[col + e]) : 0.f;
+      for (int e = 0; e < 8; ++e) {
+        T x;
+        x.bits = 0;
+        if (col + e < KT::D) x = q[col + e];
+        s[e] = x;
+      }
     }
   }
 }
 
 // Producer (every thread): the keys [j0, j0 + BLOCK_N) of K and V, below kv_hi, into
-// ring buffer `stage` (cp.async with VEC, element copies otherwise; zeros past kv_hi).
+// ring buffer `stage` (cp.async with VEC, element copies otherwise; zeros past kv_hi
+// and past D). Paged rows are located through the page ids of ring slot `ids`.
 template <class KT>
 __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParams& p,
-                                        const CacheParams& cache, int b, int hk,
-                                        int stage, int j0, int kv_hi) {
+                                        const CacheParams& cache, int b, int hk, int stage,
+                                        int ids, int j0, int kv_hi) {
   using T = typename KT::T;
   constexpr int CHUNKS = KT::CHUNKS;
   const T* k = static_cast<const T*>(p.k);
@@ -168,12 +176,13 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
   for (int c = threadIdx.x; c < KT::BLOCK_N * CHUNKS; c += KT::THREADS) {
     const int row = c / CHUNKS, cc = (c % CHUNKS) * 8, j = j0 + row;
     const bool ok = j < kv_hi;
-    const KVRow at = ok ? KT::Cache::row(p, cache, b, hk, j) : KVRow{0, 0};
-    T* sk = &st.ring.k[stage][row * KT::D_PAD + cc];
-    T* sv = &st.ring.v[stage][row * KT::D_PAD + cc];
+    const KVRow at = ok ? KT::Pages::row(st.ids, p, cache, b, hk, ids, row, j) : KVRow{0, 0};
+    T* sk = &st.ring.k[stage][row * KT::SROW + cc];
+    T* sv = &st.ring.v[stage][row * KT::SROW + cc];
     if constexpr (KT::VEC) {
-      cp_async_16(smem_addr(sk), k + at.k + cc, ok);
-      cp_async_16(smem_addr(sv), v + at.v + cc, ok);
+      const bool in = ok && cc < KT::D;
+      cp_async_16_l2_256(smem_addr(sk), k + at.k + (in ? cc : 0), in);
+      cp_async_16_l2_256(smem_addr(sv), v + at.v + (in ? cc : 0), in);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -190,98 +199,129 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
   }
 }
 
-// Consumer step: the key tile in buffer `stage` (first key j0) against the block's
-// rows. Each slot of LANES lanes takes keys slot, slot + SLOTS, ...: scores through
-// the variant, the online softmax per row, acc += P V over the slot's keys.
-template <class KT, class VT>
-__device__ __forceinline__ void consume_tile(const typename KT::Storage& st, const FwdParams& p,
-                                             const DecodeRows<KT>& rows,
-                                             const float (&rQ)[KT::ROWS][8], int b, int stage,
-                                             int j0, int slot, int chunk, int col,
-                                             SoftmaxRow (&sm)[KT::ROWS],
-                                             float (&acc)[KT::ROWS][8]) {
+// Producer on sm_90 (every thread, VEC only): each K and V row of the tile below kv_hi
+// is one bulk copy of D * 2 bytes by the copy engine, located once per row (load_kv
+// locates a paged row once per 16-byte chunk), completing on mbarrier `bar`; thread 0
+// announces the bytes. Rows past kv_hi are zeroed with plain stores (published by the
+// consumers' barrier).
+template <class KT>
+__device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const FwdParams& p,
+                                             const CacheParams& cache, int b, int hk, int stage,
+                                             int ids, int j0, int kv_hi, u32 bar) {
   using T = typename KT::T;
-  constexpr int ROWS = KT::ROWS, KEYS = KT::KEYS_PER_SLOT;
-  float s[ROWS][KEYS];
-  bool every_row[KEYS];   // the key is kept by every row of the block
+  constexpr u32 ROW_BYTES = KT::D * sizeof(T);
+  const int rows = cmin(KT::BLOCK_N, kv_hi - j0);
+  if (threadIdx.x == 0) mbarrier_arrive_expect_tx(bar, 2 * rows * ROW_BYTES);
+  fence_proxy_async();   // this thread's earlier generic accesses of the buffer come first
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  for (int x = threadIdx.x; x < 2 * KT::BLOCK_N; x += KT::THREADS) {
+    const int row = x % KT::BLOCK_N;
+    const bool is_v = x >= KT::BLOCK_N;
+    T* dst = is_v ? &st.ring.v[stage][row * KT::SROW] : &st.ring.k[stage][row * KT::SROW];
+    if (row < rows) {
+      const KVRow at = KT::Pages::row(st.ids, p, cache, b, hk, ids, row, j0 + row);
+      bulk_load(smem_addr(dst), is_v ? v + at.v : k + at.k, ROW_BYTES, bar);
+    } else {
 #pragma unroll
-  for (int n = 0; n < KEYS; ++n) {
-    const int row = n * KT::SLOTS + slot, j = j0 + row;
-    // bands are intervals moving with i: the first and the last row bound them all
-    every_row[n] = VT::keep(p, rows.i[0], j) && VT::keep(p, rows.i[ROWS - 1], j);
-    float kf[8];
-    uint4 u = make_uint4(0, 0, 0, 0);
-    if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.k[stage][row * KT::D_PAD + col]);
-    unpack8<T>(kf, u);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(rQ[r][e], kf[e], dot);
-      dot = group_sum<KT::LANES>(dot);
-      const float s2 = VT::score(p, b, rows.h[r], rows.i[r], j, dot);
-      s[r][n] = VT::keep(p, rows.i[r], j) ? s2 : -CA_INF;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    float tile_max = s[r][0];
-#pragma unroll
-    for (int n = 1; n < KEYS; ++n) tile_max = fmaxf(tile_max, s[r][n]);
-    const float alpha = sm[r].rescale(tile_max);
-    const float ref = sm[r].ref();
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < KEYS; ++n) {
-      s[r][n] = fast_exp2(s[r][n] - ref);
-      sum += s[r][n];
-    }
-    sm[r].l_i += sum;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] *= alpha;
-  }
-#pragma unroll
-  for (int n = 0; n < KEYS; ++n) {
-    const int row = n * KT::SLOTS + slot;
-    float vf[8];
-    uint4 u = make_uint4(0, 0, 0, 0);
-    if (chunk < KT::CHUNKS) u = *reinterpret_cast<const uint4*>(&st.ring.v[stage][row * KT::D_PAD + col]);
-    unpack8<T>(vf, u);
-    if (every_row[n]) {
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] = fmaf(s[r][n], vf[e], acc[r][e]);
-    } else {   // masked for some row: p = 0 selects, so NaN/Inf in v stays out
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          acc[r][e] = s[r][n] == 0.f ? acc[r][e] : fmaf(s[r][n], vf[e], acc[r][e]);
+      for (int c = 0; c < KT::CHUNKS; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
     }
   }
 }
 
-// Epilogue: the slots' states merge in shared memory (the ring is free: every copy
-// landed, the caller's barrier passed), then each row's output and LSE: the split's
-// fp32 partial state (num_splits > 1, merged by merge.cu) or the final O in T.
+// Consumer step of one warp: its WARP_KEYS keys (first key k0) of the tile in ring
+// buffer `stage` against its 16 packed rows. s = Q K^T; the variant's scores where
+// the tile is partial or the variant transforms them (otherwise the scale joins the
+// exp2's FMA); the online softmax; acc += P V.
+template <class KT, class VT>
+__device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRows<KT>& rows,
+                                             const u32 (&qf)[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
+                                             u32 q_addr, u32 k_addr, u32 v_addr, int b, int k0,
+                                             bool partial, int lane,
+                                             FragSoftmax<KT::N_TILES>& sm,
+                                             float (&acc)[KT::D_TILES * 4]) {
+  using T = typename KT::T;
+  float s[KT::N_TILES * 4];
+#pragma unroll
+  for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
+    u32 a[4];
+    if constexpr (KT::Q_IN_REGS) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = qf[ks][e];
+    } else {
+      ldmatrix_x4(a, q_addr + ks * 32);
+    }
+#pragma unroll
+    for (int nt = 0; nt < KT::N_TILES; nt += 2) {
+      u32 bk[4];
+      ldmatrix_x4(bk, k_addr + (nt * 8 * KT::SROW + ks * 16) * 2);
+      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
+      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
+    }
+  }
+  if (!partial && !VT::kTransform) {
+    sm.online(s, p.scale_log2, false);
+  } else {
+    const int j_lane = k0 + 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const typename VT::Head hd = VT::Dense::head(p, b, rows.h[r]);
+#pragma unroll
+      for (int nt = 0; nt < KT::N_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = j_lane + 8 * nt + e;
+          float& x = s[nt * 4 + 2 * r + e];
+          const float y = VT::score(p, hd, rows.i[r], j, x);
+          x = !partial || VT::keep(p, rows.i[r], j) ? y : -CA_INF;
+        }
+    }
+    sm.online(s, 1.f, false);
+  }
+  sm.rescale(acc);
+#pragma unroll
+  for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
+    u32 a[4];
+    a[0] = MmaType<T>::pack(s[8 * ks + 0], s[8 * ks + 1]);
+    a[1] = MmaType<T>::pack(s[8 * ks + 2], s[8 * ks + 3]);
+    a[2] = MmaType<T>::pack(s[8 * ks + 4], s[8 * ks + 5]);
+    a[3] = MmaType<T>::pack(s[8 * ks + 6], s[8 * ks + 7]);
+#pragma unroll
+    for (int dt = 0; dt < KT::D_TILES; dt += 2) {
+      u32 bv[4];
+      ldmatrix_x4_trans(bv, v_addr + (ks * 16 * KT::SROW + dt * 8) * 2);
+      mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4]), a, bv[0], bv[1], T{});
+      mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4 + 4]), a, bv[2], bv[3], T{});
+    }
+  }
+}
+
+// Epilogue: the key warps' states meet in shared memory (the ring is free: every
+// copy landed, the caller's barrier passed) and merge; then each row's output and
+// LSE: the split's fp32 partial state (num_splits > 1, merged by merge.cu) or the
+// final O in T.
 template <class KT>
 __device__ __forceinline__ void store(typename KT::Storage& st, const DecodeParams& dp,
                                       const FwdParams& p, const DecodeRows<KT>& rows, int b,
-                                      int hk, int split, int slot, int chunk, int col,
-                                      const SoftmaxRow (&sm)[KT::ROWS],
-                                      const float (&acc)[KT::ROWS][8]) {
+                                      int hk, int split, int rw, int kw, int lane,
+                                      FragSoftmax<KT::N_TILES>& sm,
+                                      const float (&acc)[KT::D_TILES * 4]) {
   using T = typename KT::T;
-  constexpr int ROWS = KT::ROWS, D = KT::D, SLOTS = KT::SLOTS;
-  if (chunk < KT::CHUNKS) {
+  constexpr int ROWS = KT::ROWS, D = KT::D, KEY_WARPS = KT::KEY_WARPS;
+  sm.finish();
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
+  for (int r = 0; r < 2; ++r) {
+    const int row = 16 * rw + g + 8 * r;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) st.merge.acc[slot][r][col + e] = acc[r][e];
-      if (chunk == 0) {
-        st.merge.m[slot][r] = sm[r].m_i;
-        st.merge.l[slot][r] = sm[r].l_i;
-      }
+    for (int dt = 0; dt < KT::D_TILES; ++dt)
+      *reinterpret_cast<float2*>(&st.merge.acc[kw][row][8 * dt + 2 * t]) =
+          make_float2(acc[dt * 4 + 2 * r], acc[dt * 4 + 2 * r + 1]);
+    if (t == 0) {
+      st.merge.m[kw][row] = sm.row[r].m_i;
+      st.merge.l[kw][row] = sm.row[r].l_i;
     }
   }
   __syncthreads();
@@ -294,15 +334,15 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
     SoftmaxRow row;
     row.m_i = -CA_INF;
 #pragma unroll
-    for (int sl = 0; sl < SLOTS; ++sl) row.m_i = fmaxf(row.m_i, st.merge.m[sl][r]);
+    for (int w = 0; w < KEY_WARPS; ++w) row.m_i = fmaxf(row.m_i, st.merge.m[w][r]);
     const float ref = row.ref();
     row.l_i = 0.f;
     float o = 0.f;
 #pragma unroll
-    for (int sl = 0; sl < SLOTS; ++sl) {
-      const float w = exact_exp2(st.merge.m[sl][r] - ref);
-      row.l_i = fmaf(w, st.merge.l[sl][r], row.l_i);
-      o = fmaf(w, st.merge.acc[sl][r][d], o);
+    for (int w = 0; w < KEY_WARPS; ++w) {
+      const float wt = exact_exp2(st.merge.m[w][r] - ref);
+      row.l_i = fmaf(wt, st.merge.l[w][r], row.l_i);
+      o = fmaf(wt, st.merge.acc[w][r][d], o);
     }
     o *= row.inv_l();
     const int i = pr / group, h = hk * group + pr % group;
@@ -320,65 +360,125 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
   }
 }
 
-// One block: ROWS rows of KV head hk (y), batch b (z), keys of split x % num_splits;
-// x / num_splits is the row block.
+// One block: ROWS packed rows of KV head hk (y), batch b (z), keys of split
+// x % num_splits; x / num_splits is the row block.
 template <class KT, class VT>
 __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp) {
-  constexpr int ROWS = KT::ROWS, STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N;
+  constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N;
+  using Pages = typename KT::Pages;
   extern __shared__ __align__(16) unsigned char smem[];
   auto& st = *reinterpret_cast<typename KT::Storage*>(smem);
 
   const int b = blockIdx.z, hk = blockIdx.y;
   const int row_block = blockIdx.x / dp.num_splits, split = blockIdx.x % dp.num_splits;
-  const int lane = threadIdx.x % 32;
-  const int slot = threadIdx.x / KT::LANES, chunk = lane % KT::LANES;
-  const int col = chunk * 8;   // this lane's first column
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rw = warp / KT::KEY_WARPS, kw = warp % KT::KEY_WARPS;
 
   // The sequence's own problem: its length, the band aligned to it.
   FwdParams p = dp.fwd;
-  const int seqlen = KT::Cache::seqlen(dp.fwd, dp.cache, b);
+  const int seqlen = Pages::seqlen(dp.fwd, dp.cache, b);
   p.band_lo += seqlen;
   p.band_hi += seqlen;
   p.seqlen_k = seqlen;
-  const DecodeRows<KT> rows(p, row_block, hk);
+  const DecodeRows<KT> rows(p, row_block, hk, rw, lane);
+  const int i_first = rows.r0 / p.group, i_last = rows.r_last / p.group;
 
   // The block's key range: the band of its rows within the split (the last split runs
   // to the sequence's end, whatever length the host planned for).
-  const int kv_lo = cmax(VT::kv_begin(p, rows.r0 / p.group), split * dp.split_keys);
+  const int kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys);
   const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
-  const int kv_hi = cmax(cmin(VT::kv_end(p, rows.r_last / p.group), split_end), kv_lo);
+  const int kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);
   p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
-
-  float rQ[ROWS][8];
-  load_q<KT>(rQ, p, rows, b, chunk, col);
-  SoftmaxRow sm[ROWS];
-  float acc[ROWS][8];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    sm[r].init();
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
-  }
-
-  // Tile t goes to buffer t % STAGES, one commit group per tile (empty past the end).
   const int n_tiles = ceil_div(kv_hi - kv_lo, BLOCK_N);
+
+  // Tile t goes to ring buffer t % STAGES, its page ids to slot t % Pages::SLOTS; the
+  // commit group of tile t also carries the ids of tile t + STAGES - 1 (empty groups
+  // past the end keep the count uniform). Paged: the first STAGES - 1 tiles' ids first.
+  auto ids_of = [&](int t) {
+    if (t < n_tiles) Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
+  };
+  // Paged caches on sm_90 copy aligned rows of 256 bytes or more with the copy engine
+  // (load_kv_bulk) where cp.async would take each thread 16 copies or more per tile;
+  // elsewhere cp.async. H100, bf16, Hq/Hkv 32/8, B = 8, Sk = 8k, page 16, TB/s: D = 256
+  // 2.16 -> 2.59, D = 128 2.48 -> 2.52; contiguous caches gained nothing and 64-row
+  // tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
+#if __CUDA_ARCH__ >= 900
+  constexpr bool BULK = KT::VEC && Pages::kPaged && KT::D * sizeof(typename KT::T) >= 256 &&
+                        BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
+#else
+  constexpr bool BULK = false;
+#endif
+  const u32 full = smem_addr(&st.full[0]);
+  auto issue = [&](int t) {
+    if (t < n_tiles) {
+      if constexpr (BULK)
+        load_kv_bulk<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS,
+                         kv_lo + t * BLOCK_N, kv_hi, full + 8 * (t % STAGES));
+      else
+        load_kv<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS, kv_lo + t * BLOCK_N,
+                    kv_hi);
+    }
+    ids_of(t + STAGES - 1);
+    cp_async_commit();
+  };
+  if constexpr (BULK) {
+    // the columns past D are never copied: zero them once in every buffer
+    if constexpr (KT::D != KT::D_PAD) {
+      constexpr int PAD = (KT::D_PAD - KT::D) / 8;
+      for (int x = threadIdx.x; x < 2 * STAGES * BLOCK_N * PAD; x += KT::THREADS) {
+        const int row = x / PAD, c = KT::D / 8 + x % PAD;
+        reinterpret_cast<uint4*>(&st.ring.k[0][0])[(row * KT::SROW) / 8 + c] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    if (threadIdx.x < STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
+  }
+  if constexpr (Pages::kPaged) {
 #pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) {
-    if (t < n_tiles) load_kv<KT>(st, p, dp.cache, b, hk, t % STAGES, kv_lo + t * BLOCK_N, kv_hi);
+    for (int t = 0; t < STAGES - 1; ++t) ids_of(t);
     cp_async_commit();
   }
+  load_q<KT>(st, p, rows, b, hk);
+  if constexpr (Pages::kPaged || BULK) {
+    cp_async_wait<0>();
+    __syncthreads();   // the first tiles' page ids are in; the mbarriers are initialized
+  }
+#pragma unroll
+  for (int t = 0; t < STAGES - 1; ++t) issue(t);
+
+  FragSoftmax<KT::N_TILES> sm;
+  sm.init();
+  float acc[KT::D_TILES * 4];
+#pragma unroll
+  for (int x = 0; x < KT::D_TILES * 4; ++x) acc[x] = 0.f;
+  u32 qf[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4];
+
+  // ldmatrix lane addressing (common/mma.cuh): matrix lane / 8, row lane % 8.
+  const int lm = lane / 8, lr = lane % 8;
+  const u32 q_addr = smem_addr(&st.q[(16 * rw + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
+  const int key0 = kw * KT::WARP_KEYS;   // the warp's first key row in a tile
+  const u32 k_addr = smem_addr(&st.ring.k[0][(key0 + lr + 8 * (lm >> 1)) * KT::SROW + 8 * (lm & 1)]);
+  const u32 v_addr = smem_addr(&st.ring.v[0][(key0 + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
+  constexpr u32 STAGE_BYTES = BLOCK_N * KT::SROW * 2;
+
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();   // tile t landed everywhere; tile t - 1's buffer is free
-    const int next = t + STAGES - 1;
-    if (next < n_tiles)
-      load_kv<KT>(st, p, dp.cache, b, hk, next % STAGES, kv_lo + next * BLOCK_N, kv_hi);
-    cp_async_commit();
-    consume_tile<KT, VT>(st, p, rows, rQ, b, t % STAGES, kv_lo + t * BLOCK_N, slot, chunk, col,
+    if constexpr (BULK) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+    __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
+    issue(t + STAGES - 1);
+    if constexpr (KT::Q_IN_REGS) {
+      if (t == 0) {
+#pragma unroll
+        for (int ks = 0; ks < KT::QK_STEPS; ++ks) ldmatrix_x4(qf[ks], q_addr + ks * 32);
+      }
+    }
+    const int k0 = kv_lo + t * BLOCK_N + key0;
+    const bool partial = VT::partial(p, i_first, i_last, k0, k0 + KT::WARP_KEYS - 1);
+    const u32 buf = (t % STAGES) * STAGE_BYTES;
+    consume_tile<KT, VT>(p, rows, qf, q_addr, k_addr + buf, v_addr + buf, b, k0, partial, lane,
                          sm, acc);
   }
 
   cp_async_wait<0>();
   __syncthreads();
-  store<KT>(st, dp, p, rows, b, hk, split, slot, chunk, col, sm, acc);
+  store<KT>(st, dp, p, rows, b, hk, split, rw, kw, lane, sm, acc);
 }

@@ -321,9 +321,12 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     int q_row0 = q0, k_row0 = 0;
     if constexpr (Seqs::kRagged) q_row0 += seq.q_start, k_row0 += seq.k_start;
     const int back = sched.diagonal(bound, q0, n_begin, n_blocks);
-    const auto key_row = [&](int j) { return k_row0 + sched.key_block(j, n_begin, back) * KT::BLOCK_N; };
+    const auto key_row = [&](int j) {
+      return k_row0 + sched.key_block(j, n_begin, back) * KT::BLOCK_N;
+    };
     // K_0 first: its buffer is free before the consumers hand back Q.
-    if (n_blocks > 0) load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
+    if (n_blocks > 0)
+      load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
       const u32 bar = st.q_full(c);

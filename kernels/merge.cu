@@ -6,8 +6,9 @@
 // and natural-log LSEs lse_s:
 //   M = max_s lse_s,  w_s = exp(lse_s - M),  L = sum_s w_s
 //   o = sum_s w_s o_s / L,  lse = M + log L
-// A state with lse = -inf (no keys) has weight exactly 0 and its o is not read, so
-// it merges exactly whatever it holds; every state -inf gives o = 0, lse = -inf.
+// A state with lse = -inf (no keys) has weight exactly 0 and its o is selected
+// away, not multiplied, so it merges exactly whatever it holds; every state -inf
+// gives o = 0, lse = -inf.
 // NaN in an LSE propagates to the row.
 //
 // Layouts (strides in elements; the last dimension of o contiguous): a state view
@@ -16,8 +17,9 @@
 // separate tensor per state or a stacked one all read in place. Two views (a, b)
 // merge into one output; split-KV passes its partials as view a and no view b.
 //
-// Threads: one warp per row (N0 * N1 * N2 rows), lanes over D; fp32 arithmetic.
-#include "common/types.cuh"
+// Threads: one warp per row (N0 * N1 * N2 rows), lanes over D (and over states for
+// the LSEs); fp32 arithmetic.
+#include "common/softmax.cuh"
 
 struct StateView {
   const void* o;
@@ -43,34 +45,61 @@ __device__ __forceinline__ float view_lse(const StateView& s, int k, int x0, int
                x2 * s.lse_stride[3]];
 }
 
-// Adds w_k o_k of every state of view s with w_k = exp(lse_k - ref) to o[] (lane's
-// columns) and to l.
+// The states of a view are taken 32 at a time, lane k holding state k0 + k's LSE, so
+// a row's LSE loads and its weights are one load and one exp2 per lane, and its o
+// rows are loaded merge_unroll states at a time, independent of each other (split-KV
+// at B = 1 merges 32 or more states: one dependent load per state was most of a
+// decode step's time). Eight rows of 256 16-bit columns spilled (sm_90a): four.
+__host__ __device__ constexpr int merge_unroll(int per_lane) { return per_lane <= 4 ? 8 : 4; }
+
+// The largest LSE of view s at (x0, x1, x2) and m, by every lane; NaN if any is NaN.
+__device__ __forceinline__ float view_max(const StateView& s, int x0, int x1, int x2, int lane,
+                                          float m) {
+  bool nan = m != m;
+  for (int k0 = 0; k0 < s.states; k0 += 32) {
+    const int k = k0 + lane;
+    const float lse = k < s.states ? view_lse(s, k, x0, x1, x2) : -CA_INF;
+    nan = nan || lse != lse;
+    m = fmaxf(m, lse);
+  }
+  m = group_max<32>(m);
+  return __any_sync(0xffffffffu, nan) ? CA_NAN : m;
+}
+
+// Adds w_k o_k of every state of view s, w_k = exp(lse_k - ref), to o[] (the lane's
+// columns) and w_k to l. A state of weight 0 (LSE -inf: no keys) adds nothing: its o
+// is selected away, not multiplied, so NaN there stays out.
 template <class TIN, int PER_LANE>
 __device__ __forceinline__ void view_accumulate(const StateView& s, int x0, int x1, int x2,
                                                 float ref, int lane, int D, float (&o)[PER_LANE],
                                                 float& l) {
-  for (int k = 0; k < s.states; ++k) {
-    const float lse = view_lse(s, k, x0, x1, x2);
-    const float w = exact_exp2((lse - ref) * CA_LOG2E);
-    l += w;
-    if (w == 0.f) continue;   // an empty state: its o is not read (NaN stays out)
-    const TIN* src = static_cast<const TIN*>(s.o) + k * s.o_stride[0] + x0 * s.o_stride[1] +
-                     x1 * s.o_stride[2] + x2 * s.o_stride[3];
+  const TIN* base = static_cast<const TIN*>(s.o) + x0 * s.o_stride[1] + x1 * s.o_stride[2] +
+                    x2 * s.o_stride[3];
+  for (int k0 = 0; k0 < s.states; k0 += 32) {
+    const int k = k0 + lane, n = cmin(32, s.states - k0);
+    const float w_lane =
+        k < s.states ? exact_exp2((view_lse(s, k, x0, x1, x2) - ref) * CA_LOG2E) : 0.f;
+    l += group_sum<32>(w_lane);
+    constexpr int UNROLL = merge_unroll(PER_LANE);
+    for (int u0 = 0; u0 < n; u0 += UNROLL) {
+      float x[UNROLL][PER_LANE], w[UNROLL];
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) {
-      const int d = lane + 32 * e;
-      if (d < D) o[e] = fmaf(w, to_float(src[d]), o[e]);
+      for (int u = 0; u < UNROLL; ++u) {
+        w[u] = __shfl_sync(0xffffffffu, w_lane, (u0 + u) % 32);
+        const TIN* src = base + (k0 + u0 + u) * s.o_stride[0];
+#pragma unroll
+        for (int e = 0; e < PER_LANE; ++e) {
+          const int d = lane + 32 * e;
+          x[u][e] = u0 + u < n && d < D ? to_float(src[d]) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int e = 0; e < PER_LANE; ++e)
+          o[e] = u0 + u < n && w[u] != 0.f ? fmaf(w[u], x[u][e], o[e]) : o[e];
     }
   }
-}
-
-__device__ __forceinline__ float view_max(const StateView& s, int x0, int x1, int x2, float m) {
-  for (int k = 0; k < s.states; ++k) {
-    const float lse = view_lse(s, k, x0, x1, x2);
-    m = lse != lse ? lse : fmaxf(m, lse);   // NaN propagates
-    if (m != m) break;
-  }
-  return m;
 }
 
 // TIN: the states' dtype (float for split-KV partials), TOUT: the output's; D <= 32 *
@@ -82,8 +111,8 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_states(const MergePara
   if (row >= i64(p.n0) * p.n1 * p.n2) return;
   const int x2 = int(row % p.n2), x1 = int((row / p.n2) % p.n1), x0 = int(row / (i64(p.n2) * p.n1));
 
-  float m = view_max(p.a, x0, x1, x2, -CA_INF);
-  m = view_max(p.b, x0, x1, x2, m);
+  float m = view_max(p.a, x0, x1, x2, lane, -CA_INF);
+  m = view_max(p.b, x0, x1, x2, lane, m);
   const float ref = m == -CA_INF ? 0.f : m;
   float o[PER_LANE], l = 0.f;
 #pragma unroll

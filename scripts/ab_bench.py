@@ -45,6 +45,8 @@ def grid(quick: bool):
 def run_tree(cells, reps: int, batches: int):
     """Runs in the child: time every cell with this tree's package."""
     import cupy
+    import ml_dtypes
+
     import cupy_attention as ca
 
     out = []
@@ -54,8 +56,7 @@ def run_tree(cells, reps: int, batches: int):
         def mk(shape):
             x = rng.standard_normal(shape, dtype=cupy.float32)
             if c["dtype"] == "bfloat16":
-                import ml_dtypes  # noqa: F401
-                return x.astype("bfloat16")
+                return x.astype(ml_dtypes.bfloat16)
             return x.astype(dt)
         q = mk((c["b"], c["h"], c["sq"], c["d"]))
         k = mk((c["b"], c["h"], c["sk"], c["d"]))
@@ -87,7 +88,7 @@ def run_tree(cells, reps: int, batches: int):
             out.append(dict(c, ms=ms, tflops=flops / ms / 1e9))
         except Exception as exc:  # a cell a tree cannot run is reported, not fatal
             out.append(dict(c, error=f"{type(exc).__name__}: {exc}"[:200]))
-        del q, k, v
+        q = k = v = None  # the cell's arrays go before the next cell allocates
         cupy.get_default_memory_pool().free_all_blocks()
     return out
 

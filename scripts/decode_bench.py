@@ -11,11 +11,14 @@ rounds: reported is the time per call of the faster round and the spread
 |round1 - round2| / min in percent (a difference smaller than the spread is noise).
 Paged caches hold each sequence's pages in shuffled order. torch's SDPA runs with
 ``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
-mask would be aligned top-left, so the row is a timing anchor only).
+mask would be aligned top-left, so the row is a timing anchor only) on head-major
+[B, Hkv, Sk, D] caches; ours read [B, Sk, Hkv, D] (``--layouts hnd`` adds head-major
+views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures).
 
     python scripts/decode_bench.py                       # the issue's anchor shapes
     python scripts/decode_bench.py --grid --json decode.json
     python scripts/decode_bench.py --shape 1,32,8,1,32768,128 --pages 0,1,16,64
+    python scripts/decode_bench.py --layouts nhd,hnd --no-torch
 """
 
 from __future__ import annotations
@@ -56,20 +59,27 @@ def kv_bytes(b, hkv, sk, d) -> int:
     return b * sk * hkv * d * 2 * 2
 
 
-def make_set(cupy, rng, shape, page, dtype):
-    """(q, k_cache, v_cache, block_table, cache_seqlens) for one input set."""
+def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
+    """(q, k_cache, v_cache, block_table, cache_seqlens) for one input set. The caches
+    are [B, Sk, Hkv, D] / [pages, page_size, Hkv, D] arrays; with layout "hnd" they
+    are views of head-major memory ([B, Hkv, Sk, D], as torch SDPA and Hugging Face
+    caches hold it; [pages, Hkv, page_size, D], FlashInfer's HND)."""
     b, hq, hkv, sq, sk, d = shape
     dt = cupy.float16 if dtype == "float16" else None
     q = _randn(cupy, (b, sq, hq, d), dtype, dt)
     lens = cupy.full((b,), sk, dtype=cupy.int32)
+    per = -(-sk // page) if page else 0
+    n0, n1 = (b, sk) if page == 0 else (b * per, page)
+
+    def cache():
+        if layout == "hnd":
+            return _randn(cupy, (n0, hkv, n1, d), dtype, dt).transpose(0, 2, 1, 3)
+        return _randn(cupy, (n0, n1, hkv, d), dtype, dt)
+
+    k, v = cache(), cache()
     if page == 0:
-        k = _randn(cupy, (b, sk, hkv, d), dtype, dt)
-        v = _randn(cupy, (b, sk, hkv, d), dtype, dt)
         return q, k, v, None, lens
-    per = -(-sk // page)
     table = rng.permutation(b * per).astype(np.int32).reshape(b, per)
-    k = _randn(cupy, (b * per, page, hkv, d), dtype, dt)
-    v = _randn(cupy, (b * per, page, hkv, d), dtype, dt)
     return q, k, v, cupy.asarray(table), lens
 
 
@@ -114,11 +124,11 @@ def time_calls(cupy, fn, sets, reps, stream=None):
     return best, 100.0 * abs(rounds[0] - rounds[1]) / best
 
 
-def bench_ours(cupy, shape, page, dtype, reps, l2, splits):
+def bench_ours(cupy, shape, page, dtype, reps, l2, splits, layout="nhd"):
     b, hq, hkv, sq, sk, d = shape
     rng = np.random.default_rng(0)
     per_set = kv_bytes(b, hkv, sk, d)
-    sets = [make_set(cupy, rng, shape, page, dtype)
+    sets = [make_set(cupy, rng, shape, page, dtype, layout)
             for _ in range(min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set))))]
 
     def call(q, k, v, table, lens):
@@ -156,6 +166,9 @@ def main() -> int:
     ap.add_argument("--shape", action="append", default=[],
                     help="B,Hq,Hkv,Sq,Sk,D (repeatable)")
     ap.add_argument("--pages", default="0,16,1", help="page sizes, 0 = contiguous")
+    ap.add_argument("--layouts", default="nhd",
+                    help="cache memory layouts of ours: nhd ([.., Sk, Hkv, D]) and/or hnd "
+                         "(head-major views, torch SDPA's own layout)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--splits", type=int, default=None, help="force the split count")
@@ -189,30 +202,34 @@ def main() -> int:
         "rows": []}
     print(f"{report['device']}  commit {commit}{'+dirty' if dirty else ''}  {a.dtype}  "
           f"{report['date']}")
-    print(f"{'B':>4} {'Hq':>3} {'Hkv':>3} {'Sq':>3} {'Sk':>7} {'D':>4} {'impl':>14} "
+    print(f"{'B':>4} {'Hq':>3} {'Hkv':>3} {'Sq':>3} {'Sk':>7} {'D':>4} {'impl':>18} "
           f"{'TB/s':>6} {'us':>9} {'spread':>7}")
     for shape in shapes:
         b, hq, hkv, sq, sk, d = shape
         if 2 * kv_bytes(b, hkv, sk, d) > a.max_gib * 2**30:
             print(f"{shape}: skipped (K+V over --max-gib)")
             continue
-        impls = [(f"ours page={p}" if p else "ours contig", "ours", p) for p in pages]
+        layouts = a.layouts.split(",")
+        impls = [((f"ours page={p}" if p else "ours contig")
+                  + ("" if lay == "nhd" else f" {lay}"), "ours", p, lay)
+                 for lay in layouts for p in pages]
         if torch is not None:
-            impls += [(f"torch {bk}", bk, None) for bk in ("cudnn", "flash")]
-        for label, impl, page in impls:
+            impls += [(f"torch {bk}", bk, None, "hnd") for bk in ("cudnn", "flash")]
+        for label, impl, page, layout in impls:
             try:
                 if impl == "ours":
-                    r = bench_ours(cupy, shape, page, a.dtype, a.reps, l2, a.splits)
+                    r = bench_ours(cupy, shape, page, a.dtype, a.reps, l2, a.splits, layout)
                 else:
                     r = bench_torch(torch, shape, impl, a.dtype, a.reps, l2)
             except Exception as exc:  # an unsupported shape in one backend
                 r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-            row = dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, Sk=sk, D=d, impl=impl, page=page, **r)
+            row = dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, Sk=sk, D=d, impl=impl, page=page,
+                       layout=layout, **r)
             report["rows"].append(row)
             if "error" in r:
-                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>14}  {r['error']}")
+                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>18}  {r['error']}")
             else:
-                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>14} "
+                print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>18} "
                       f"{r['tbps']:6.2f} {r['seconds'] * 1e6:9.1f} {r['spread_pct']:6.1f}%")
             cupy.get_default_memory_pool().free_all_blocks()
             if torch is not None:

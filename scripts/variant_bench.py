@@ -18,25 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
+import os
+import sys
 
-
-def time_ms(fn, reps=10, batches=5):
-    import torch
-
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from event_timing import time_ms  # noqa: E402  (a sibling script module)
 
 
 def alibi_slopes(heads: int):

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from event_timing import time_ms  # noqa: E402  (a sibling script module)
 
 
 def lengths(mean: int, total: int, seed: int) -> list[int]:
@@ -33,22 +37,6 @@ def lengths(mean: int, total: int, seed: int) -> list[int]:
 def flops(lens, heads, d, causal, backward=False):
     f = sum(4.0 * n * n * heads * d * (0.5 if causal else 1.0) for n in lens)
     return f * (3.5 if backward else 1.0)  # forward + backward = 1 + 2.5
-
-
-def time_ms(fn, reps=10, batches=5):
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
 
 
 def main():

@@ -536,28 +536,21 @@ def _compile_into_cache(job):
         pass
 
 
-def prewarm(cases, workers=None) -> int:
-    """Compile, in parallel processes and into the disk cache, every instantiation
-    that ``cases`` will launch: (kernel name, run_and_check keyword dict) pairs.
-
-    Best effort and purely a speed-up: each family's ``launch`` runs once per case
-    with the JIT's ``get_function`` replaced by a recorder (nothing is launched),
-    then the recorded specs compile in a process pool. Returns how many compiled.
-    """
+def _compile_recorded(run, workers=None) -> int:
+    """Run ``run()`` with the JIT's ``get_function`` replaced by a recorder (nothing
+    is launched on the device), then compile every recorded (spec, arch) in a process
+    pool into the disk cache. Hot-call entries made meanwhile (of ``attention`` and
+    ``attention_varlen``), which would hold the recorder's fake kernels, are dropped.
+    Returns how many compiled."""
     import concurrent.futures as cf
     import multiprocessing
 
     import cupy
 
-    from cupy_attention import device, jit
-    from cupy_attention.dispatch import FAMILIES
-    from cupy_attention.families.base import Tensors
-    from cupy_attention.problem import validate
+    from cupy_attention import api, decode, jit, varlen
 
     if not jit.cache_enabled():
         return 0
-    dev = cupy.cuda.runtime.getDevice()
-    arch = device.device_arch(dev)
     wanted: dict = {}
 
     class _NoLaunch:
@@ -566,14 +559,55 @@ def prewarm(cases, workers=None) -> int:
         def launch(self, *args, **kwargs):
             pass
 
-    def record(spec, arch_, device_id):
-        wanted[(spec, arch_)] = None
+        def launch_packed(self, *args, **kwargs):
+            pass
+
+    def record(spec, arch, device_id):
+        wanted[(spec, arch)] = None
         return _NoLaunch()
 
-    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
+    caches = (api._HOT, varlen.HOT, decode._HOT)
+    before = [set(cache.entries) for cache in caches]
+    real = jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed
     jit.get_function = record
-    jit.LoadedKernel.launch = lambda self, *a, **k: None   # in case a family bypasses get_function
+    # in case a family bypasses get_function
+    jit.LoadedKernel.launch = jit.LoadedKernel.launch_packed = lambda self, *a, **k: None
     try:
+        run()
+    finally:
+        jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed = real
+        for cache, keys in zip(caches, before):
+            for key in set(cache.entries) - keys:
+                cache.entries.pop(key, None)
+    cupy.cuda.runtime.deviceSynchronize()
+    jobs = list(wanted)
+    if not jobs:
+        return 0
+    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_into_cache, jobs))
+    return len(jobs)
+
+
+def prewarm(cases, workers=None) -> int:
+    """Compile, in parallel processes and into the disk cache, every instantiation
+    that ``cases`` will launch: (kernel name, run_and_check keyword dict) pairs.
+
+    Best effort and purely a speed-up: each family's ``launch`` runs once per case
+    under :func:`_compile_recorded`'s recorder (nothing is launched). Returns how
+    many compiled.
+    """
+    import cupy
+
+    from cupy_attention import device
+    from cupy_attention.dispatch import FAMILIES
+    from cupy_attention.families.base import Tensors
+    from cupy_attention.problem import validate
+
+    dev = cupy.cuda.runtime.getDevice()
+    arch = device.device_arch(dev)
+
+    def run():
         for name, c in cases:
             family = FAMILIES.get(name)
             if family is None:
@@ -595,64 +629,19 @@ def prewarm(cases, workers=None) -> int:
                               cupy.cuda.get_current_stream(), dev, arch)
             except Exception:
                 continue
-    finally:
-        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
-    jobs = list(wanted)
-    if not jobs:
-        return 0
-    workers = workers or max(1, min(len(jobs), os.cpu_count() or 1))
-    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_into_cache, jobs))
-    return len(jobs)
+
+    return _compile_recorded(run, workers)
 
 
 def prewarm_calls(calls) -> int:
     """Compile, in parallel processes and into the disk cache, every instantiation
-    that ``calls()`` launches: it runs once with the JIT's ``get_function`` replaced
-    by a recorder, so nothing executes on the device (``calls`` may make any
-    ``attention`` / ``attention_backward`` / ``attention_decode`` calls, on NaN
-    inputs of the right shapes; exceptions inside it are its own business). Hot-call
-    entries made meanwhile (which would hold the recorder's fake kernels) are
-    dropped. Best effort, purely a speed-up; returns how many compiled."""
-    import concurrent.futures as cf
-    import multiprocessing
-
-    import cupy
-
-    from cupy_attention import api, jit
-
-    if not jit.cache_enabled():
-        return 0
-    wanted: dict = {}
-
-    class _NoLaunch:
-        max_dynamic_smem = 0
-
-        def launch(self, *args, **kwargs):
-            pass
-
-    def record(spec, arch, device_id):
-        wanted[(spec, arch)] = None
-        return _NoLaunch()
-
-    hot_before = set(api._HOT)
-    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
-    jit.get_function = record
-    jit.LoadedKernel.launch = lambda self, *a, **k: None
-    try:
-        calls()
-    finally:
-        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
-        for key in set(api._HOT) - hot_before:
-            api._HOT.pop(key, None)
-    cupy.cuda.runtime.deviceSynchronize()
-    jobs = list(wanted)
-    if not jobs:
-        return 0
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_into_cache, jobs))
-    return len(jobs)
+    that ``calls()`` launches: it runs once under :func:`_compile_recorded`'s
+    recorder, so nothing executes on the device (``calls`` may make any
+    ``attention`` / ``attention_backward`` / ``attention_decode`` /
+    ``attention_varlen`` calls, on NaN inputs of the right shapes; exceptions inside
+    it are its own business). Best effort, purely a speed-up; returns how many
+    compiled."""
+    return _compile_recorded(calls)
 
 
 def nvrtc_probe(src: str, options) -> tuple[bool, str]:

@@ -4,7 +4,6 @@ direct formula (forward, and the backward against finite differences)."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -12,10 +11,13 @@ import pytest
 import cupy_attention as ca
 from cupy_attention.errors import DTypeError, ShapeError, UnsupportedError
 from cupy_attention.families import flash_wgmma
-from cupy_attention.problem import ALIBI_MAX_SEQLEN, check_alibi, describe, validate
+from cupy_attention.problem import (ALIBI_MAX_SEQLEN, check_alibi, check_alibi_length, describe,
+                                    validate)
 from cupy_attention.reference import (alibi_bias, attention_backward_reference,
                                       attention_reference)
 from cupy_attention.variant import Variant
+
+from test_variants_host import direct as variants_direct
 
 SLOPES = np.array([0.5, 0.125], dtype=np.float32)
 
@@ -27,29 +29,8 @@ def qkv(seed, B=1, Hq=2, Hkv=1, Sq=7, Sk=9, D=5):
 
 
 def direct(q, k, v, slopes, *, causal=False, softcap=None):
-    """Row by row with Python floats: score, softcap, then -slope * |i + Sk - Sq - j|."""
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    slopes = np.broadcast_to(slopes, (B, Hq))
-    out = np.zeros((B, Hq, Sq, D))
-    lse = np.full((B, Hq, Sq), -math.inf)
-    for b in range(B):
-        for h in range(Hq):
-            hk = h // (Hq // Hkv)
-            for i in range(Sq):
-                c = i + Sk - Sq
-                js = [j for j in range(Sk) if not causal or j <= c]
-                if not js:
-                    continue
-                s = [float(q[b, h, i] @ k[b, hk, j]) / math.sqrt(D) for j in js]
-                if softcap:
-                    s = [softcap * math.tanh(x / softcap) for x in s]
-                s = [x - float(slopes[b, h]) * abs(c - j) for x, j in zip(s, js)]
-                top = max(s)
-                w = [math.exp(x - top) for x in s]
-                lse[b, h, i] = top + math.log(sum(w))
-                out[b, h, i] = sum(wj * v[b, hk, j] for wj, j in zip(w, js)) / sum(w)
-    return out, lse
+    """test_variants_host's row-by-row formula with these slopes."""
+    return variants_direct(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes)
 
 
 @pytest.mark.parametrize("Sq,Sk", [(7, 9), (9, 7), (8, 8)])
@@ -131,8 +112,11 @@ def test_slopes_with_mask_refused():
 
 def test_sequences_past_the_exact_range_refused():
     qi = describe(np.zeros((1, 2, 1, 4), dtype=np.float32), "q")
+    assert check_alibi(SLOPES, qi, 1, 2)
+    check_alibi_length(True, 1, ALIBI_MAX_SEQLEN - 1)
+    check_alibi_length(False, 1, ALIBI_MAX_SEQLEN)
     with pytest.raises(ShapeError, match="shorter than"):
-        check_alibi(SLOPES, qi, 1, 2, 1, ALIBI_MAX_SEQLEN)
+        check_alibi_length(True, 1, ALIBI_MAX_SEQLEN)
 
 
 def test_reference_kernel_takes_slopes():
@@ -166,6 +150,10 @@ def test_transform_configs_fit(head_dim, causal):
     assert block_n <= plain[1] or consumers < plain[0]
     vt = Variant(causal, dense="alibi")
     assert f"BN={block_n}" in flash_wgmma.spec(head_dim, "bfloat16", vt).name
+    # what `cupy-attention tune` times for such a variant stays within the same rule
+    cands = flash_wgmma.candidates(head_dim, causal, transforms=True)
+    assert cands[0] == cfg
+    assert all(flash_wgmma.config_fits(head_dim, c, transforms=True) for c in cands[1:])
 
 
 # ---------------------------------------------------------------------------

@@ -102,9 +102,35 @@ def test_shape_and_decode():
     grid, _ = cases("--shape", "2,3,100,40", "--dtype", "bf16", "--causal", "off", "--decode")
     assert grid[0] == bench.Case("fwd", 2, 3, 3, 100, 100, 40, "bfloat16", False)
     decode = grid[1:]
-    assert [(c.batch, c.seqlen_k) for c in decode] == list(bench.DECODE_SHAPES)
-    assert all(c.kind == "decode" and c.seqlen_q == 1 and (c.heads_q, c.heads_kv) == (32, 8)
-               for c in decode)
+    assert [(c.batch, c.seqlen_k, c.seqlen_q, c.page) for c in decode] == [
+        (b, sk, sq, page) for b, sk, sq in bench.DECODE_SHAPES for page in bench.DECODE_PAGES]
+    assert all(c.kind == "decode" and (c.heads_q, c.heads_kv) == (32, 8) for c in decode)
+    assert {c.page for c in decode} == {0, 16, 1} and {c.seqlen_q for c in decode} == {1, 4}
+
+
+def test_decode_grid_covers_issue_35():
+    grid, notes = cases("--no-grid", "--decode-grid")
+    assert all(c.kind == "decode" for c in grid) and any("GiB" in n for n in notes)
+    assert {c.batch for c in grid} == {1, 8, 64, 256}
+    assert {c.seqlen_k for c in grid} == {1024, 8192, 32768, 131072}
+    assert {(c.heads_q, c.heads_kv) for c in grid} == {(32, 8), (32, 32)}
+    assert {c.head_dim for c in grid} == {64, 128, 256}
+    assert {c.seqlen_q for c in grid} == {1, 4, 16}
+    assert {c.page for c in grid} == {0, 1, 16, 64}
+    assert all(c.kv_bytes() <= bench.DECODE_MAX_BYTES for c in grid)
+    assert len(set(grid)) == len(grid)
+
+
+def test_paged_rows_compare_with_contiguous_torch():
+    c = bench.decode_cases()[0]
+    paged = bench.Case(**{**c.__dict__, "page": 16})
+    rows = [bench.make_row(c, "torch:cudnn", "torch", ms=2.0),
+            bench.make_row(paged, "decode", "ours", ms=1.0)]
+    bench.add_ratios(rows)
+    assert rows[1]["speedup_cudnn"] == pytest.approx(2.0)
+    assert bench.case_key(rows[1]) != bench.case_key(rows[0])
+    old = {k: v for k, v in rows[0].items() if k != "page"}   # a row from before "page"
+    assert bench.case_key(old) == bench.case_key(rows[0])
 
 
 def test_backward_flag(monkeypatch):

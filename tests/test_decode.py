@@ -66,18 +66,37 @@ def test_struct_probe_catches_a_wrong_offset():
     assert not ok
 
 
+TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
+         fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6)]
+
+
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
-@pytest.mark.parametrize("rows,stages", [(1, 4), (2, 4), (4, 4), (4, 2), (1, 2), (8, 6)])
-def test_smem_formula_is_sizeof_storage(head_dim, rows, stages):
-    traits = f"DecodeTraits<{head_dim}, {rows}, {fam.WARPS}, {stages}, bf16, false, true>"
-    lanes, slots, block_n = fam.traits(head_dim, rows)
+@pytest.mark.parametrize("tile", TILES, ids=str)
+@pytest.mark.parametrize("paged", [False, True])
+def test_smem_formula_is_sizeof_storage(head_dim, tile, paged):
+    traits = (f"DecodeTraits<{head_dim}, {tile.row_warps}, {tile.key_warps}, {tile.warp_keys}, "
+              f"{tile.stages}, bf16, false, {'true' if paged else 'false'}>")
     src = (f'#include "decode.cu"\n'
-           f'static_assert({traits}::SMEM_BYTES == {fam.smem_bytes(head_dim, rows, stages)}, "smem");\n'
-           f'static_assert({traits}::LANES == {lanes} && {traits}::SLOTS == {slots} && '
-           f'{traits}::BLOCK_N == {block_n}, "traits");\n')
+           f'static_assert({traits}::SMEM_BYTES == {fam.smem_bytes(head_dim, tile, paged)}, '
+           f'"smem");\n'
+           f'static_assert({traits}::ROWS == {tile.rows} && {traits}::BLOCK_N == {tile.block_n} '
+           f'&& {traits}::THREADS == {tile.threads}, "traits");\n')
     ok, log = _nvrtc(src)
     assert ok, log
-    assert fam.smem_bytes(head_dim, rows, stages) <= 99 * 1024   # fits consumer GPUs too
+
+
+@pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 72, 96, 128, 160, 250, 256])
+@pytest.mark.parametrize("rows", [1, 4, 8, 16, 17, 32, 48, 64, 128])
+@pytest.mark.parametrize("limit", [99 * 1024, 163 * 1024, 227 * 1024])
+def test_tiles_fit_the_device(head_dim, rows, limit):
+    t = fam.tile(rows, head_dim, True, limit)
+    assert fam.smem_bytes(head_dim, t, True) <= limit
+    assert fam.smem_bytes(head_dim, t, False) <= fam.smem_bytes(head_dim, t, True)
+    assert t.rows >= min(rows, 64) and t.rows in (16, 32, 64)
+    assert t.warp_keys % 16 == 0 and 2 <= t.stages <= fam.MAX_STAGES
+    assert t.threads <= fam.MAX_THREADS
+    if limit >= 163 * 1024 and head_dim <= 128:   # two blocks per SM on Hopper
+        assert fam.smem_bytes(head_dim, t, True) <= fam.BLOCK_SMEM
 
 
 # ---------------------------------------------------------------------------
@@ -88,14 +107,16 @@ def shape(B=1, Hq=32, Hkv=8, Sq=1, cap=32768, D=128, dtype="bfloat16", paged=Fal
 
 
 def test_row_tiles_pack_a_group():
-    assert fam.row_tile(1) == (1, 4)
-    assert fam.row_tile(3) == (4, 4)
-    assert fam.row_tile(4)[0] == 4
-    assert fam.row_tile(8)[0] == 8
+    assert fam.tile(1, 128).rows == 16
+    assert fam.tile(16, 128).rows == 16
+    assert fam.tile(17, 128).rows == 32
+    assert fam.tile(64, 128).rows == 64
     p = fam.plan(shape(Hq=32, Hkv=8, Sq=4), True, 132)
-    assert (p.rows, p.row_blocks) == (8, 2)          # 16 packed rows: two blocks of 8
-    p = fam.plan(shape(Hq=16, Hkv=2, Sq=1), True, 132)
-    assert (p.rows, p.row_blocks) == (8, 1)          # one block reads K/V once for 8 heads
+    assert (p.rows, p.row_blocks) == (16, 1)         # 16 packed rows: one m16 tile
+    p = fam.plan(shape(Hq=32, Hkv=8, Sq=16), True, 132)
+    assert (p.rows, p.row_blocks) == (64, 1)         # K/V read once for 4 heads x 16 queries
+    p = fam.plan(shape(Hq=64, Hkv=8, Sq=16), True, 132)
+    assert (p.rows, p.row_blocks) == (64, 2)
 
 
 @pytest.mark.parametrize("B,cap", [(1, 32768), (1, 131072), (8, 8192), (64, 4096), (128, 2048),
@@ -103,8 +124,7 @@ def test_row_tiles_pack_a_group():
 def test_split_plan_covers_every_key_once(B, cap):
     s = shape(B=B, cap=cap)
     p = fam.plan(s, True, 132)
-    _, _, block_n = fam.traits(s.head_dim, p.rows)
-    assert p.split_keys % block_n == 0 and p.split_keys > 0
+    assert p.split_keys % p.tile.block_n == 0 and p.split_keys > 0
     assert 1 <= p.num_splits <= fam.MAX_SPLITS
     assert p.num_splits * p.split_keys >= cap
     assert (p.num_splits - 1) * p.split_keys < max(cap, 1)    # no split is empty by plan
@@ -121,10 +141,11 @@ def test_split_heuristic():
 
 
 def test_spec_names_are_readable_and_distinct():
-    a = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True), True, True)
-    b = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True), False, True)
-    c = fam.spec(128, "bfloat16", 8, 6, Variant(causal=True, softcap=30.0), True, False)
-    assert a.name == "decode[D=128,R=8,ST=6,bf16,paged,causal]"
+    t = fam.Tile(1, 4, 16, 3)
+    a = fam.spec(128, "bfloat16", t, Variant(causal=True), True, True)
+    b = fam.spec(128, "bfloat16", t, Variant(causal=True), False, True)
+    c = fam.spec(128, "bfloat16", t, Variant(causal=True, softcap=30.0), True, False)
+    assert a.name == "decode[D=128,M=16,W=1x4,N=64,ST=3,bf16,paged,causal]"
     assert "softcap" in c.name and "unaligned" in c.name
     assert len({a.expr, b.expr, c.expr}) == 3
 
@@ -136,8 +157,18 @@ def test_auto_takes_decode_for_few_query_rows():
     p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=1000, head_dim=128,
                     dtype="bfloat16", causal=True)
     assert dispatch.choose(p, "auto", 90).name == "decode"
+    p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=16, seqlen_k=1000, head_dim=128,
+                    dtype="bfloat16", causal=True)
+    assert dispatch.choose(p, "auto", 90).name == "decode"    # speculative rows
     p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=64, seqlen_k=1000, head_dim=128,
                     dtype="bfloat16")
+    assert dispatch.choose(p, "auto", 90).name != "decode"
+    # MHA: decode's split-KV only where few (batch, head) pairs leave SMs idle
+    p = problem_for(batch=1, heads_q=32, heads_kv=32, seqlen_q=1, seqlen_k=4000, head_dim=128,
+                    dtype="bfloat16", causal=True)
+    assert dispatch.choose(p, "auto", 90).name == "decode"
+    p = problem_for(batch=8, heads_q=32, heads_kv=32, seqlen_q=1, seqlen_k=4000, head_dim=128,
+                    dtype="bfloat16", causal=True)
     assert dispatch.choose(p, "auto", 90).name != "decode"
     p = problem_for(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=10, head_dim=64,
                     dtype="float32")
@@ -399,3 +430,19 @@ def test_merge_reference_is_the_one_shot_softmax():
     np.testing.assert_allclose(o, a_o, atol=1e-12)
     o, l = merge_attention_states_reference([a_o, b_o], [empty, empty])
     assert (o == 0).all() and np.isneginf(l).all()
+
+
+def test_hot_signature_only_for_device_arrays():
+    """The decode hot path skips validation, so host arrays, host tables and lengths,
+    lists and unhashable arguments never get a signature."""
+    from cupy_attention import decode as dec
+
+    q = np.zeros((2, 1, 8, 64), np.float16)
+    k = np.zeros((2, 16, 2, 64), np.float16)
+    lens = np.array([3, 4], np.int32)
+    assert dec._signature(q, k, k, lens, None, True, None, None, 0.0, False, None, None) is None
+    assert dec._signature(q, k, k, [3, 4], None, True, None, None, 0.0, False, None, None) is None
+    torch = pytest.importorskip("torch")
+    tq, tk = torch.zeros(2, 1, 8, 64), torch.zeros(2, 16, 2, 64)
+    assert dec._signature(tq, tk, tk, None, None, True, None, None, 0.0, False, None,
+                          None) is None   # CPU tensors

@@ -130,6 +130,10 @@ def test_family_launch_surfaces_driver_error(monkeypatch):
     monkeypatch.setattr(driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8,
                         raising=False)
 
+    def launch_kernel(*args):   # LoadedKernel.launch_packed's driver call
+        raise exc
+    monkeypatch.setattr(driver, "launchKernel", launch_kernel)
+
     class Host:
         """A NumPy array with the .data.ptr a CuPy array has."""
         def __init__(self, shape, dtype):
@@ -145,6 +149,26 @@ def test_family_launch_surfaces_driver_error(monkeypatch):
         Flash().launch(p, Tensors(q, k, v, o), None, 0, "sm_90a")
     assert info.value.kernel.startswith("flash[D=64") and info.value.status == 719
     assert info.value.__cause__ is exc
+
+
+def test_packed_launch_error_becomes_driver_error(monkeypatch):
+    """LoadedKernel.launch_packed (the hot paths' launch: the parameter struct's bytes
+    through cuLaunchKernel's extra buffer) names the kernel as launch does, and passes
+    the grid, block, shared memory and stream it was given."""
+    seen = []
+    exc = cuda_error(driver.CUDADriverError, 701,
+                     "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested")
+
+    def launch_kernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        seen.append((f, (gx, gy, gz), (bx, by, bz), smem, stream, params))
+        raise exc
+    monkeypatch.setattr(driver, "launchKernel", launch_kernel)
+    fn = FakeFunction(None)
+    fn.ptr = 1234
+    with pytest.raises(DriverError) as info:
+        loaded(fn).launch_packed((3, 4), (128,), bytearray(64), 1024, 77)
+    assert info.value.status == 701 and info.value.__cause__ is exc
+    assert seen == [(1234, (3, 4, 1), (128, 1, 1), 1024, 77, 0)]
 
 
 def loaded_as(spec, fn) -> jit.LoadedKernel:

@@ -51,6 +51,7 @@ def _compile_in_parallel():
         return
     dev = cupy.cuda.runtime.getDevice()
     arch, sms = device.device_arch(dev), device.multiprocessor_count(dev)
+    limit = device.max_shared_per_block(dev)
     jobs = {}
     for page, (hq, hkv), d, sq, dtype, causal in itertools.product(
             PAGES, HEADS, DIMS, (1, 4), DTYPES, (False, True)):
@@ -58,7 +59,7 @@ def _compile_in_parallel():
             s = fam.DecodeShape(b, hq, hkv, sq, 2048, d, dtype, Variant(causal),
                                 page is not None)
             for splits in (None, 1, 5):
-                p = fam.plan(s, True, sms, splits)
+                p = fam.plan(s, True, sms, splits, limit)
                 jobs[(p.spec, arch)] = None
                 jobs[(fam.merge_spec("float32", dtype, d), arch)] = None
     with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
@@ -224,6 +225,16 @@ def test_long_sequence_beside_empty_ones():
              lengths=(65536, 0, 3))
 
 
+# (Hq, Hkv, Sq): packed rows group x Sq = 64 (four row warps), 32 and 21 (two), 128
+# (two blocks of 64), 16 (MHA, one row per head).
+@pytest.mark.parametrize("Hq,Hkv,Sq", [(32, 8, 16), (16, 2, 4), (24, 8, 7), (64, 8, 16),
+                                       (8, 8, 16)])
+@pytest.mark.parametrize("page", [None, 16])
+def test_many_packed_rows(Hq, Hkv, Sq, page):
+    run_case(seed_for("rows", Hq, Hkv, Sq, page), B=3, Hq=Hq, Hkv=Hkv, D=128, Sq=Sq, page=page,
+             dtype="bfloat16", lengths=(Sq, 700, 3000), splits=(None, 3)[Sq % 2])
+
+
 @pytest.mark.parametrize("Sq", [2, 8, 16])
 def test_speculative_rows_mqa(Sq):
     run_case(seed_for("mqa", Sq), B=3, Hq=8, Hkv=1, D=64, Sq=Sq, page=16, dtype="bfloat16",
@@ -350,6 +361,56 @@ def test_torch_in_torch_out_on_the_callers_stream():
     got = cupy.from_dlpack(out.view(torch.int16)).view(want.dtype)
     diff = abs(as_float(got) - as_float(want))
     assert float(diff.max()) <= 2 * noise_floor(as_float(want), "bfloat16")
+
+
+@pytest.mark.parametrize("torch_arrays", [False, True])
+def test_decode_hot_path_follows_new_tables_and_lengths(torch_arrays):
+    """A repeat call with the same shapes takes the hot path (no validation), and must
+    still read the new call's q, caches, block table and lengths: two caches of one
+    shape with different page orders and lengths, called alternately, each against its
+    own reference."""
+    import cupy
+
+    from cupy_attention import decode as dec
+
+    torch = pytest.importorskip("torch") if torch_arrays else None
+    cases = []
+    for n, lengths in enumerate(((700, 1, 2000), (1999, 64, 3))):
+        c = make_cache(seed_for("hot-decode", n, torch_arrays), B=3, Hq=16, Hkv=2, D=128, Sq=2,
+                       lengths=lengths, page=16, dtype="bfloat16", spare=4 - n)
+        cases.append(c)
+    # one shape for both: pad the smaller pool and table
+    pages = max(c[1].shape[0] for c in cases)
+    width = max(c[3].shape[1] for c in cases)
+    runs = []
+    for q, k, v, table, lens, ks, vs in cases:
+        if k.shape[0] < pages:
+            pad = nan_array((pages - k.shape[0],) + k.shape[1:], "bfloat16", cupy)
+            k, v = (cupy.concatenate([x.view(cupy.uint16), pad.view(cupy.uint16)]).view(x.dtype)
+                    for x in (k, v))
+        table = cupy.pad(table, ((0, 0), (0, width - table.shape[1])), constant_values=-1)
+        runs.append((q, k, v, table, lens, ks, vs))
+    if torch_arrays:
+        conv = lambda x: (torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)  # noqa: E731
+                          if x.dtype.itemsize == 2 else torch.from_dlpack(x))
+    else:
+        conv = lambda x: x  # noqa: E731
+    keys = set()
+    for rep in range(2):
+        for q, k, v, table, lens, ks, vs in runs:
+            args = (conv(q), conv(k), conv(v))
+            kw = dict(cache_seqlens=conv(lens), block_table=conv(table), return_lse=True)
+            keys.add(dec._signature(*args, kw["cache_seqlens"], kw["block_table"], True, None,
+                                    None, 0.0, True, None, None))
+            out, lse = ca.attention_decode(*args, **kw)
+            if torch_arrays:
+                torch.cuda.synchronize()
+                out = cupy.from_dlpack(out.view(torch.int16)).view(q.dtype)
+                lse = cupy.from_dlpack(lse)
+            ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="bfloat16")
+            check_attention(as_float(out).swapaxes(1, 2), ref, same, "bfloat16",
+                            lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+    assert len(keys) == 1 and dec._HOT.get(keys.pop()) is not None   # one signature: hot
 
 
 # ---------------------------------------------------------------------------

@@ -18,11 +18,11 @@ the key non-finite. Masked-out and out-of-view poison reaches nothing. Every oth
 element is finite and passes TESTING.md's rule against the float64 reference of the
 same inputs (V taken clean: the plain reference multiplies 0 by a masked V).
 
-Known and documented limit (README, kernels/flash_mma.cu, kernels/flash_wgmma.cu):
-the tensor-core families' P @ V multiplies the exact zeros of masked-out P by V, so
-NaN/Inf in a masked-out V still reaches the rows of its tile; those cases
-(``causal``/``window`` with poisoned v on flash_mma and flash_wgmma) are skipped
-with that reason. Out-of-view V (``padded``) is never read by any family.
+Known and documented limit (README, kernels/flash_mma.cu, kernels/flash_wgmma.cu,
+kernels/decode.cu): the tensor-core families' P @ V multiplies the exact zeros of
+masked-out P by V, so NaN/Inf in a masked-out V still reaches the rows of its tile;
+those cases (``causal``/``window`` with poisoned v on flash_mma, flash_wgmma and
+decode, whose packed query rows share one mma tile) are skipped with that reason. Out-of-view V (``padded``) is never read by any family.
 
 Backward (fp16, D = 64): the forward's out and LSE come from ``flash`` (which keeps
 masked-out V out), so the backward is tested on its own. ``full``: the other
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.gpu
 
 NAMES = list(FAMILIES)
 BWD_NAMES = list(BACKWARD_FAMILIES)
-V_MASKED_LEAKS = {"flash_mma", "flash_wgmma"}
+V_MASKED_LEAKS = {"flash_mma", "flash_wgmma", "decode"}
 WHERE = ("full", "causal", "window", "padded")
 VALUES = {"nan": np.nan, "inf": np.inf}
 WINDOW = (8, 2)

@@ -23,8 +23,8 @@ import cupy_attention as ca
 from cupy_attention.dispatch import FAMILIES
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
-from helpers import (as_float, make_out, make_qkv, noise_floor, problem_for, round_to,
-                     seed_for, to_bhsd, tolerance)
+from helpers import (as_float, make_out, make_qkv, noise_floor, prewarm_calls, problem_for,
+                     round_to, seed_for, to_bhsd, tolerance)
 
 pytestmark = pytest.mark.gpu
 
@@ -199,42 +199,18 @@ def _empty_rows(c):
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_in_parallel():
-    """Compile every instantiation this module launches in a process pool first (the
-    families' launches run with a recording get_function; nothing executes)."""
-    import concurrent.futures as cf
-    import multiprocessing
-    import os
-
+    """Compile every instantiation this module launches in a process pool first
+    (helpers.prewarm_calls: the calls run with a recording get_function)."""
     import cupy
 
-    from cupy_attention import jit
-
-    from helpers import _compile_into_cache
-
-    if not jit.cache_enabled():
-        return
-    wanted: dict = {}
-
-    class _NoLaunch:
-        max_dynamic_smem = 0
-
-        def launch(self, *args, **kwargs):
-            pass
-
-    def record(spec, arch, device_id):
-        wanted[(spec, arch)] = None
-        return _NoLaunch()
-
-    real_get, real_launch = jit.get_function, jit.LoadedKernel.launch
-    jit.get_function = record
-    jit.LoadedKernel.launch = lambda self, *a, **k: None
-    try:
+    def calls():
         for param in (_cases(FWD_FAMILIES) + _cases(BWD_FAMILIES) + _alibi_cases(FWD_FAMILIES)
                       + _alibi_cases(BWD_FAMILIES)):
             c = param.values[0]
             q, k, v, _ = make_qkv(cupy, 0, values=False, **_shape(c))
-            out_b, lse_b = make_out(cupy, batch=c.get("batch", 1), heads_q=HEADS_Q, seqlen_q=c["shape"][0],
-                                    head_dim=c["head_dim"], dtype=c["dtype"], layout=c["layout"])
+            out_b, lse_b = make_out(cupy, batch=c.get("batch", 1), heads_q=HEADS_Q,
+                                    seqlen_q=c["shape"][0], head_dim=c["head_dim"],
+                                    dtype=c["dtype"], layout=c["layout"])
             opts = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"],
                         layout=c["layout"], alibi_slopes=_slopes(c))
             try:
@@ -246,15 +222,8 @@ def _compile_in_parallel():
                                           **opts)
             except Exception:   # unsupported here: the test says so
                 continue
-    finally:
-        jit.get_function, jit.LoadedKernel.launch = real_get, real_launch
-    cupy.cuda.runtime.deviceSynchronize()
-    jobs = list(wanted)
-    if jobs:
-        workers = max(1, min(len(jobs), os.cpu_count() or 1))
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            list(pool.map(_compile_into_cache, jobs))
+
+    prewarm_calls(calls)
 
 
 @pytest.mark.parametrize("c", _cases(FWD_FAMILIES) + _alibi_cases(FWD_FAMILIES))

@@ -24,12 +24,14 @@ def qkv(seed, B=1, Hq=2, Hkv=1, Sq=7, Sk=9, D=5, magnitude=1.0):
     return q, k, v
 
 
-def direct(q, k, v, *, causal=False, window=None, softcap=None, scale=None):
-    """Row by row with Python floats: the keys row i sees, softcap, softmax."""
+def direct(q, k, v, *, causal=False, window=None, softcap=None, scale=None, alibi_slopes=None):
+    """Row by row with Python floats: the keys row i sees, softcap, ALiBi's
+    -slope * |i + Sk - Sq - j| (slopes [Hq] or [B, Hq]), softmax."""
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     left, right = window if window is not None else (-1, -1)
+    slopes = np.broadcast_to(0.0 if alibi_slopes is None else alibi_slopes, (B, Hq))
     out = np.zeros((B, Hq, Sq, D))
     lse = np.full((B, Hq, Sq), -math.inf)
     for b in range(B):
@@ -45,6 +47,7 @@ def direct(q, k, v, *, causal=False, window=None, softcap=None, scale=None):
                 s = [float(q[b, h, i] @ k[b, hk, j]) * scale for j in js]
                 if softcap:
                     s = [softcap * math.tanh(x / softcap) for x in s]
+                s = [x - float(slopes[b, h]) * abs(c - j) for x, j in zip(s, js)]
                 top = max(s)
                 w = [math.exp(x - top) for x in s]
                 lse[b, h, i] = top + math.log(sum(w))

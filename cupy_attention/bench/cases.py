@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -30,10 +31,20 @@ QUICK_FP32 = (2048, 64)          # (S, D)
 QUICK_REPS = 20
 QUICK_QUADRATIC_MAX = 2048
 
-# Decode: one query token, GQA 32 query heads over 8 KV heads, D=128, bf16: (B, Sk).
-DECODE_SHAPES = ((1, 32768), (8, 8192), (64, 4096))
+# Decode (--decode): issue 35's anchor shapes, GQA 32 query heads over 8 KV heads,
+# D=128, bf16: (B, Sk, Sq), each on a contiguous cache and on paged ones (page sizes;
+# 0 = contiguous). Paged caches run through attention_decode with shuffled page
+# tables; their x-ratios are against torch on the contiguous cache of the same shape.
+DECODE_SHAPES = ((1, 32768, 1), (8, 8192, 1), (64, 4096, 1), (128, 2048, 1), (8, 8192, 4))
 DECODE_HEADS = (32, 8)
 DECODE_HEAD_DIM = 128
+DECODE_PAGES = (0, 16, 1)
+# --decode-grid: B x Sk (and 128k at B = 1) x heads x D x Sq x page sizes; shapes whose
+# K and V exceed DECODE_MAX_BYTES are left out (a note says so).
+DECODE_GRID = dict(batch=(1, 8, 64, 256), seqlen_k=(1024, 8192, 32768),
+                   heads=((32, 8), (32, 32)), head_dim=(64, 128, 256), seqlen_q=(1, 4, 16),
+                   pages=(0, 1, 16, 64))
+DECODE_MAX_BYTES = 8 << 30
 
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 ANCHORS = ("torch:flash", "torch:cudnn")
@@ -74,6 +85,7 @@ class Case:
     head_dim: int
     dtype: str
     causal: bool
+    page: int = 0      # decode: the paged cache's page size, 0 = contiguous
 
     def problem(self, device_id: int = 0) -> Problem:
         return Problem(self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k,
@@ -99,8 +111,10 @@ def case_label(r: dict) -> str:
     """A one-line name of the case a row (or a Case as a dict) belongs to."""
     dt = SHORT[r["dtype"]]
     if r["kind"] == "decode":
-        return (f"decode {dt} B={r['batch']} Sk={r['seqlen_k']} Hq={r['heads_q']}/"
-                f"Hkv={r['heads_kv']} D={r['head_dim']}")
+        page = r.get("page", 0)
+        return (f"decode {dt} B={r['batch']} Sk={r['seqlen_k']} Sq={r['seqlen_q']} "
+                f"Hq={r['heads_q']}/Hkv={r['heads_kv']} D={r['head_dim']}"
+                f"{f' page={page}' if page else ''}")
     prefix = "bwd " if r["kind"] == "bwd" else ""
     return (f"{prefix}{dt} D={r['head_dim']} S={r['seqlen_q']} B={r['batch']} H={r['heads_q']}"
             f"{' causal' if r['causal'] else ''}")
@@ -109,8 +123,10 @@ def case_label(r: dict) -> str:
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
 
 
-def case_key(r: dict) -> tuple:
-    return tuple(r[f] for f in CASE_FIELDS)
+def case_key(r: dict, *, page: bool = True) -> tuple:
+    """The case a row belongs to (rows written before ``page`` existed are contiguous);
+    ``page=False`` maps a paged decode case to the contiguous one of its shape."""
+    return tuple((r.get(f, 0) if page else 0) if f == "page" else r[f] for f in CASE_FIELDS)
 
 
 def grid_case(seqlen: int, head_dim: int, dtype: str, causal: bool) -> Case:
@@ -119,10 +135,22 @@ def grid_case(seqlen: int, head_dim: int, dtype: str, causal: bool) -> Case:
     return Case("fwd", b, h, h, seqlen, seqlen, head_dim, dtype, causal)
 
 
-def decode_cases() -> list[Case]:
-    hq, hkv = DECODE_HEADS
-    return [Case("decode", b, hq, hkv, 1, sk, DECODE_HEAD_DIM, "bfloat16", False)
-            for b, sk in DECODE_SHAPES]
+def decode_cases(grid: bool = False) -> list[Case]:
+    """--decode's anchor cases, or (``grid``) issue 35's grid within DECODE_MAX_BYTES."""
+    if not grid:
+        hq, hkv = DECODE_HEADS
+        return [Case("decode", b, hq, hkv, sq, sk, DECODE_HEAD_DIM, "bfloat16", False, page)
+                for b, sk, sq in DECODE_SHAPES for page in DECODE_PAGES]
+    g = DECODE_GRID
+    shapes = [(b, sk) for b in g["batch"] for sk in g["seqlen_k"]] + [(1, 131072)]
+    out = []
+    for (b, sk), (hq, hkv), d, sq in itertools.product(shapes, g["heads"], g["head_dim"],
+                                                       g["seqlen_q"]):
+        for page in g["pages"]:
+            c = Case("decode", b, hq, hkv, sq, sk, d, "bfloat16", False, page)
+            if c.kv_bytes() <= DECODE_MAX_BYTES:
+                out.append(c)
+    return out
 
 
 def make_row(case: Case, kernel: str, impl: str, **fields) -> dict:
@@ -169,8 +197,11 @@ def build_cases(args) -> tuple[list[Case], list[str]]:
         else:
             notes.append("backward benchmarks: not implemented yet "
                          "(cupy_attention has no attention_backward)")
-    if args.decode:
-        cases.extend(decode_cases())
+    if args.decode or args.decode_grid:
+        cases.extend(decode_cases(grid=args.decode_grid))
+        if args.decode_grid:
+            notes.append(f"decode grid: shapes whose K and V exceed "
+                         f"{DECODE_MAX_BYTES >> 30} GiB are left out")
     return cases, notes
 
 
@@ -233,8 +264,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--no-grid", action="store_true",
                       help="skip the forward grid: run only --overhead / --decode")
     grid.add_argument("--decode", action="store_true",
-                      help="add decode shapes: one query token, Hq=32, Hkv=8, D=128, bf16, "
-                           "B=1 Sk=32k, B=8 Sk=8k, B=64 Sk=4k (K/V TB/s)")
+                      help="add decode shapes (K/V TB/s): Hq=32, Hkv=8, D=128, bf16, B=1 "
+                           "Sk=32k, B=8 Sk=8k, B=64 Sk=4k, B=128 Sk=2k (Sq=1), B=8 Sk=8k "
+                           "Sq=4; contiguous caches and pages of 16 and 1")
+    grid.add_argument("--decode-grid", action="store_true",
+                      help="add the full decode grid: B 1,8,64,256 x Sk 1k,8k,32k (+128k at "
+                           "B=1) x Hq/Hkv 32/8, 32/32 x D 64,128,256 x Sq 1,4,16 x "
+                           "contiguous and pages of 1, 16, 64 (long)")
     grid.add_argument("--backward", action="store_true",
                       help="add backward timing: our backward kernels beside torch SDPA's "
                            "(needs cupy_attention.attention_backward)")
@@ -296,5 +332,5 @@ def finish_arguments(p: argparse.ArgumentParser, args) -> None:
                     f"{', '.join(TORCH_BACKENDS)}")
     if args.torch is False and args.torch_backends:
         p.error("--torch-backends needs torch; drop --no-torch")
-    if args.no_grid and not (args.decode or args.overhead):
-        p.error("--no-grid leaves nothing to run; add --decode or --overhead")
+    if args.no_grid and not (args.decode or args.decode_grid or args.overhead):
+        p.error("--no-grid leaves nothing to run; add --decode, --decode-grid or --overhead")

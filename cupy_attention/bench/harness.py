@@ -56,8 +56,10 @@ def run(args, console: Console) -> int:
         for case in cases:
             progress.update(task, description=escape(case.label()))
             rows = runner.run_case(case)
-            add_ratios(rows)
             report["results"].extend(rows)
+            # over every row so far: a paged decode case compares with the torch rows
+            # of the contiguous case of its shape, which ran before it
+            add_ratios(report["results"])
             progress.console.print(case_line(case, rows))
             if args.json:
                 write_json(report, args.json)

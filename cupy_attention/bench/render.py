@@ -58,7 +58,11 @@ COLUMNS = {
             *_RATIOS, *_EXTRAS],
     "decode": [("B", lambda r: str(r["batch"]), "right"),
                ("Sk", lambda r: str(r["seqlen_k"]), "right"),
+               ("Sq", lambda r: str(r["seqlen_q"]), "right"),
                ("Hq/Hkv", lambda r: f"{r['heads_q']}/{r['heads_kv']}", "right"),
+               ("D", lambda r: str(r["head_dim"]), "right"),
+               ("cache", lambda r: f"page {r['page']}" if r.get("page") else "contiguous",
+                "left"),
                *_COMMON_TAIL, ("KV TB/s", lambda r: format_number(r.get("tbps"), ".2f"), "right"),
                *_RATIOS, *_EXTRAS],
 }

@@ -13,15 +13,16 @@ from .cases import ANCHORS, CASE_FIELDS, Case, SCHEMA, case_key
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """speedup_flash / speedup_cudnn: the anchor's time over the row's (>1 = faster)."""
+    """speedup_flash / speedup_cudnn: the anchor's time over the row's (>1 = faster).
+    A paged decode row compares with torch on the contiguous cache of its shape."""
     anchors: dict[tuple, dict[str, float]] = {}
     for r in rows:
         if r["kernel"] in ANCHORS and "ms" in r:
-            anchors.setdefault(case_key(r), {})[r["kernel"]] = r["ms"]
+            anchors.setdefault(case_key(r, page=False), {})[r["kernel"]] = r["ms"]
     for r in rows:
         if "ms" not in r:
             continue
-        found = anchors.get(case_key(r), {})
+        found = anchors.get(case_key(r, page=False), {})
         for anchor in ANCHORS:
             if anchor in found:
                 r[f"speedup_{anchor.split(':')[1]}"] = found[anchor] / r["ms"]

@@ -58,6 +58,8 @@ class Runner(TorchPeers, OverheadProbe, Timing):
     def run_case(self, case: Case) -> list[dict]:
         if case.kind == "bwd":
             return self._run_backward(case)
+        if case.kind == "decode" and case.page:
+            return self._run_paged(case)
         sets = self.input_sets(case)
         ref = self._reference(case, *sets[0])
         problem = case.problem(self.device_id)
@@ -84,6 +86,46 @@ class Runner(TorchPeers, OverheadProbe, Timing):
             rows.append(self._measure(case, label, "torch", self._torch_forward(backend, case),
                                       sets, ref))
         del sets
+        self.free_memory()
+        return rows
+
+    def _run_paged(self, case: Case) -> list[dict]:
+        """attention_decode on a paged cache: each set's K and V cut into pages of
+        ``case.page`` rows and stored in a shuffled order, with its block table."""
+        if self.kernels is not None and "decode" not in self.kernels:
+            return [make_row(case, "decode", "ours", skipped="paged caches run on decode, "
+                             "which --kernels leaves out")]
+        sets = self.input_sets(case)
+        ref = self._reference(case, *sets[0])
+        rng = np.random.default_rng(case.page)
+        b, page = case.batch, case.page
+        per = -(-case.seqlen_k // page)
+        xp = _array_module(sets[0][0])
+        paged = []
+        for q, k, v in sets:
+            order = rng.permutation(b * per)
+            table = xp.asarray(order.astype(np.int32).reshape(b, per), device=q.device)
+            lens = xp.asarray(np.full(b, case.seqlen_k, np.int32), device=q.device)
+            where = xp.asarray(order, device=q.device)
+
+            def pool(x):   # [B, Hkv, Sk, D] -> pages [B * per, page, Hkv, D], shuffled
+                shape = (b, per * page, case.heads_kv, case.head_dim)
+                rows = xp.zeros(shape, dtype=x.dtype, device=x.device)
+                rows[:, :case.seqlen_k] = _bshd(x)
+                out = xp.empty(shape, dtype=x.dtype, device=x.device).reshape(
+                    b * per, page, case.heads_kv, case.head_dim)
+                out[where] = rows.reshape(b * per, page, case.heads_kv, case.head_dim)
+                return out
+            paged.append((_bshd(q), pool(k), pool(v), table, lens))
+        del sets
+
+        def ours(q, k, v, table, lens):
+            out = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                      causal=case.causal)
+            return _bshd(out)   # [B, Hq, Sq, D], as the reference is
+
+        rows = [self._measure(case, "decode", "ours", ours, paged, ref)]
+        del paged
         self.free_memory()
         return rows
 
@@ -144,3 +186,33 @@ class Runner(TorchPeers, OverheadProbe, Timing):
         del sets
         self.free_memory()
         return rows
+
+
+def _bshd(x):
+    """A [B, H, S, D] view of [B, S, H, D] (and back): axes 1 and 2 swapped, torch or CuPy."""
+    return x.transpose(1, 2) if type(x).__module__.startswith("torch") else x.swapaxes(1, 2)
+
+
+class _CupyOn:
+    """CuPy's asarray/zeros/empty with torch's ``device=`` keyword (ignored: the current
+    device), so one code path builds paged caches for either kind of input."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+
+    def asarray(self, x, device=None):
+        return self.cupy.asarray(x)
+
+    def zeros(self, shape, dtype, device=None):
+        return self.cupy.zeros(shape, dtype=dtype)
+
+    def empty(self, shape, dtype, device=None):
+        return self.cupy.empty(shape, dtype=dtype)
+
+
+def _array_module(x):
+    if type(x).__module__.startswith("torch"):
+        import torch
+        return torch
+    import cupy
+    return _CupyOn(cupy)

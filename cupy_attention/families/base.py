@@ -115,9 +115,10 @@ class HotLaunch:
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
         if cu is not None:
             _CU_POINTERS.pack_into(buf, _CU_OFFSET, *cu)
-        args = (np.frombuffer(buf, FWD_DTYPE)[0],)
-        if self.extra is not None:
-            args += self.extra(vec, q, k, v, stream)
+        if self.extra is None:   # the struct alone: its bytes go to the driver as they are
+            kernel.launch_packed(grid, block, buf, smem, stream.ptr)
+            return
+        args = (np.frombuffer(buf, FWD_DTYPE)[0],) + self.extra(vec, q, k, v, stream)
         kernel.launch(grid, block, args, smem, stream)
 
 

@@ -25,20 +25,29 @@ from ..variant import Variant
 from .base import CPP_DTYPE, LOG2E, SHORT_DTYPE, Family, Tensors, bhs_strides
 from .flash_mma import strides_aligned, vectorizable_arrays
 
-WARPS = 4
-# ca.attention(kernel="auto") sends problems with at most this many query rows here.
-AUTO_MAX_SEQLEN_Q = 8
+# Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows).
+KEY_WARPS = {1: 4, 2: 2, 4: 1}
+MAX_THREADS = 256
+# ca.attention(kernel="auto") sends problems with at most this many query rows here
+# (GQA/MQA; MHA where B x H <= MHA_MAX_PAIRS: Decode.auto_takes).
+AUTO_MAX_SEQLEN_Q = 16
+MHA_MAX_PAIRS = 64
 
-# Packed query rows per block (query heads of one KV group x queries), smallest row
-# whose bound covers group * Sq; more rows take several blocks of 8.
-# (max packed rows, ROWS, STAGES, reason)
-ROW_TILES = (
-    (1, 1, 4, "MHA, Sq = 1: one row; a ring of 4 stages of 16 KB (K+V), 3 in flight"),
-    (2, 2, 4, "as above; rQ + acc = 32 registers"),
-    (4, 4, 4, "rQ + acc = 64 registers, 4 keys per slot per tile"),
-    (8, 8, 6, "rQ + acc = 128 registers leave room for 2 keys per slot per tile "
-              "(half-size tiles), so 6 stages keep as many bytes in flight"),
-)
+# Tiles (kernels/decode.cu, DecodeTraits): a block packs group * Sq query rows into
+# ROW_WARPS m16 tiles (1, 2 or 4: up to 16, 32 or 64 rows; more rows take several
+# blocks, each reading K/V again) and splits every key tile over KEY_WARPS warps of
+# WARP_KEYS keys each. A tile holds BLOCK_N keys: 128 for head
+# dims up to 64, else 64 (about 32 KB of K and V per stage at D = 64 and 128; fewer
+# where the warps' MAX_WARP_KEYS cap it), and
+# the ring takes as many stages (2 to MAX_STAGES) as fit BLOCK_SMEM, so that two
+# blocks share an SM on Hopper (228 KB per SM, 1 KB reserved per block). A device
+# whose per-block limit is lower (99 KB on consumer parts) gets fewer stages, then
+# fewer key warps.
+BLOCK_SMEM = 113 * 1024
+MAX_STAGES = 6
+# Keys per warp and tile: 64 left ptxas at 128 registers with spills (sm_90a, D = 64,
+# two row warps, paged); 32 costs only more barriers per key.
+MAX_WARP_KEYS = 32
 
 # Split-KV: blocks (row blocks x Hkv x B) below this many per SM split each
 # sequence's keys so that the grid reaches it; a split streams at least
@@ -47,11 +56,7 @@ ROW_TILES = (
 SPLIT_BLOCKS_PER_SM = 2
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
-# A grid that fills the GPU without splitting (many sequences) runs more blocks per
-# SM with a two-tile ring than with ROW_TILES' four: H100, bf16, Hq/Hkv 32/8, D 128,
-# B = 64, Sk = 4k: contiguous 2.22 -> 2.90 TB/s, page size 1: 1.35 -> 2.13; split
-# grids kept four stages (benchmarks/results/notes-decode.md).
-UNSPLIT_STAGES = 2
+DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
 
 _PTR, _I64, _I32 = np.uint64, np.int64, np.int32
 # Mirrors of kernels/common/paged.cuh (CacheParams), kernels/decode.cu (DecodeParams)
@@ -82,34 +87,71 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
-def row_tile(rows_total: int):
-    """(ROWS, STAGES) for group * Sq packed rows."""
-    for bound, rows, stages, _ in ROW_TILES:
-        if rows_total <= bound:
-            return rows, stages
-    return ROW_TILES[-1][1], ROW_TILES[-1][2]
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """DecodeTraits' shape parameters (kernels/decode.cu)."""
+
+    row_warps: int
+    key_warps: int
+    warp_keys: int
+    stages: int
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.row_warps
+
+    @property
+    def block_n(self) -> int:
+        return self.key_warps * self.warp_keys
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.row_warps * self.key_warps
 
 
-def traits(head_dim: int, rows: int):
-    """(LANES, SLOTS, BLOCK_N) of DecodeTraits (kernels/decode.cu)."""
-    chunks = -(-head_dim // 8)
-    lanes = _pow2_at_least(chunks)
-    slots = WARPS * (32 // lanes)
-    return lanes, slots, slots * (2 if rows > 4 else 4)
+def smem_bytes(head_dim: int, t: Tile, paged: bool) -> int:
+    """``sizeof(DecodeTraits::Storage)``: the K/V ring (or the key warps' merge area),
+    Q's packed rows, the page ids, the ring's mbarriers."""
+    d_pad = -(-head_dim // 16) * 16
+    srow = d_pad + 8
+    ring = 2 * t.stages * t.block_n * srow * 2
+    merge = t.key_warps * t.rows * (d_pad + 4) * 4 + 2 * t.key_warps * t.rows * 4
+    ids = 4 * (2 * (t.stages - 1) * t.block_n if paged else 1)
+    head = max(ring, merge) + t.rows * srow * 2 + ids
+    return -(-head // 8) * 8 + 8 * t.stages
 
 
-def smem_bytes(head_dim: int, rows: int, stages: int) -> int:
-    """``sizeof(DecodeTraits::Storage)``: the K/V ring, or the slots' merge area."""
-    d_pad = -(-head_dim // 8) * 8
-    _, slots, block_n = traits(head_dim, rows)
-    ring = 2 * stages * block_n * d_pad * 2
-    merge = slots * rows * d_pad * 4 + 2 * slots * rows * 4
-    return max(ring, merge)
+def tile(rows_total: int, head_dim: int, paged: bool = True,
+         smem_limit: int = DEFAULT_SMEM_LIMIT) -> Tile:
+    """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
+    order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
+    warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
+    fit; failing that, the first whose two stages fit the device."""
+    rw = 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
+    block_n = 128 if head_dim <= 64 else 64
+    shapes = []
+    kw = KEY_WARPS[rw]
+    while kw >= 1:
+        wk = min(MAX_WARP_KEYS, max(16, block_n // kw))
+        while wk >= 16:
+            shapes.append((kw, wk))
+            wk //= 2
+        kw //= 2
+    for budget in (min(BLOCK_SMEM, smem_limit), smem_limit):
+        for kw, wk in shapes:
+            fits = [st for st in range(2, MAX_STAGES + 1)
+                    if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged) <= budget]
+            if fits:
+                return Tile(rw, kw, wk, max(fits))
+    return Tile(rw, 1, 16, 2)
 
 
 def split_count(blocks: int, capacity: int, sms: int) -> int:
-    """Key splits per sequence for ``blocks`` blocks of ``capacity`` keys each."""
-    want = -(-SPLIT_BLOCKS_PER_SM * sms // max(blocks, 1))
+    """Key splits per sequence for ``blocks`` blocks of ``capacity`` keys each: as
+    many as one wave of SPLIT_BLOCKS_PER_SM blocks per SM holds (rounding up ran a
+    second, mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots
+    on an H100)."""
+    want = SPLIT_BLOCKS_PER_SM * sms // max(blocks, 1)
     most = max(1, capacity // MIN_SPLIT_KEYS)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -138,24 +180,33 @@ class DecodeShape:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     spec: jit.KernelSpec
-    rows: int
+    tile: Tile
     row_blocks: int
     num_splits: int
     split_keys: int
     smem: int
-    threads: int = 32 * WARPS
+
+    @property
+    def rows(self) -> int:
+        return self.tile.rows
+
+    @property
+    def threads(self) -> int:
+        return self.tile.threads
 
     def grid(self, s: DecodeShape) -> tuple:
         return (self.row_blocks * self.num_splits, s.heads_kv, s.batch)
 
 
-def spec(head_dim: int, dtype: str, rows: int, stages: int, variant: Variant, paged: bool,
+def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
          vec: bool) -> jit.KernelSpec:
-    t = (f"DecodeTraits<{head_dim}, {rows}, {WARPS}, {stages}, {CPP_DTYPE[dtype]}, "
-         f"{'true' if vec else 'false'}, {'true' if paged else 'false'}>")
-    name = (f"decode[D={head_dim},R={rows},ST={stages},{SHORT_DTYPE[dtype]}"
-            f"{',paged' if paged else ''}{variant.suffix()}{'' if vec else ',unaligned'}]")
-    return jit.KernelSpec("decode.cu", f"decode_fwd<{t}, {variant.cpp()}>", name)
+    traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
+              f"{t.stages}, {CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
+              f"{'true' if paged else 'false'}>")
+    name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
+            f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
+            f"{'' if vec else ',unaligned'}]")
+    return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
 def merge_spec(in_dtype: str, out_dtype: str, head_dim: int) -> jit.KernelSpec:
@@ -174,21 +225,20 @@ def append_spec(dtype: str, vec: bool, paged: bool) -> jit.KernelSpec:
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None) -> Plan:
-    """The launch of ``s`` on a GPU of ``sms`` multiprocessors (``num_splits`` forces
-    the split count, for tests and benchmarks)."""
+def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
+         smem_limit: int = DEFAULT_SMEM_LIMIT) -> Plan:
+    """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
+    ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
+    tests and benchmarks)."""
     rows_total = s.group * s.seqlen_q
-    rows, stages = row_tile(rows_total)
-    row_blocks = -(-rows_total // rows)
-    _, _, block_n = traits(s.head_dim, rows)
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit)
+    row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms)
-    split_keys = -(-max(-(-s.capacity // num_splits), 1) // block_n) * block_n
+    split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
-    if num_splits == 1 and rows <= 4:
-        stages = UNSPLIT_STAGES
-    return Plan(spec(s.head_dim, s.dtype, rows, stages, s.variant, s.paged, vec), rows,
-                row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, rows, stages))
+    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec), t, row_blocks,
+                num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged))
 
 
 def _ptr(x) -> int:
@@ -253,6 +303,9 @@ def launch_merge(params: np.void, rows: int, kspec: jit.KernelSpec, stream, devi
 _POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of DecodeParams.fwd
 _PARTS = struct.Struct("<2Q")      # o_part, lse_part
 _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
+_CACHE_AT = DECODE_DTYPE.fields["cache"][1]
+_TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
+_LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
 # MergeParams: a.o, a.lse, o, lse
 _MERGE_AT = (MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["o"][1],
              MERGE_DTYPE.fields["a"][1] + STATE_DTYPE.fields["lse"][1],
@@ -288,15 +341,21 @@ class DecodeLaunch:
                                                  arch, device_id)
             self.merge_grid = (-(-rows // MERGE_WARPS),)
 
-    def run(self, q: int, k: int, v: int, o: int, lse: int, stream) -> None:
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
+            lengths: int | None = None) -> None:
+        """Launch on new pointers; ``table`` and ``lengths`` (when not None) replace
+        the block table's and the lengths' (a hot decode call's own)."""
         import cupy
 
         s, p = self.s, self.p
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
+        if table is not None:
+            struct.pack_into("<Q", buf, _TABLE_AT, table)
+        if lengths is not None:
+            struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
         if p.num_splits == 1:
-            self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
-                               p.smem, stream)
+            self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
             return
         with stream:   # the partials live on the launch stream (stream-ordered reuse)
             o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
@@ -304,23 +363,23 @@ class DecodeLaunch:
             lse_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q),
                                   dtype=cupy.float32)
         _PARTS.pack_into(buf, _PARTS_AT, o_part.data.ptr, lse_part.data.ptr)
-        self.kernel.launch(self.grid, (p.threads,), (np.frombuffer(buf, DECODE_DTYPE)[0],),
-                           p.smem, stream)
+        self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
         mbuf = bytearray(self.merge_template)
         for at, ptr in zip(_MERGE_AT, (o_part.data.ptr, lse_part.data.ptr, o, lse)):
             struct.pack_into("<Q", mbuf, at, ptr)
-        self.merge_kernel.launch(self.merge_grid, (32 * MERGE_WARPS,),
-                                 (np.frombuffer(mbuf, MERGE_DTYPE)[0],), 0, stream)
+        self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr)
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
-                  device_id: int, arch: str, **tensors) -> None:
+                  device_id: int, arch: str, **tensors) -> DecodeLaunch:
     """Decode (and, with splits, the merge of its partials) on ``stream``.
-    ``tensors``: decode_params' keyword arguments."""
+    ``tensors``: decode_params' keyword arguments. Returns the launch, which a hot
+    call repeats on new pointers."""
     lse_strides = (0, 0, 0) if lse is None else (*_strides(lse)[:2], 1)
     q, k, v = (tensors[n].data.ptr for n in ("q", "k", "v"))
-    DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors).run(
-        q, k, v, out.data.ptr, _ptr(lse), stream)
+    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors)
+    launch.run(q, k, v, out.data.ptr, _ptr(lse), stream)
+    return launch
 
 
 class HotDecode:
@@ -364,8 +423,8 @@ def launch_append(k_cache, v_cache, k_new, v_new, *, seqlens, block_table, page_
 
 class Decode(Family):
     name = "decode"
-    summary = ("few query rows per sequence: GQA heads packed per block, split-KV with a "
-               "merge (cp.async, CUDA cores)")
+    summary = ("few query rows per sequence: GQA heads and queries packed into mma tiles, "
+               "split-KV with a merge (cp.async, paged caches)")
     source = "decode.cu"
     dtypes = ("float16", "bfloat16")
     min_cc = 80
@@ -379,15 +438,17 @@ class Decode(Family):
         if p.mask_kind != "none":
             return "decode takes no dense mask"
         if p.alibi:
-            return "decode takes no ALiBi (its blocks see a split's keys, not the sequence's length)"
+            return ("decode takes no ALiBi (its blocks see a split's keys, not the "
+                    "sequence's length)")
         return None
 
     def auto_takes(self, p: Problem) -> bool:
-        """GQA/MQA only: packing a group's query heads onto each K/V read is where this
-        kernel wins; with one query row per KV head the tensor-core families ran it
-        faster (H100, bf16, B = 8, H = 32, Sq = 1, Sk = 8k, MHA: decode 0.86-0.89x the
-        previous choice; benchmarks/results/notes-variant-ab.md)."""
-        return p.group > 1
+        """GQA/MQA: packing a group's query heads onto each K/V read is where this
+        kernel wins. MHA only for few (batch, head) pairs, where the tensor-core
+        families leave most SMs idle and split-KV fills them (H100, bf16, H = 32, D =
+        128, Sq = 1, TB/s decode / auto's previous choice: B = 1, Sk = 32k 2.77 / 1.97;
+        B = 8, Sk = 8k 2.89 / 3.08; B = 64, Sk = 4k 2.94 / 3.14; notes-decode.md)."""
+        return p.group > 1 or p.batch * p.heads_kv <= MHA_MAX_PAIRS
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
@@ -395,42 +456,49 @@ class Decode(Family):
                                                 t.out.data.ptr, _ptr(t.lse), stream)
 
     def prepare(self, p: Problem, t: Tensors, device_id: int, arch: str) -> HotDecode:
-        from ..device import multiprocessor_count
+        from ..device import max_shared_per_block, multiprocessor_count
 
         s = DecodeShape(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim,
                         p.dtype, p.variant, False)
-        sms = multiprocessor_count(device_id)
+        sms, smem_limit = multiprocessor_count(device_id), max_shared_per_block(device_id)
         o_strides = bhs_strides(t.out, p.layout)
         lse_strides = (0, 0, 0) if t.lse is None else (*_strides(t.lse)[:2], 1)
         strides = dict(q_strides=bhs_strides(t.q, p.layout), k_strides=bhs_strides(t.k, p.layout),
                        v_strides=bhs_strides(t.v, p.layout))
 
         def make(vec: bool) -> DecodeLaunch:
-            return DecodeLaunch(s, p.scale, plan(s, vec, sms), o_strides, lse_strides, device_id,
-                                arch, q=None, k=None, v=None, **strides)
+            return DecodeLaunch(s, p.scale, plan(s, vec, sms, None, smem_limit), o_strides,
+                                lse_strides, device_id, arch, q=None, k=None, v=None, **strides)
 
         return HotDecode(make, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)))
 
     def table_config(self, p: Problem, smem_limit: int = 0) -> tuple:
-        """(ROWS, STAGES) of ROW_TILES for the packed rows; the split count follows
-        the grid at launch. Not tuned (one candidate)."""
-        return row_tile(p.group * p.seqlen_q)
+        """The Tile's (ROW_WARPS, KEY_WARPS, WARP_KEYS, STAGES) for the packed rows;
+        the split count follows the grid at launch. Not tuned (one candidate)."""
+        t = tile(p.group * p.seqlen_q, p.head_dim, False, smem_limit or DEFAULT_SMEM_LIMIT)
+        return (t.row_warps, t.key_warps, t.warp_keys, t.stages)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
         for d in (64, 128, 256):
             for dtype in ("float16", "bfloat16"):
-                for rows, stages in ((1, 4), (4, 4), (4, UNSPLIT_STAGES), (8, 6)):
+                for rows in (4, 32, 64):
                     for paged in (False, True):
-                        out.append(spec(d, dtype, rows, stages, Variant(causal=True), paged, True))
+                        t = tile(rows, d, paged)
+                        out.append(spec(d, dtype, t, Variant(causal=True), paged, True))
+            # a consumer part's 99 KB per block
+            out.append(spec(d, "bfloat16", tile(16, d, True, 99 * 1024), Variant(causal=True),
+                            True, True))
         for d in (8, 72, 96, 160, 192, 224):
-            out.append(spec(d, "bfloat16", 4, 4, Variant(causal=True), True, True))
+            out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):
-            out.append(spec(d, "float16", 8, 6, Variant(causal=d % 2 == 0), False, False))
-        out.append(spec(128, "bfloat16", 2, 4, Variant(), False, True))
-        out.append(spec(128, "bfloat16", 8, 6, Variant(causal=True, window=(64, 0), softcap=30.0),
-                        True, True))
-        out.append(spec(256, "float16", 4, 4, Variant(window=(32, 32), softcap=50.0), True, False))
+            out.append(spec(d, "float16", tile(8, d, False), Variant(causal=d % 2 == 0), False,
+                            False))
+        out.append(spec(128, "bfloat16", tile(1, 128, False), Variant(), False, True))
+        out.append(spec(128, "bfloat16", tile(8, 128, True),
+                        Variant(causal=True, window=(64, 0), softcap=30.0), True, True))
+        out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
+                        True, False))
         for d in (32, 64, 128, 256):
             for dtype in ("float16", "bfloat16"):
                 out.append(merge_spec("float32", dtype, d))

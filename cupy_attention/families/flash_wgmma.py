@@ -117,7 +117,8 @@ def narrowed(head_dim: int, cfg) -> tuple:
         while block_n > 64 and (payload(head_dim, consumers, block_n) > cap[2] or smem_bytes(
                 head_dim, (consumers, block_n, min_blocks, 2)) > SMEM_LIMIT):
             block_n -= 16
-    while stages > 2 and smem_bytes(head_dim, (consumers, block_n, min_blocks, stages)) > SMEM_LIMIT:
+    while stages > 2 and smem_bytes(head_dim,
+                                    (consumers, block_n, min_blocks, stages)) > SMEM_LIMIT:
         stages -= 1
     return consumers, block_n, min_blocks, stages
 
@@ -151,26 +152,31 @@ MAX_CANDIDATES = 6
 SMEM_LIMIT = 227 * 1024
 
 
-def config_fits(head_dim: int, cfg, smem_limit: int = SMEM_LIMIT) -> bool:
+def config_fits(head_dim: int, cfg, smem_limit: int = SMEM_LIMIT,
+                transforms: bool = False) -> bool:
     """Whether ``cfg`` is one the kernel compiles for ``head_dim`` without spilling (by
-    the payload rule above) and whose shared memory fits ``smem_limit``."""
+    the payload rule above; TRANSFORM_PAYLOAD_REGS for variants that transform the
+    score) and whose shared memory fits ``smem_limit``."""
     consumers, block_n, min_blocks, stages = cfg
-    return (consumers in PAYLOAD_REGS and block_n % 16 == 0 and 64 <= block_n <= 256
+    caps = TRANSFORM_PAYLOAD_REGS if transforms else PAYLOAD_REGS
+    return (consumers in caps and block_n % 16 == 0 and 64 <= block_n <= 256
             and min_blocks == 1 and stages in (2, 3)
-            and block_n * 3 // 4 + -(-head_dim // 2) <= PAYLOAD_REGS[consumers]
+            and payload(head_dim, consumers, block_n) <= caps[consumers]
             and smem_bytes(head_dim, cfg) <= smem_limit)
 
 
-def candidates(head_dim: int, causal: bool, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
+def candidates(head_dim: int, causal: bool, smem_limit: int = SMEM_LIMIT,
+               transforms: bool = False) -> list[tuple]:
     """The table's config first, then the other mask's row, then its neighbours: the
     same consumers before the other count, the nearest BLOCK_N, the same stages."""
-    table = tiles_for(head_dim, causal)
+    table = tiles_for(head_dim, causal, transforms)
     out = [table]
-    other = tiles_for(head_dim, not causal)
-    if other != table and config_fits(head_dim, other, smem_limit):
+    other = tiles_for(head_dim, not causal, transforms)
+    if other != table and config_fits(head_dim, other, smem_limit, transforms):
         out.append(other)
     pool = [(c, n, 1, st) for c in (3, 2) for n in CANDIDATE_BLOCK_NS for st in (3, 2)]
-    pool = [cfg for cfg in pool if cfg not in out and config_fits(head_dim, cfg, smem_limit)]
+    pool = [cfg for cfg in pool
+            if cfg not in out and config_fits(head_dim, cfg, smem_limit, transforms)]
     pool.sort(key=lambda cfg: (cfg[0] != table[0], abs(cfg[1] - table[1]), cfg[3] != table[3],
                                cfg[1]))
     return out + pool[:MAX_CANDIDATES - len(out)]
@@ -338,7 +344,7 @@ class FlashWgmma(FlashMma):
         return tiles_for(p.head_dim, p.causal, p.variant.transforms)
 
     def candidates(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
-        return candidates(p.head_dim, p.causal, smem_limit)
+        return candidates(p.head_dim, p.causal, smem_limit, p.variant.transforms)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []

@@ -65,6 +65,13 @@ __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
+// cp_async_16 that also has the L2 fetch the 256-byte block around the source
+// (.L2::256B): for streams that read whole rows once (decode's K and V: 1-2% more
+// bandwidth on an H100, benchmarks/results/notes-decode.md).
+__device__ __forceinline__ void cp_async_16_l2_256(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;"
+               :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }

@@ -17,6 +17,7 @@
 // The host checks page ids where the table is on the host; a device table is
 // trusted (an id out of range reads out of bounds, as in every paged kernel).
 #pragma once
+#include "copy.cuh"
 #include "params.cuh"
 
 struct CacheParams {
@@ -58,5 +59,48 @@ struct KVCache {
     locate(c, b, j, page, r);
     return {page * p.k_batch_stride + hk * p.k_head_stride + r * p.k_row_stride,
             page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
+  }
+};
+
+// The page ids of a kernel's key tiles in shared memory, so that no copy of a key row
+// waits on a dependent block-table load: `fetch` issues one 4-byte cp.async per key
+// of a tile (the caller commits it with an earlier tile's copies), `row` then locates
+// key row x of the tile from shared memory. SLOTS tiles' ids are live at once: with
+// the ids of tile t + STAGES - 1 fetched beside tile t's copies, the ring of STAGES
+// tiles needs 2 (STAGES - 1) slots. Contiguous caches keep nothing and fetch nothing.
+template <bool PAGED, int BLOCK_N, int STAGES>
+struct PageRing {
+  static constexpr bool kPaged = PAGED;
+  static constexpr int SLOTS = PAGED ? 2 * (STAGES - 1) : 1;
+  struct Ids {
+    i32 id[PAGED ? SLOTS * BLOCK_N : 1];
+  };
+  __device__ __forceinline__ static int seqlen(const FwdParams& p, const CacheParams& c, int b) {
+    return KVCache<PAGED>::seqlen(p, c, b);
+  }
+  // The page ids of keys [j0, j0 + BLOCK_N) below kv_hi into `slot` (zeros past it).
+  __device__ __forceinline__ static void fetch(Ids& ids, const CacheParams& c, int b, int slot,
+                                               int j0, int kv_hi) {
+    if constexpr (PAGED) {
+      const i32* table = c.block_table + b * c.block_table_stride;
+      for (int x = threadIdx.x; x < BLOCK_N; x += blockDim.x) {
+        const int j = j0 + x;
+        const bool ok = j < kv_hi;
+        cp_async_4(smem_addr(&ids.id[slot * BLOCK_N + x]), ok ? table + j / c.page_size : table,
+                   ok);
+      }
+    }
+  }
+  // Key j (row x of its tile, ids in `slot`) of sequence b, KV head hk.
+  __device__ __forceinline__ static KVRow row(const Ids& ids, const FwdParams& p,
+                                              const CacheParams& c, int b, int hk, int slot,
+                                              int x, int j) {
+    if constexpr (PAGED) {
+      const i64 page = ids.id[slot * BLOCK_N + x], r = j % c.page_size;
+      return {page * p.k_batch_stride + hk * p.k_head_stride + r * p.k_row_stride,
+              page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
+    } else {
+      return KVCache<false>::row(p, c, b, hk, j);
+    }
   }
 };

@@ -21,6 +21,26 @@ struct alignas(64) TmaMap {
   u64 words[16];
 };
 
+// mbarriers (8 bytes of shared memory each): a phase completes after `count`
+// arrivals; a waiter names the parity of the phase it waits for (0, 1, 0, ...).
+__device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
+  asm volatile(
+      "{.reg .pred done;\n"
+      "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;}" :: "r"(bar), "r"(parity) : "memory");
+}
+// Orders this thread's earlier generic-proxy accesses of shared memory before its
+// later async-proxy ones (a copy engine write into a buffer it has read).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
                : "memory");
@@ -35,4 +55,13 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap& map, int x, i
       " [%0], [%1, {%2, %3, %4, %5}], [%6];"
       :: "r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(h), "r"(b), "r"(bar)
       : "memory");
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` into
+// shared `dst` by the copy engine, completing on mbarrier `bar`: a bulk copy with no
+// tensor map, for rows whose addresses come from data (a paged cache's block table).
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }

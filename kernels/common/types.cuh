@@ -20,6 +20,7 @@ struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
 
 #define CA_INF __int_as_float(0x7f800000)
+#define CA_NAN __int_as_float(0x7fc00000)
 #define CA_LOG2E 1.4426950408889634f
 #define CA_LN2 0.6931471805599453f
 

@@ -37,6 +37,7 @@
 // proxy, so each writing thread runs fence_proxy_async() after its copies landed
 // and before the barrier that publishes them.
 #pragma once
+#include "tma.cuh"
 #include "types.cuh"
 
 __device__ __forceinline__ u64 smem_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes) {
@@ -83,9 +84,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 // Barrier of the 128 threads of warpgroup `wg` (named barrier 1 + wg; 0 is
 // __syncthreads'). Shared-memory accesses do not move across it.
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
@@ -100,20 +98,6 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
 }
 
-// mbarriers (8 bytes of shared memory each): a phase completes after `count`
-// arrivals; a waiter names the parity of the phase it waits for (0, 1, 0, ...).
-__device__ __forceinline__ void mbarrier_init(u32 bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(u32 bar, int parity) {
-  asm volatile(
-      "{.reg .pred done;\n"
-      "wait_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;}" :: "r"(bar), "r"(parity) : "memory");
-}
 // Hand registers between warpgroups (every thread of the warpgroup runs it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
