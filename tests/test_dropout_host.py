@@ -79,3 +79,77 @@ def test_backward_needs_the_seed():
         dropout.check_args(0.1, None, None, need_seed=True)
     dropout.check_args(0.0, None, None, need_seed=True)
     dropout.check_args(0.5, (1 << 64) - 1, (1 << 32) - 1, need_seed=True)
+
+
+# ---------------------------------------------------------------------------
+# kernels/common/dropout.cuh, compiled by the host's C++ compiler, against the NumPy stream
+
+_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dropout.cuh"
+int main(int argc, char** argv) {
+  // seed offset B Hq Sq Sk threshold; prints Philox KATs, then per (b, h, i, j) two
+  // flags: keep() and the fragment() bit that covers the element.
+  unsigned long long seed = strtoull(argv[1], 0, 10);
+  u32 offset = u32(strtoul(argv[2], 0, 10));
+  int B = atoi(argv[3]), H = atoi(argv[4]), S = atoi(argv[5]), K = atoi(argv[6]);
+  DropoutDraw d{u32(seed), u32(seed >> 32), offset, u32(atoi(argv[7])), 1.f};
+  Philox4 z = philox4x32_10(0, 0, 0, 0, 0, 0);
+  printf("%08x %08x %08x %08x\n", z.w[0], z.w[1], z.w[2], z.w[3]);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < S; ++i)
+        for (int j = 0; j < K; ++j) {
+          const u32 bh = u32(b * H + h);
+          const int g = i % 8, t = (j % 8) / 2;
+          const u32 bits = d.fragment(bh, i / 16, j / 16, g, t);
+          const int bit = ((j % 16) / 8) * 4 + 2 * ((i % 16) / 8) + j % 2;
+          printf("%d%d", int(d.keep(bh, i, j)), int((bits >> bit) & 1));
+        }
+  printf("\n");
+  return 0;
+}
+"""
+
+
+def test_device_header_draws_the_host_stream(tmp_path):
+    """dropout.cuh's Philox, keep() and fragment() give the bits keep_mask gives, for a
+    seed with both words set, a nonzero offset and sizes that are not multiples of 16."""
+    import shutil
+    import subprocess
+
+    from cupy_attention import jit
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = tmp_path / "driver.cpp"
+    src.write_text(_DRIVER)
+    exe = tmp_path / "driver"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{jit.kernels_dir()}/common", str(src), "-o",
+                    str(exe)], check=True, capture_output=True)
+    seed, offset, B, H, S, K, p = (1 << 40) + 12345, 7, 2, 3, 37, 50, 0.3
+    out = subprocess.run([str(exe), str(seed), str(offset), str(B), str(H), str(S), str(K),
+                          str(dropout.threshold(p))], check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert tuple(int(w, 16) for w in out[:4]) == \
+        tuple(int(w) for w in dropout.philox4x32_10((0, 0, 0, 0), (0, 0)))
+    flags = np.array([int(c) for c in out[4]], dtype=bool).reshape(B, H, S, K, 2)
+    want = dropout.keep_mask(seed, offset, B, H, S, K, p)
+    assert np.array_equal(flags[..., 0], want)
+    assert np.array_equal(flags[..., 1], want)
+
+
+def test_device_header_compiles_with_nvrtc():
+    from cupy_attention import jit
+
+    from helpers import nvrtc_probe
+
+    src = ('#include "common/dropout.cuh"\n'
+           'extern "C" __global__ void k(DropoutDraw d, unsigned* out) {\n'
+           '  out[threadIdx.x] = d.fragment(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4) |\n'
+           '                     (d.keep(1, threadIdx.x, 5) << 8);\n}\n')
+    for arch in ("sm_80", "sm_90a"):
+        ok, log = nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", f"-arch={arch}"])
+        assert ok, log

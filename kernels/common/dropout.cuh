@@ -1,0 +1,95 @@
+// Attention dropout's random bits: Philox4x32-10 (Salmon, Moraes, Dror and Shaw,
+// "Parallel random numbers: as easy as 1, 2, 3", SC 2011) and the keep decision of
+// each element, the stream cupy_attention/dropout.py draws on the host (its
+// docstring defines the counter mapping; tests/test_dropout_host.py compiles this
+// header with the host's C++ compiler and checks every bit against it).
+//
+// Element (b, h, i, j) of a (batch or packed sequence, query head) is kept iff its
+// 16-bit value u >= threshold, threshold = round(p * 65536); kept probabilities are
+// scaled by 1 / (1 - threshold / 65536). One Philox call gives the 8 values of the
+// elements an mma C fragment's thread holds in one 16 x 16 block (rows g, g + 8 of
+// the block; columns 2t, 2t + 1, 8 + 2t, 9 + 2t):
+//   counter = (jb * 32 + (i % 8) * 4 + (j % 8) / 2, ib, b * Hq + h, offset)
+//   key     = (seed low word, seed high word)
+// with ib = i / 16, jb = j / 16; the element takes half (i % 16 / 8) * 4 + (j % 16 / 8)
+// * 2 + j % 2 of the four output words (word w: half 2w in its low 16 bits, 2w + 1
+// in its high ones).
+#pragma once
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+#include "types.cuh"
+#define CA_HD __host__ __device__ __forceinline__
+#else   // the host compiler of the bit-exactness test
+#include <cstdint>
+typedef uint32_t u32;
+typedef uint64_t u64;
+#define CA_HD inline
+#endif
+
+struct Philox4 {
+  u32 w[4];
+};
+
+// The 32 high bits of a * b.
+CA_HD u32 mul_hi(u32 a, u32 b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return u32((u64(a) * u64(b)) >> 32);
+#endif
+}
+
+CA_HD Philox4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+  constexpr u32 M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 0; r < 10; ++r) {
+    if (r) {
+      k0 += W0;
+      k1 += W1;
+    }
+    const u32 hi0 = mul_hi(M0, c0), lo0 = M0 * c0;
+    const u32 hi1 = mul_hi(M1, c2), lo1 = M1 * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// What a kernel needs to draw its mask: the key, the stream offset, the threshold and
+// the scale of kept values.
+struct DropoutDraw {
+  u32 k0, k1, offset, threshold;
+  float scale;   // 1 / (1 - threshold / 65536)
+
+  // The four words of 16 x 16 block (ib, jb) of head row bh = b * Hq + h, for the
+  // thread whose rows are i % 8 = ri8 (and + 8) and columns j % 8 / 2 = cj2.
+  CA_HD Philox4 block(u32 bh, u32 ib, u32 jb, u32 ri8, u32 cj2) const {
+    return philox4x32_10(jb * 32u + ri8 * 4u + cj2, ib, bh, offset, k0, k1);
+  }
+  // Half `half` (0..7) of a block's words passes the threshold.
+  CA_HD static bool kept(const Philox4& x, int half, u32 threshold) {
+    return ((x.w[half >> 1] >> ((half & 1) * 16)) & 0xffffu) >= threshold;
+  }
+  // Element (i, j) alone (one Philox call per element: for references and CUDA-core
+  // code; the tensor-core kernels take a block's 8 elements per call, fragment()).
+  CA_HD bool keep(u32 bh, u32 i, u32 j) const {
+    const Philox4 x = block(bh, i / 16, j / 16, i % 8, (j % 8) / 2);
+    return kept(x, int((i % 16) / 8 * 4 + (j % 16) / 8 * 2 + j % 2), threshold);
+  }
+  // The 8 keep flags of an mma C fragment's thread in one 16 x 16 block whose first
+  // row and column are multiples of 16 (ib, jb), as bits in the fragment's order
+  // over its two n8 tiles: bit nt * 4 + 2 r + e is row g + 8 r, column 8 nt + 2 t + e
+  // (g = lane / 4, t = lane % 4; MmaFrag in common/variant.cuh).
+  CA_HD u32 fragment(u32 bh, u32 ib, u32 jb, int g, int t) const {
+    const Philox4 x = block(bh, ib, jb, u32(g), u32(t));
+    u32 bits = 0;
+    for (int nt = 0; nt < 2; ++nt)
+      for (int r = 0; r < 2; ++r)
+        for (int e = 0; e < 2; ++e)
+          bits |= u32(kept(x, r * 4 + nt * 2 + e, threshold)) << (nt * 4 + 2 * r + e);
+    return bits;
+  }
+};
