@@ -16,6 +16,7 @@ _PTR = np.uint64
 _I64 = np.int64
 _I32 = np.int32
 _F32 = np.float32
+_U32 = np.uint32
 
 FWD_FIELDS = [
     ("q", _PTR), ("k", _PTR), ("v", _PTR), ("o", _PTR), ("lse", _PTR), ("mask", _PTR),
@@ -34,6 +35,8 @@ FWD_FIELDS = [
     ("softcap_scale", _F32), ("softcap_log2", _F32), ("softcap_exp2", _F32),
     ("softcap_neg2", _F32), ("softcap_rlog2", _F32),
     ("alibi_slopes", _PTR), ("alibi_batch_stride", _I64),
+    ("dropout_seed_lo", _U32), ("dropout_seed_hi", _U32), ("dropout_offset", _U32),
+    ("dropout_threshold", _U32), ("dropout_scale", _F32),
 ]
 
 FWD_DTYPE = np.dtype(FWD_FIELDS, align=True)
@@ -61,7 +64,7 @@ class _Packer:
     take their value as a structured scalar.
     """
 
-    _CODES = {"u8": "Q", "i8": "q", "i4": "i", "f4": "f"}
+    _CODES = {"u8": "Q", "i8": "q", "i4": "i", "u4": "I", "f4": "f"}
 
     def __init__(self, dtype: np.dtype):
         fmt, pos, self.fields = "<", 0, []

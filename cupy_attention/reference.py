@@ -112,15 +112,29 @@ def _product(spec, a, b):
         return np.where(touched, np.einsum(spec, a, b), clean)
 
 
+def _dropout_factor(shape, dropout):
+    """The factor dropout multiplies each probability by, [B, Hq, Sq, Sk] float64:
+    keep / (1 - p) from the kernels' Philox stream (cupy_attention.dropout.keep_mask);
+    1 without dropout. ``dropout``: (p, seed, offset) or None."""
+    if dropout is None or not dropout[0]:
+        return 1.0
+    from .dropout import keep_mask, keep_scale
+
+    p, seed, offset = dropout
+    return keep_mask(seed, offset, *shape, p) * keep_scale(p)
+
+
 def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                        window=None, softcap=None, alibi_slopes=None):
+                        window=None, softcap=None, alibi_slopes=None, dropout=None):
     """Return (out, lse) in float64; ``out`` in the given layout, ``lse`` [B, Hq, Sq].
-    Rows that see no key give out 0 and lse -inf."""
+    Rows that see no key give out 0 and lse -inf. ``dropout = (p, seed, offset)``
+    drops probabilities as the kernels do (the LSE is that of the kept softmax's
+    scores, unchanged)."""
     q, k, v, _ = _inputs(q, k, v, layout)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     p, l_i, ref, _ = _probabilities(q, k, causal, scale, mask, window, softcap, alibi_slopes)
-    out = _product("bhij,bhjd->bhid", p, v)
+    out = _product("bhij,bhjd->bhid", p * _dropout_factor(p.shape, dropout), v)
     with np.errstate(invalid="ignore", divide="ignore"):
         lse = np.where(l_i > 0, np.log(np.where(l_i > 0, l_i, 1.0)) + ref, -np.inf)
         lse = np.where(np.isnan(l_i), np.nan, lse)[..., 0]
@@ -128,17 +142,21 @@ def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout=
 
 
 def attention_backward_reference(dout, q, k, v, *, causal=False, scale=None, mask=None,
-                                 layout="bhsd", window=None, softcap=None, alibi_slopes=None):
+                                 layout="bhsd", window=None, softcap=None, alibi_slopes=None,
+                                 dropout=None):
     """Gradients (dq, dk, dv) of ``sum(dout * attention(q, k, v))`` in float64, each
     in the given layout and shaped like q, k, v. The forward is recomputed here
-    (no out or lse is taken); the mask gets no gradient."""
+    (no out or lse is taken); the mask gets no gradient. With ``dropout`` (as in
+    :func:`attention_reference`) out = (P f) V for the dropout factor f, so dV =
+    (P f)^T dout and the gradient of P is f (dout V^T)."""
     q, k, v, group = _inputs(q, k, v, layout)
     dout = _to_bhsd(np.asarray(dout, dtype=np.float64), layout)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     p, _, _, t = _probabilities(q, k, causal, scale, mask, window, softcap, alibi_slopes)
-    dv = _product("bhij,bhid->bhjd", p, dout)
-    dp = _product("bhid,bhjd->bhij", dout, v)
+    f = _dropout_factor(p.shape, dropout)
+    dv = _product("bhij,bhid->bhjd", p * f, dout)
+    dp = _product("bhid,bhjd->bhij", dout, v) * f
     with np.errstate(invalid="ignore"):
         pdp = np.where(p == 0, 0.0, p * dp)
         delta = pdp.sum(axis=-1, keepdims=True)

@@ -15,7 +15,9 @@ unbounded on that side; with ``causal`` the right bound is ``min(right, 0)``.
 bias ``-slope[h] * |i + offset - j|`` computed in the kernel, slopes per head).
 ``ragged``: packed sequences of different lengths (``attention_varlen``); the band
 params then leave out the offset, which each sequence adds for itself
-(``kernels/common/seqs.cuh``).
+(``kernels/common/seqs.cuh``). ``dropout``: the probabilities are dropped with the
+Philox stream of ``cupy_attention.dropout`` (``PhiloxDropout``); p, seed and offset
+are per-call params (:func:`dropout_params`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Variant:
     softcap: float = 0.0           # 0 = off
     dense: str = "none"            # "none" | "bool" | "add" | "alibi"
     ragged: bool = False           # packed sequences (RaggedSeqs)
+    dropout: bool = False          # PhiloxDropout (its p, seed and offset are call params)
 
     @property
     def reads_mask(self) -> bool:
@@ -63,9 +66,10 @@ class Variant:
         """The C++ variant type, e.g. ``Variant<Band<false, true>, PlainLogits, NoDense>``."""
         lo, hi = self.band_flags
         logits = "Softcap" if self.softcap else "PlainLogits"
-        seqs = ", RaggedSeqs" if self.ragged else ""
+        seqs = ", RaggedSeqs" if self.ragged else (", FixedSeqs" if self.dropout else "")
+        drop = ", PhiloxDropout" if self.dropout else ""
         return (f"Variant<Band<{str(lo).lower()}, {str(hi).lower()}>, {logits}, "
-                f"{_DENSE_CPP[self.dense]}{seqs}>")
+                f"{_DENSE_CPP[self.dense]}{seqs}{drop}>")
 
     def suffix(self) -> str:
         """The spec-name suffix: ``,causal``, ``,window``, ``,softcap``, ``,bool-mask``..."""
@@ -75,7 +79,8 @@ class Variant:
             out += ",window"
         if self.softcap:
             out += ",softcap"
-        return out + _DENSE_SUFFIX[self.dense] + (",varlen" if self.ragged else "")
+        return (out + _DENSE_SUFFIX[self.dense] + (",varlen" if self.ragged else "")
+                + (",dropout" if self.dropout else ""))
 
     def band_only(self) -> "Variant":
         """The same band without logits or dense mask: what a kernel that only walks
@@ -95,6 +100,16 @@ class Variant:
             out["softcap_neg2"] = -2.0 * self.softcap / math.log(2.0)
             out["softcap_rlog2"] = math.log(2.0) / self.softcap
         return out
+
+
+def dropout_params(p: float, seed: int, offset: int) -> dict:
+    """The FwdParams fields of PhiloxDropout for drop probability ``p`` (quantized to
+    1/65536, as the host's keep_mask is), ``seed`` (64 bits) and ``offset`` (32)."""
+    from .dropout import keep_scale, threshold
+
+    return {"dropout_seed_lo": seed & 0xFFFFFFFF, "dropout_seed_hi": (seed >> 32) & 0xFFFFFFFF,
+            "dropout_offset": offset & 0xFFFFFFFF, "dropout_threshold": threshold(p),
+            "dropout_scale": keep_scale(p)}
 
 
 PLAIN = Variant()

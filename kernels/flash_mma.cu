@@ -335,6 +335,13 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
       Scores<VT>::forward(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
                           p, b, h, q0 + row0 + 16 * mt, k0, edge);
     softmax_tile<KT>(s, acc, row);
+    if constexpr (VT::Drop::enabled) {   // after the row sums: they stay those of P
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        VT::Drop::template fragment<KT::N_TILES>(
+            p, b * p.heads_q + h, q0 + row0 + 16 * mt, k0, lane,
+            reinterpret_cast<float(&)[KT::N_TILES * 4]>(s[mt]));
+    }
     pv_tile<KT>(acc, s, v_addr + buf_bytes);
   }
 

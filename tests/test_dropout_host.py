@@ -153,3 +153,80 @@ def test_device_header_compiles_with_nvrtc():
     for arch in ("sm_80", "sm_90a"):
         ok, log = nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", f"-arch={arch}"])
         assert ok, log
+
+
+# ---------------------------------------------------------------------------
+# The float64 references with dropout
+
+def _qkv(seed, B=2, H=2, Sq=20, Sk=24, D=8):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s) for s in ((B, H, Sq, D), (B, H, Sk, D), (B, H, Sk, D)))
+
+
+def test_reference_drops_the_normalized_probabilities():
+    """out = (softmax(scores) * keep / (1 - p)) V with keep_mask's bits; the LSE is the
+    undropped softmax's."""
+    from cupy_attention.reference import attention_reference
+
+    q, k, v = _qkv(0)
+    p, seed, offset = 0.25, (3 << 33) + 9, 11
+    out, lse = attention_reference(q, k, v, causal=True, dropout=(p, seed, offset))
+    plain_out, plain_lse = attention_reference(q, k, v, causal=True)
+    s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    i, j = np.arange(20)[:, None] + 4, np.arange(24)[None, :]
+    s = np.where(j <= i, s, -np.inf)
+    probs = np.exp(s - s.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    keep = dropout.keep_mask(seed, offset, 2, 2, 20, 24, p)
+    np.testing.assert_allclose(out, (probs * keep * dropout.keep_scale(p)) @ v, rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_array_equal(lse, plain_lse)
+    assert not np.allclose(out, plain_out)
+    same, _ = attention_reference(q, k, v, causal=True, dropout=(0.0, seed, offset))
+    np.testing.assert_array_equal(same, plain_out)
+
+
+def test_dropout_is_unbiased_over_streams():
+    """The mean over many offsets of the dropped output approaches the plain output
+    (the 1 / (1 - p) scale): within 5 standard errors per element."""
+    from cupy_attention.reference import attention_reference
+
+    q, k, v = _qkv(1, B=1, H=1, Sq=8, Sk=16)
+    plain, _ = attention_reference(q, k, v)
+    outs = np.stack([attention_reference(q, k, v, dropout=(0.4, 77, off))[0]
+                     for off in range(400)])
+    err = np.abs(outs.mean(0) - plain)
+    assert (err <= 5 * outs.std(0) / np.sqrt(len(outs)) + 1e-12).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_reference_with_dropout_matches_finite_differences(causal):
+    from cupy_attention.reference import attention_backward_reference, attention_reference
+
+    q, k, v = _qkv(2, B=1, H=2, Sq=5, Sk=7, D=3)
+    dout = np.random.default_rng(4).standard_normal(q.shape)
+    kw = dict(causal=causal, dropout=(0.3, 123, 5))
+    grads = attention_backward_reference(dout, q, k, v, **kw)
+    eps = 1e-6
+    for n, g in enumerate(grads):
+        for idx in ((0, 0, 1, 2), (0, 1, 4, 0)):
+            args = [x.copy() for x in (q, k, v)]
+            args[n][idx] += eps
+            plus = attention_reference(*args, **kw)[0]
+            args[n][idx] -= 2 * eps
+            minus = attention_reference(*args, **kw)[0]
+            num = ((plus - minus) * dout).sum() / (2 * eps)
+            assert abs(num - g[idx]) < 1e-6 * max(1.0, abs(num))
+
+
+def test_variant_spells_the_dropout_policy():
+    from cupy_attention.variant import Variant, dropout_params
+
+    v = Variant(causal=True, dropout=True)
+    assert v.cpp().endswith("FixedSeqs, PhiloxDropout>") and v.suffix().endswith(",dropout")
+    assert Variant(ragged=True, dropout=True).cpp().endswith("RaggedSeqs, PhiloxDropout>")
+    assert "Dropout" not in Variant(causal=True).cpp()
+    f = dropout_params(0.1, (5 << 32) + 7, 3)
+    assert (f["dropout_seed_lo"], f["dropout_seed_hi"], f["dropout_offset"]) == (7, 5, 3)
+    assert f["dropout_threshold"] == dropout.threshold(0.1)
+    assert f["dropout_scale"] == pytest.approx(dropout.keep_scale(0.1))

@@ -54,9 +54,10 @@ def _smem(d_pad: int, cfg) -> int:
 
 def _narrow(vt: Variant, head_dim: int) -> bool:
     """Whether the variant takes the dense-mask column of TILES (16-row warps): dense
-    masks, and packed sequences at 64 < D_PAD <= 128, whose per-sequence params spilled
-    48-92 bytes on sm_80 with 32-row warps (there the plain row is at 255 registers)."""
-    return vt.reads_mask or (vt.ragged and 64 < -(-head_dim // 16) * 16 <= 128)
+    masks, and packed sequences or dropout at 64 < D_PAD <= 128, whose per-sequence
+    params and Philox state spilled 48-92 bytes on sm_80 with 32-row warps (there the
+    plain row is at 255 registers)."""
+    return vt.reads_mask or ((vt.ragged or vt.dropout) and 64 < -(-head_dim // 16) * 16 <= 128)
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
@@ -194,5 +195,9 @@ class FlashMma(Family):
             out.append(spec(64, "bfloat16", Variant(dense=mask), False))
         for d, causal in ((64, True), (128, False), (128, True), (256, True)):
             out.append(spec(d, "bfloat16", Variant(causal, ragged=True), True))
+        for d, causal in ((64, False), (96, True), (128, True), (256, False)):
+            out.append(spec(d, "float16", Variant(causal, dropout=True), True))
+        out.append(spec(128, "bfloat16", Variant(True, softcap=30.0, dropout=True), True))
+        out.append(spec(128, "bfloat16", Variant(False, ragged=True, dropout=True), True))
         out.append(spec(40, "float16", Variant(True, (32, 0), 30.0, ragged=True), False))
         return out

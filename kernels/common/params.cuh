@@ -52,6 +52,10 @@ struct FwdParams {
   // or [B, Hq]; null otherwise.
   const float* alibi_slopes;
   i64 alibi_batch_stride;
+  // PhiloxDropout (common/dropout.cuh): the stream's key (seed words), offset, the
+  // 16-bit drop threshold round(p * 65536) and 1 / (1 - threshold / 65536).
+  u32 dropout_seed_lo, dropout_seed_hi, dropout_offset, dropout_threshold;
+  float dropout_scale;
 };
 
 // dot * scale * log2(e) with a single rounding. The rounding of the constant alone

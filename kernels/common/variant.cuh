@@ -42,6 +42,7 @@
 // Hazards: a masked score is *selected* to a fill value (-inf before a softmax, 0
 // after an exp), never multiplied, so NaN/Inf in masked keys stays out.
 #pragma once
+#include "dropout.cuh"
 #include "mask.cuh"
 #include "seqs.cuh"
 
@@ -146,15 +147,53 @@ struct Softcap {
 };
 
 // ---------------------------------------------------------------------------
+// Dropout: applied to the normalized probabilities, out = (P . keep / (1 - p)) V, so
+// the softmax's row sums (and the LSE) are those of P itself; the backward redraws
+// the same keep mask (common/dropout.cuh: one Philox stream per call, addressed by
+// (sequence, head, row, key)).
+
+struct NoDropout {
+  static constexpr bool enabled = false;
+};
+
+struct PhiloxDropout {
+  static constexpr bool enabled = true;
+  __device__ __forceinline__ static DropoutDraw draw(const FwdParams& p) {
+    return {p.dropout_seed_lo, p.dropout_seed_hi, p.dropout_offset, p.dropout_threshold,
+            p.dropout_scale};
+  }
+  // The probabilities of an m16 x 8 N_TILES mma C fragment (MmaFrag<N_TILES>: flat
+  // s[nt * 4 + 2 r + e]) of (sequence, head) row bh = b * Hq + h, whose first row i0
+  // and first column j0 are multiples of 16, in place: kept ones times the scale,
+  // dropped ones selected to 0. One Philox call per 16 x 16 block.
+  template <int N_TILES>
+  __device__ __forceinline__ static void fragment(const FwdParams& p, int bh, int i0, int j0,
+                                                  int lane, float (&s)[N_TILES * 4]) {
+    static_assert(N_TILES % 2 == 0, "whole 16 x 16 blocks");
+    const DropoutDraw d = draw(p);
+#pragma unroll
+    for (int m = 0; m < N_TILES / 2; ++m) {
+      const u32 bits = d.fragment(u32(bh), u32(i0 / 16), u32(j0 / 16 + m), lane / 4, lane % 4);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        float& v = s[m * 8 + x];
+        v = (bits >> x) & 1u ? v * d.scale : 0.f;
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
 // The variant
 
 template <class BandT, class LogitsT = PlainLogits, class DenseT = NoDense,
-          class SeqsT = FixedSeqs>
+          class SeqsT = FixedSeqs, class DropT = NoDropout>
 struct Variant {
   using Band = BandT;
   using Logits = LogitsT;
   using Dense = DenseT;
   using Seqs = SeqsT;
+  using Drop = DropT;
   // The max-free softmax (flash_wgmma: softmax_fast) needs no property of the
   // scores beyond being finite or -inf; every variant here keeps it valid.
   static constexpr bool kFastSoftmax = true;
