@@ -130,14 +130,19 @@ def test_varlen_signature_separates_what_the_launch_depends_on():
 
 def test_hot_launch_patches_cu_seqlens():
     seen = []
-    kernel = types.SimpleNamespace(launch=lambda grid, block, args, smem, stream: seen.append(args))
+    # HotLaunch hands the packed struct's bytes to launch_packed (no extra arguments)
+    kernel = types.SimpleNamespace(launch_packed=lambda grid, block, params, smem, stream_ptr:
+                                   seen.append((np.frombuffer(bytes(params), FWD_DTYPE)[0],
+                                                stream_ptr)))
+    stream = types.SimpleNamespace(ptr=1234)
     hl = HotLaunch.__new__(HotLaunch)
     hl.template = bytes(FWD_DTYPE.itemsize)
     hl.strides_aligned, hl.extra = True, None
     hl.variants = lambda vec: (kernel, (1,), (32,), 0)
-    hl.run(16, 32, 48, 64, 80, None, (96, 112))
-    hl.run(16, 32, 48, 64, 0, None)
-    a, b = seen[0][0], seen[1][0]
+    hl.run(16, 32, 48, 64, 80, stream, (96, 112))
+    hl.run(16, 32, 48, 64, 0, stream)
+    (a, pa), (b, _) = seen
+    assert pa == 1234
     assert [int(a[f]) for f in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")] == \
         [16, 32, 48, 64, 80, 96, 112]
     assert int(b["lse"]) == 0 and int(b["cu_seqlens_q"]) == 0, "the template's value kept"
