@@ -89,8 +89,8 @@ _DRIVER = r"""
 #include <cstdlib>
 #include "dropout.cuh"
 int main(int argc, char** argv) {
-  // seed offset B Hq Sq Sk threshold; prints Philox KATs, then per (b, h, i, j) two
-  // flags: keep() and the fragment() bit that covers the element.
+  // seed offset B Hq Sq Sk threshold; prints Philox KATs, then per (b, h, i, j) three
+  // flags: keep(), and the fragment() and fragment_transposed() bits of the element.
   unsigned long long seed = strtoull(argv[1], 0, 10);
   u32 offset = u32(strtoul(argv[2], 0, 10));
   int B = atoi(argv[3]), H = atoi(argv[4]), S = atoi(argv[5]), K = atoi(argv[6]);
@@ -105,7 +105,12 @@ int main(int argc, char** argv) {
           const int g = i % 8, t = (j % 8) / 2;
           const u32 bits = d.fragment(bh, i / 16, j / 16, g, t);
           const int bit = ((j % 16) / 8) * 4 + 2 * ((i % 16) / 8) + j % 2;
-          printf("%d%d", int(d.keep(bh, i, j)), int((bits >> bit) & 1));
+          // transposed: the thread holding key j as row g' = j % 8, query i as column
+          // 2t' + e = i % 8
+          const u32 tbits = d.fragment_transposed(bh, i / 16, j / 16, j % 8, (i % 8) / 2);
+          const int tbit = ((i % 16) / 8) * 4 + 2 * ((j % 16) / 8) + i % 2;
+          printf("%d%d%d", int(d.keep(bh, i, j)), int((bits >> bit) & 1),
+                 int((tbits >> tbit) & 1));
         }
   printf("\n");
   return 0;
@@ -114,8 +119,9 @@ int main(int argc, char** argv) {
 
 
 def test_device_header_draws_the_host_stream(tmp_path):
-    """dropout.cuh's Philox, keep() and fragment() give the bits keep_mask gives, for a
-    seed with both words set, a nonzero offset and sizes that are not multiples of 16."""
+    """dropout.cuh's Philox, keep(), fragment() and fragment_transposed() give the bits
+    keep_mask gives, for a seed with both words set, a nonzero offset and sizes that are
+    not multiples of 16."""
     import shutil
     import subprocess
 
@@ -135,10 +141,10 @@ def test_device_header_draws_the_host_stream(tmp_path):
                          text=True).stdout.split()
     assert tuple(int(w, 16) for w in out[:4]) == \
         tuple(int(w) for w in dropout.philox4x32_10((0, 0, 0, 0), (0, 0)))
-    flags = np.array([int(c) for c in out[4]], dtype=bool).reshape(B, H, S, K, 2)
+    flags = np.array([int(c) for c in out[4]], dtype=bool).reshape(B, H, S, K, 3)
     want = dropout.keep_mask(seed, offset, B, H, S, K, p)
-    assert np.array_equal(flags[..., 0], want)
-    assert np.array_equal(flags[..., 1], want)
+    for n in range(3):
+        assert np.array_equal(flags[..., n], want), n
 
 
 def test_device_header_compiles_with_nvrtc():

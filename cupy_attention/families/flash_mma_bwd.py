@@ -88,11 +88,16 @@ class Config:
         return (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.d_pad + 8) * 2
 
 
-def config(head_dim: int, smem_limit: int = HOPPER_SMEM) -> Config | None:
+def config(head_dim: int, smem_limit: int = HOPPER_SMEM, narrow: bool = False) -> Config | None:
+    """The tiles for ``head_dim`` within ``smem_limit``; ``narrow`` (dropout, whose keep
+    bits join S^T and dP^T: the 64-query tile spilled 8-40 bytes at D = 128) starts
+    from the 32-query row of the same head dims."""
     d_pad = -(-head_dim // 16) * 16
     dq = next((bn, w) for bound, bn, w in DQ_TILES if d_pad <= bound)
     for bound, bm, bn, warps, _reason in DKDV_TILES:
         c = Config(head_dim, bm, bn, warps, *dq)
+        if narrow and d_pad > 64 and bm > 32 and bound == 128:
+            continue
         if d_pad <= bound and c.smem <= smem_limit and c.dq_smem <= smem_limit:
             return c
     return None
@@ -157,7 +162,8 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool
           device_id: int):
     from ..device import max_shared_per_block
 
-    c = config(head_dim, max_shared_per_block(device_id) - (BWD_DTYPE.itemsize if vt.ragged else 0))
+    c = config(head_dim, max_shared_per_block(device_id) - (BWD_DTYPE.itemsize if vt.ragged else 0),
+               vt.dropout)
     return c, specs(c, dtype, vt, vec, deterministic)
 
 
@@ -233,4 +239,9 @@ def ci_specs() -> list[jit.KernelSpec]:
         out += specs(config(d), "bfloat16", Variant(causal, ragged=True), True, True)
     out.append(dkdv_spec(config(40), "float16", Variant(True, (16, 0), 20.0, ragged=True), False,
                          True))
+    for d, causal in ((64, True), (96, False), (128, True), (256, True)):
+        vt = Variant(causal, dropout=True)
+        out += specs(config(d, narrow=True), "float16", vt, True, d != 96)
+    out += specs(config(128, narrow=True), "bfloat16", Variant(True, softcap=30.0, dropout=True),
+                 True, True)
     return list(dict.fromkeys(out))

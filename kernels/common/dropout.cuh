@@ -92,4 +92,18 @@ struct DropoutDraw {
           bits |= u32(kept(x, r * 4 + nt * 2 + e, threshold)) << (nt * 4 + 2 * r + e);
     return bits;
   }
+  // The same for a transposed fragment (the backward's S^T: rows are keys, columns
+  // queries): bit nt * 4 + 2 r + e is key g + 8 r, query 8 nt + 2 t + e of block (ib,
+  // jb). Its elements sit in two threads' draws of the forward's order (query rows 2t
+  // and 2t + 1 modulo 8), so two Philox calls.
+  CA_HD u32 fragment_transposed(u32 bh, u32 ib, u32 jb, int g, int t) const {
+    u32 bits = 0;
+    for (int e = 0; e < 2; ++e) {
+      const Philox4 x = block(bh, ib, jb, u32(2 * t + e), u32(g / 2));
+      for (int nt = 0; nt < 2; ++nt)
+        for (int r = 0; r < 2; ++r)
+          bits |= u32(kept(x, nt * 4 + r * 2 + g % 2, threshold)) << (nt * 4 + 2 * r + e);
+    }
+    return bits;
+  }
 };

@@ -169,17 +169,30 @@ struct PhiloxDropout {
   template <int N_TILES>
   __device__ __forceinline__ static void fragment(const FwdParams& p, int bh, int i0, int j0,
                                                   int lane, float (&s)[N_TILES * 4]) {
+    u32 bits[N_TILES / 2];
+    keep_bits<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4, bits);
+#pragma unroll
+    for (int x = 0; x < N_TILES * 4; ++x) s[x] = factor(p, bits, x) * s[x];
+  }
+  // The keep flags of a thread's C fragment over N_TILES n8 tiles (16 x 16 blocks of
+  // 8 flags, bit x % 8 of bits[x / 8] for flat element x), rows g and g + 8 from row
+  // corner r0, columns from c0 (multiples of 16); TRANSPOSED: rows are keys.
+  template <bool TRANSPOSED, int N_TILES>
+  __device__ __forceinline__ static void keep_bits(const FwdParams& p, int bh, int r0, int c0,
+                                                   int g, int t, u32 (&bits)[N_TILES / 2]) {
     static_assert(N_TILES % 2 == 0, "whole 16 x 16 blocks");
     const DropoutDraw d = draw(p);
 #pragma unroll
-    for (int m = 0; m < N_TILES / 2; ++m) {
-      const u32 bits = d.fragment(u32(bh), u32(i0 / 16), u32(j0 / 16 + m), lane / 4, lane % 4);
-#pragma unroll
-      for (int x = 0; x < 8; ++x) {
-        float& v = s[m * 8 + x];
-        v = (bits >> x) & 1u ? v * d.scale : 0.f;
-      }
-    }
+    for (int m = 0; m < N_TILES / 2; ++m)
+      bits[m] = TRANSPOSED
+                    ? d.fragment_transposed(u32(bh), u32(c0 / 16 + m), u32(r0 / 16), g, t)
+                    : d.fragment(u32(bh), u32(r0 / 16), u32(c0 / 16 + m), g, t);
+  }
+  // Flat element x's factor: the scale where kept, 0 where dropped (selected, so a
+  // dropped inf or NaN stays out).
+  template <int B>
+  __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&bits)[B], int x) {
+    return (bits[x / 8] >> (x % 8)) & 1u ? p.dropout_scale : 0.f;
   }
 };
 
@@ -285,6 +298,7 @@ using Causal = Variant<CausalBand>;
 template <int N_TILES>
 struct MmaFrag {
   static constexpr int ROWS = 2, COLS = 2 * N_TILES;
+  static constexpr bool kMma = true;   // the layout dropout's keep bits follow
   int row_lane, col_lane;  // g, 2t
   __device__ __forceinline__ explicit MmaFrag(int lane) : row_lane(lane / 4), col_lane(2 * (lane % 4)) {}
   __device__ __forceinline__ static constexpr int row(int r) { return 8 * r; }
@@ -296,6 +310,7 @@ struct MmaFrag {
 template <int TM, int TN, int SM, int SN>
 struct GridFrag {
   static constexpr int ROWS = TM, COLS = TN;
+  static constexpr bool kMma = false;
   int row_lane, col_lane;
   __device__ __forceinline__ GridFrag(int row_lane_, int col_lane_)
       : row_lane(row_lane_), col_lane(col_lane_) {}
@@ -406,12 +421,24 @@ struct Scores {
   __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
                                               const FwdParams& p, int b, int h, int i0, int j0,
                                               bool partial, Lse&& lse2, Delta&& delta) {
+    // Dropout (V::Drop): out = (P fac) V with fac = keep / (1 - p) (0 where dropped),
+    // so dS = P (fac dP - delta) with dP = dout V^T as given, and the P left in `s`
+    // for dV is P fac (after dS is masked by P itself, which dropping leaves alone).
+    static_assert(!V::Drop::enabled || Frag::kMma, "dropout draws for mma C fragments");
+    constexpr int BLOCKS = V::Drop::enabled ? Frag::COLS / 4 : 1;
+    u32 bits[BLOCKS];
+    if constexpr (V::Drop::enabled)
+      V::Drop::template keep_bits<TRANSPOSED, Frag::COLS / 2>(
+          p, b * p.heads_q + h, TRANSPOSED ? j0 : i0, TRANSPOSED ? i0 : j0, f.row_lane,
+          f.col_lane / 2, bits);
     // map, not apply: its per-branch copies keep the mma backward's registers lower
     // (apply spills flash_mma_bwd_dkdv at D = 112).
     map<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
       const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
       float& y = dp(Frag::at(r, c));
-      y = pij * (y - delta(r, c)) * V::Logits::grad(p, dot);
+      float dpij = y;
+      if constexpr (V::Drop::enabled) dpij = V::Drop::factor(p, bits, Frag::at(r, c)) * y;
+      y = pij * (dpij - delta(r, c)) * V::Logits::grad(p, dot);
       return pij;
     });
 #pragma unroll
@@ -419,7 +446,9 @@ struct Scores {
 #pragma unroll
       for (int c = 0; c < Frag::COLS; ++c) {
         float& y = dp(Frag::at(r, c));
-        y = s(Frag::at(r, c)) == 0.f ? 0.f : y;
+        y = s(Frag::at(r, c)) == 0.f ? 0.f : y;   // masked (P selected to 0), not dropped
+        if constexpr (V::Drop::enabled)
+          s(Frag::at(r, c)) = V::Drop::factor(p, bits, Frag::at(r, c)) * s(Frag::at(r, c));
       }
   }
 
