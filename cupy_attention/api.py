@@ -16,7 +16,8 @@ from .problem import Problem, out_shape, validate
 @translate_oom
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
               return_lse=False, out=None, lse_out=None, kernel="auto", window=None,
-              softcap=None, alibi_slopes=None):
+              softcap=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=None,
+              dropout_offset=None):
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``.
 
     Parameters
@@ -68,6 +69,15 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
         the scale and softcap (FlashAttention's definition; with causal the LSE
         therefore differs from FlashAttention-2's, which adds ``slope * j``: the
         output is the same). Not with ``mask``. See docs/variants.md.
+    dropout_p, dropout_seed, dropout_offset : optional
+        Attention dropout (training): each normalized probability is kept with
+        probability 1 - p (p quantized to 1/65536) and scaled by 1 / (1 - p), drawn
+        from a Philox stream addressed by (seed, offset, batch, head, row, key)
+        (``cupy_attention.dropout``), so the backward redraws the same mask from the
+        same seed and offset. ``dropout_seed`` (int, 64 bits) and ``dropout_offset``
+        (int, 32 bits) default to the library's generator; pass them when the
+        backward is wanted. The LSE is that of the undropped softmax. Runs on
+        ``flash_mma`` (``"auto"`` picks it).
 
     Returns
     -------
@@ -75,7 +85,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     (causal or a window with Sq > Sk, a fully masked row) give 0 and LSE -inf.
     """
     hot_key = None
-    if mask is None and out is None and lse_out is None and alibi_slopes is None:
+    if mask is None and out is None and lse_out is None and alibi_slopes is None and \
+            not dropout_p:
         hot_key = _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softcap)
         hot = _HOT.get(hot_key)
         if hot is not None:
@@ -83,7 +94,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
             if result is not None:
                 return result
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 lse_out=lse_out, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+                 lse_out=lse_out, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                 dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     interop.check_jax_call(q, None if kernel == "reference" else p.device, out=out,
                            lse_out=lse_out)
     if kernel == "reference":
@@ -236,13 +248,19 @@ def _give_back(arr, user_array, ctx):
     return user_array
 
 
+def _dropout(p: Problem):
+    """The references' ``dropout`` argument: (p, seed, offset), or None."""
+    return (p.dropout_p, p.dropout_seed, p.dropout_offset) if p.dropout_p else None
+
+
 def _reference(p: Problem, q, k, v, mask, out, lse_out, return_lse, alibi_slopes=None):
     from .reference import attention_reference
 
     ref_out, ref_lse = attention_reference(host64(q), host64(k), host64(v), causal=p.causal,
                                            scale=p.scale, mask=host64(mask), layout=p.layout,
                                            window=p.window, softcap=p.softcap,
-                                           alibi_slopes=host64(alibi_slopes))
+                                           alibi_slopes=host64(alibi_slopes),
+                                           dropout=_dropout(p))
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     o = like(ref_out, q, kind)
     lse = like(ref_lse, q, kind, float32=True)

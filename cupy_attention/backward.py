@@ -19,7 +19,8 @@ BACKWARD_KERNELS = ("auto", *BACKWARD_FAMILIES, "reference")
 @translate_oom
 def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mask=None,
                        layout="bhsd", deterministic=False, kernel="auto", window=None,
-                       softcap=None, alibi_slopes=None):
+                       softcap=None, alibi_slopes=None, dropout_p=0.0, dropout_seed=None,
+                       dropout_offset=None):
     """Gradients of :func:`cupy_attention.attention` with respect to q, k and v.
 
     Parameters
@@ -27,6 +28,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     dout : array like ``out``: the gradient of the loss with respect to the output.
     q, k, v, causal, scale, mask, layout, window, softcap, alibi_slopes : exactly as
         passed to the forward (the slopes get no gradient).
+    dropout_p, dropout_seed, dropout_offset : the forward's, all three (the seed is
+        required with p > 0: the backward redraws the forward's keep mask). Runs on
+        ``flash_mma``'s backward.
     out, lse : the forward's output and its log-sum-exp (``return_lse=True``),
         float32 [B, Hq, Sq]. P is recomputed from them, so nothing of size S^2 is
         stored between the passes or allocated here.
@@ -58,7 +62,9 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         raise ShapeError("out and lse (the forward's output and its log-sum-exp, from "
                          "attention(..., return_lse=True)) are required")
     p = validate(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout, out=out,
-                 window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+                 window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                 dropout_p=dropout_p, dropout_seed=dropout_seed,
+                 dropout_offset=dropout_offset, need_seed=True)
     _check_grad_inputs(p, dout, lse, q)
     check_options(deterministic, kernel)
     if kernel == "reference":
@@ -134,6 +140,8 @@ def _reference(p: Problem, dout, q, k, v, mask, alibi_slopes=None):
     grads = attention_backward_reference(host64(dout), host64(q), host64(k), host64(v),
                                          causal=p.causal, scale=p.scale, mask=host64(mask),
                                          layout=p.layout, window=p.window, softcap=p.softcap,
-                                         alibi_slopes=host64(alibi_slopes))
+                                         alibi_slopes=host64(alibi_slopes),
+                                         dropout=((p.dropout_p, p.dropout_seed, p.dropout_offset)
+                                                  if p.dropout_p else None))
     kind = interop.array_kind(q)
     return tuple(like(g, q, kind) for g in grads)

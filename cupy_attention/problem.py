@@ -106,11 +106,16 @@ class Problem:
     max_seqlen_q: int = 0         # varlen: the longest sequence (0: not given)
     max_seqlen_k: int = 0
     alibi: bool = False           # ALiBi slopes given (variant dense "alibi")
+    # attention dropout: drop probability (0 = off) and its Philox stream (dropout.py)
+    dropout_p: float = 0.0
+    dropout_seed: int = 0
+    dropout_offset: int = 0
 
     @property
     def variant(self) -> Variant:
         dense = "alibi" if self.alibi else self.mask_kind
-        return Variant(self.causal, self.window, self.softcap, dense, self.varlen)
+        return Variant(self.causal, self.window, self.softcap, dense, self.varlen,
+                       dropout=self.dropout_p > 0)
 
     @property
     def group(self) -> int:
@@ -132,6 +137,7 @@ class Problem:
     def describe(self) -> str:
         extra = f" window={self.window}" if self.window is not None else ""
         extra += f" softcap={self.softcap:g}" if self.softcap else ""
+        extra += f" dropout={self.dropout_p:g}" if self.dropout_p else ""
         if self.varlen:
             return (f"varlen B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} "
                     f"total_q={self.seqlen_q} total_k={self.seqlen_k} D={self.head_dim} "
@@ -275,7 +281,8 @@ def check_scale(scale, head_dim: int) -> float:
 
 
 def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out=None,
-             lse_out=None, window=None, softcap=None, alibi_slopes=None) -> Problem:
+             lse_out=None, window=None, softcap=None, alibi_slopes=None, dropout_p=0.0,
+             dropout_seed=None, dropout_offset=None, need_seed=False) -> Problem:
     """Check every argument; raise a typed error naming the argument and the fix."""
     if layout not in LAYOUTS:
         raise ShapeError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -345,5 +352,20 @@ def validate(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd", out
     alibi = check_alibi(alibi_slopes, qi, B, Hq, mask_kind)
     check_alibi_length(alibi, Sq, Sk)
 
+    drop = check_dropout(dropout_p, dropout_seed, dropout_offset, need_seed)
     return Problem(B, Hq, Hkv, Sq, Sk, D, qi.dtype, layout, bool(causal), mask_kind, scale,
-                   qi.device, window, softcap, alibi=alibi)
+                   qi.device, window, softcap, alibi=alibi, **drop)
+
+
+def check_dropout(p, seed, offset, need_seed: bool = False) -> dict:
+    """Problem's dropout fields: typed errors for bad arguments (dropout.check_args);
+    with p > 0 and no seed, (seed, offset) from the default generator (a call that
+    needs the forward's stream, the backward, must pass them)."""
+    from . import dropout
+
+    dropout.check_args(p, seed, offset, need_seed=need_seed)
+    if not p:
+        return {}
+    if seed is None:
+        seed, offset = dropout.default_generator.next()
+    return {"dropout_p": float(p), "dropout_seed": int(seed), "dropout_offset": int(offset or 0)}

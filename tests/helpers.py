@@ -270,10 +270,22 @@ def problem_for(*, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype
 # ---------------------------------------------------------------------------
 # The independent plain implementation
 
+def dropout_factor(xp, dropout, B, H, Sq, Sk):
+    """keep / (1 - p) per probability from the host stream (cupy_attention.dropout), or
+    1.0; ``dropout`` = (p, seed, offset) or None."""
+    if not dropout:
+        return 1.0
+    from cupy_attention.dropout import keep_mask, keep_scale
+
+    p, seed, offset = dropout
+    return xp.asarray(keep_mask(seed, offset, B, H, Sq, Sk, p) * keep_scale(p))
+
+
 def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                    precision="float64", softcap=None):
+                    precision="float64", softcap=None, dropout=None):
     """(out, lse) as float64 arrays, out in [B, Hq, Sq, D] whatever the layout.
-    ``softcap`` c: each scaled score s becomes c * tanh(s / c) before the mask."""
+    ``softcap`` c: each scaled score s becomes c * tanh(s / c) before the mask.
+    ``dropout`` (p, seed, offset): the normalized P times keep / (1 - p)."""
     xp = xp_of(q)
     q, k, v = (to_bhsd(as_float(t, xp), layout) for t in (q, k, v))
     B, Hq, Sq, D = q.shape
@@ -311,6 +323,7 @@ def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhs
     e = xp.exp(s - m)
     l = e.sum(axis=-1, keepdims=True)
     p = e / xp.where(l > 0, l, work(1))
+    p = p * dropout_factor(xp, dropout, B, Hq, Sq, Sk)
     if precision != "float64":
         p = round_to(p, precision, xp).astype(work)
     out = xp.matmul(p, v)
@@ -325,7 +338,7 @@ def plain_attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhs
 # An independent plain backward (float64, or the kernel's precision)
 
 def plain_backward(dout, q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-                   precision="float64"):
+                   precision="float64", dropout=None):
     """(dq, dk, dv) as float64 [B, H, S, D] arrays, from the definition.
 
     ``precision=<dtype>`` is TESTING.md's ``same``: inputs rounded to the dtype,
@@ -361,15 +374,16 @@ def plain_backward(dout, q, k, v, *, causal=False, scale=None, mask=None, layout
     e = xp.exp(s - m)
     l_i = e.sum(axis=-1, keepdims=True)
     p = e / xp.where(l_i > 0, l_i, work(1))
-    out = xp.matmul(p, vr)
+    f = dropout_factor(xp, dropout, B, Hq, Sq, Sk)
+    out = xp.matmul(p * f, vr)
     if precision != "float64":
         out = round_to(out, precision, xp).astype(work)
     delta = (dout * out).sum(axis=-1, keepdims=True)
-    dp = xp.matmul(dout, vr.swapaxes(-1, -2))
+    dp = xp.matmul(dout, vr.swapaxes(-1, -2)) * f
     ds = xp.where(p == 0, work(0), p * (dp - delta))
     dq = xp.matmul(ds, kr) * work(scale)
     dk = (xp.matmul(ds.swapaxes(-1, -2), q) * work(scale)).reshape(B, Hkv, group, Sk, D).sum(2)
-    dv = xp.matmul(p.swapaxes(-1, -2), dout).reshape(B, Hkv, group, Sk, D).sum(2)
+    dv = xp.matmul((p * f).swapaxes(-1, -2), dout).reshape(B, Hkv, group, Sk, D).sum(2)
     grads = (dq, dk, dv)
     if precision != "float64":
         grads = tuple(round_to(g, precision, xp) for g in grads)

@@ -236,3 +236,91 @@ def test_variant_spells_the_dropout_policy():
     assert (f["dropout_seed_lo"], f["dropout_seed_hi"], f["dropout_offset"]) == (7, 5, 3)
     assert f["dropout_threshold"] == dropout.threshold(0.1)
     assert f["dropout_scale"] == pytest.approx(dropout.keep_scale(0.1))
+
+
+# ---------------------------------------------------------------------------
+# Arguments, dispatch and params on the host
+
+def _problem(**kw):
+    from cupy_attention.problem import validate
+
+    from helpers import standin
+
+    q = standin((2, 4, 100, 64), "float16")
+    k = standin((2, 2, 120, 64), "float16")
+    return validate(q, k, k, causal=True, **kw)
+
+
+def test_problem_carries_the_stream_and_the_variant_the_policy():
+    p = _problem(dropout_p=0.1, dropout_seed=42, dropout_offset=3)
+    assert (p.dropout_p, p.dropout_seed, p.dropout_offset) == (0.1, 42, 3)
+    assert p.variant.dropout and "PhiloxDropout" in p.variant.cpp()
+    plain = _problem()
+    assert plain.dropout_p == 0 and not plain.variant.dropout
+    drawn = [_problem(dropout_p=0.1) for _ in range(2)]   # the default generator advances
+    assert drawn[0].dropout_seed == drawn[1].dropout_seed
+    assert drawn[1].dropout_offset == drawn[0].dropout_offset + 1
+
+
+def test_dispatch_sends_dropout_to_flash_mma():
+    from cupy_attention import dispatch
+
+    p = _problem(dropout_p=0.2, dropout_seed=1, dropout_offset=0)
+    for cc in (80, 90):
+        assert dispatch.choose(p, "auto", cc).name == "flash_mma"
+    for name in ("flash_wgmma", "decode", "flash", "tiled", "naive"):
+        assert "dropout" in (dispatch.FAMILIES[name].check(p, 90) or ""), name
+    bwd = dispatch.choose_backward(p, "auto", 90, 227 * 1024)
+    assert bwd.name == "flash_mma"
+    for name in ("flash_wgmma", "flash"):
+        assert "dropout" in dispatch.BACKWARD_FAMILIES[name].check(p, 90, 227 * 1024)
+
+
+def test_fwd_params_hold_the_draw():
+    from cupy_attention.families.base import Tensors, fwd_params
+    from cupy_attention.variant import dropout_params
+
+    class Arr:
+        def __init__(self, shape):
+            self.shape, self.itemsize = shape, 2
+            self.strides = tuple(int(np.prod(shape[i + 1:])) * 2 for i in range(len(shape)))
+            self.data = type("Ptr", (), {"ptr": 4096})()
+
+    p = _problem(dropout_p=0.3, dropout_seed=(9 << 32) + 5, dropout_offset=77)
+    t = Tensors(Arr((2, 4, 100, 64)), Arr((2, 2, 120, 64)), Arr((2, 2, 120, 64)),
+                Arr((2, 4, 100, 64)))
+    fp = fwd_params(p, t)
+    for name, value in dropout_params(0.3, (9 << 32) + 5, 77).items():
+        assert fp[name] == pytest.approx(value), name
+
+
+def test_backward_requires_the_forward_stream():
+    from cupy_attention.errors import ShapeError
+
+    from helpers import standin
+
+    q = standin((1, 2, 16, 32), "float16")
+    with pytest.raises(ShapeError, match="dropout_seed"):
+        ca_backward(q, dropout_p=0.1)
+
+
+def ca_backward(q, **kw):
+    import cupy_attention as ca
+
+    lse = np.zeros((1, 2, 16), np.float32)
+    return ca.attention_backward(q, q, q, q, q, lse, kernel="reference", **kw)
+
+
+def test_reference_kernel_takes_dropout():
+    import cupy_attention as ca
+    from cupy_attention.reference import attention_reference
+
+    q, k, v = (x.astype(np.float32) for x in _qkv(5, B=1, H=2, Sq=12, Sk=12, D=16))
+    out = ca.attention(q, k, v, causal=True, kernel="reference", dropout_p=0.5,
+                       dropout_seed=99, dropout_offset=2)
+    want, _ = attention_reference(q, k, v, causal=True, dropout=(0.5, 99, 2))
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-6, atol=1e-6)
+    grads = ca.attention_backward(np.ones_like(q), q, k, v, out, np.zeros((1, 2, 12), np.float32),
+                                  causal=True, kernel="reference", dropout_p=0.5, dropout_seed=99,
+                                  dropout_offset=2)
+    assert all(np.isfinite(g).all() for g in grads)

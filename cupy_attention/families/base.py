@@ -16,6 +16,7 @@ import numpy as np
 from .. import jit, tuning
 from ..params import FWD_DTYPE, make_struct
 from ..problem import Problem
+from ..variant import dropout_params
 
 LOG2E = 1.4426950408889634
 HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block of sm_90 (and sm_100)
@@ -79,6 +80,8 @@ def fwd_params(p: Problem, t: Tensors, scratch=None) -> np.void:
         a = t.alibi_slopes
         values.update(alibi_slopes=a.data.ptr,
                       alibi_batch_stride=a.strides[0] // 4 if len(a.shape) == 2 else 0)
+    if p.dropout_p:
+        values.update(dropout_params(p.dropout_p, p.dropout_seed, p.dropout_offset))
     if scratch is not None:
         values["scratch"] = scratch.data.ptr
     return make_struct(FWD_DTYPE, values)
@@ -156,12 +159,16 @@ class Family:
 
     # Packed sequences (attention_varlen): families that instantiate RaggedSeqs.
     varlen: bool = False
+    # Attention dropout: families that instantiate PhiloxDropout.
+    dropout: bool = False
 
     def check(self, p: Problem, cc: int | None) -> str | None:
         """None if this family runs ``p`` on a device of compute capability ``cc``,
         else the reason it cannot."""
         if p.varlen and not self.varlen:
             return f"{self.name} takes no packed sequences (flash_mma and flash_wgmma do)"
+        if p.dropout_p and not self.dropout:
+            return f"{self.name} takes no dropout (flash_mma does)"
         if p.dtype not in self.dtypes:
             return f"{self.name} takes {', '.join(self.dtypes)}, not {p.dtype}"
         if p.head_dim > self.max_head_dim:

@@ -140,6 +140,7 @@ class FlashMma(Family):
     dtypes = ("float16", "bfloat16")
     min_cc = 80
     varlen = True
+    dropout = True
 
     def planner(self, p: Problem, device_id: int):
         """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
