@@ -25,6 +25,8 @@ import torch
 
 from .api import attention as _attention
 from .backward import attention_backward as _attention_backward
+from .dropout import check_args
+from .errors import ShapeError
 from .problem import check_softcap, check_window
 
 
@@ -37,26 +39,52 @@ def _window(window_left: int, window_right: int):
 NO_WINDOW = -2  # -1 already means "unbounded" inside a window
 
 
+def _stream(dropout_p: float, dropout_seed: int, dropout_offset: int) -> torch.Tensor:
+    """The dropout stream (seed, offset) a forward uses, as an int64 CPU tensor the
+    backward receives: the caller's (``dropout_seed >= 0``, seeds of 63 bits), else
+    drawn from cupy_attention.dropout's generator when the operator runs (at run time,
+    so a compiled graph draws a new stream per call)."""
+    from .dropout import default_generator
+
+    if dropout_p and dropout_seed < 0:
+        seed, offset = default_generator.next()
+        seed &= (1 << 63) - 1
+    else:
+        seed, offset = max(dropout_seed, 0), dropout_offset
+    return torch.tensor([seed, offset], dtype=torch.int64)
+
+
+def _dropout_args(dropout_p: float, stream: torch.Tensor) -> dict:
+    if not dropout_p:
+        return {}
+    seed, offset = (int(x) for x in stream.tolist())
+    return dict(dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
+
+
 @torch.library.custom_op("cupy_attention::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
                   layout: str, window_left: int, window_right: int, softcap: Optional[float],
-                  kernel: str, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of :func:`cupy_attention.attention` as a torch operator
-    (``deterministic`` is the backward's: kept for the registered autograd formula)."""
+                  kernel: str, deterministic: bool, dropout_p: float, dropout_seed: int,
+                  dropout_offset: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, stream)`` of :func:`cupy_attention.attention` as a torch operator
+    (``deterministic`` is the backward's: kept for the registered autograd formula;
+    ``stream`` the dropout stream the backward redraws, ``dropout_seed`` -1: drawn)."""
+    stream = _stream(dropout_p, dropout_seed, dropout_offset)
     out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
                           return_lse=True, kernel=kernel,
                           window=_window(window_left, window_right), softcap=softcap,
-                          alibi_slopes=alibi_slopes)
-    return out, lse
+                          alibi_slopes=alibi_slopes, **_dropout_args(dropout_p, stream))
+    return out, lse, stream
 
 
 @attention_fwd.register_fake
 def _(q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_right, softcap,
-      kernel, deterministic):
+      kernel, deterministic, dropout_p, dropout_seed, dropout_offset):
     batch, heads, rows = ((q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd"
                           else tuple(q.shape[:3]))
-    return q.new_empty(q.shape), q.new_empty((batch, heads, rows), dtype=torch.float32)
+    return (q.new_empty(q.shape), q.new_empty((batch, heads, rows), dtype=torch.float32),
+            torch.empty(2, dtype=torch.int64))
 
 
 @torch.library.custom_op("cupy_attention::attention_bwd", mutates_args=())
@@ -64,9 +92,10 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   out: torch.Tensor, lse: torch.Tensor, mask: Optional[torch.Tensor],
                   alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
                   layout: str, window_left: int, window_right: int, softcap: Optional[float],
-                  deterministic: bool,
-                  kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` of :func:`cupy_attention.attention_backward` as a torch operator."""
+                  deterministic: bool, kernel: str, dropout_p: float,
+                  stream: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of :func:`cupy_attention.attention_backward` as a torch operator
+    (``stream``: the forward's dropout stream)."""
     # Autograd may hand over broadcast (stride 0) or transposed gradients.
     if dout.stride(-1) != 1 or 0 in dout.stride():
         dout = dout.contiguous()
@@ -74,31 +103,34 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                                      mask=mask, layout=layout,
                                      window=_window(window_left, window_right),
                                      softcap=softcap, alibi_slopes=alibi_slopes,
-                                     deterministic=deterministic, kernel=kernel)
+                                     deterministic=deterministic, kernel=kernel,
+                                     **_dropout_args(dropout_p, stream))
     # the operator's contract: fresh contiguous tensors, as its fake says
     return tuple(g if g.is_contiguous() else g.contiguous() for g in (dq, dk, dv))
 
 
 @attention_bwd.register_fake
 def _(dout, q, k, v, out, lse, mask, alibi_slopes, causal, scale, layout, window_left,
-      window_right, softcap, deterministic, kernel):
+      window_right, softcap, deterministic, kernel, dropout_p, stream):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_right, softcap,
-     kernel, deterministic) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, mask, alibi_slopes)
+     kernel, deterministic, dropout_p, _, _) = inputs
+    out, lse, stream = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, alibi_slopes, stream)
     ctx.options = (causal, scale, layout, window_left, window_right, softcap, deterministic,
-                   "reference" if kernel == "reference" else "auto")
+                   "reference" if kernel == "reference" else "auto", dropout_p)
 
 
-def _backward(ctx, dout, dlse):
-    # the LSE is an output of the operator, not of attention(): nothing flows into it
-    q, k, v, out, lse, mask, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, alibi_slopes, *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+def _backward(ctx, dout, dlse, dstream):
+    # the LSE and the stream are outputs of the operator, not of attention(): nothing
+    # flows into them
+    q, k, v, out, lse, mask, alibi_slopes, stream = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, alibi_slopes, *ctx.options,
+                               stream)
+    return (dq, dk, dv) + (None,) * 13
 
 
 torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
@@ -106,18 +138,28 @@ torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
-              deterministic=False, kernel="auto", window=None, softcap=None, alibi_slopes=None):
+              deterministic=False, kernel="auto", window=None, softcap=None, alibi_slopes=None,
+              dropout_p=0.0, dropout_seed=None, dropout_offset=None):
     """Differentiable :func:`cupy_attention.attention` (same arguments, ``window``,
-    ``softcap`` and ``alibi_slopes`` included; the mask and the slopes get no
-    gradient). ``deterministic=True`` makes the backward bitwise reproducible.
-    Traceable by ``torch.compile`` (custom operators)."""
+    ``softcap``, ``alibi_slopes`` and dropout included; the mask and the slopes get no
+    gradient). ``deterministic=True`` makes the backward bitwise reproducible. With
+    ``dropout_p > 0`` and no ``dropout_seed``, each call draws a new stream from
+    ``cupy_attention.dropout``'s generator (``cupy_attention.dropout.manual_seed``
+    makes a run repeatable); the backward redraws the forward's mask. Traceable by
+    ``torch.compile`` (custom operators)."""
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)  # typed errors, no clipping
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
-    out, _ = attention_fwd(q, k, v, mask, alibi_slopes, bool(causal),
-                           None if scale is None else float(scale),
-                           layout, window_left, window_right, softcap, kernel,
-                           bool(deterministic))
+    check_args(dropout_p, dropout_seed, dropout_offset)
+    if dropout_seed is not None and dropout_seed >= 1 << 63:
+        raise ShapeError(f"dropout_seed must be below 2^63 through torch's operators, got "
+                         f"{dropout_seed}")
+    out, _, _ = attention_fwd(q, k, v, mask, alibi_slopes, bool(causal),
+                              None if scale is None else float(scale),
+                              layout, window_left, window_right, softcap, kernel,
+                              bool(deterministic), float(dropout_p),
+                              -1 if dropout_seed is None else int(dropout_seed),
+                              int(dropout_offset or 0))
     return out
 
 
@@ -213,7 +255,8 @@ class CUDAAttention(torch.nn.Module):
     views (layout "bshd"): no transposes, no copies.
 
     ``window`` and ``softcap`` are :func:`attention`'s (a sliding window ``(left,
-    right)``, logit softcapping).
+    right)``, logit softcapping); ``dropout`` is attention dropout's p, applied in
+    training mode only (``module.train()``), a new stream per call.
 
     Weights: ``qkv`` (embed_dim -> (num_heads + 2 num_kv_heads) head_dim, q heads
     first, then k, then v) and ``proj`` (embed_dim -> embed_dim), both ``nn.Linear``.
@@ -221,7 +264,8 @@ class CUDAAttention(torch.nn.Module):
 
     def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None,
                  causal: bool = False, bias: bool = True, *, deterministic: bool = False,
-                 kernel: str = "auto", window=None, softcap=None, device=None, dtype=None):
+                 kernel: str = "auto", window=None, softcap=None, dropout: float = 0.0,
+                 device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or embed_dim % num_heads:
@@ -235,6 +279,7 @@ class CUDAAttention(torch.nn.Module):
         self.causal, self.deterministic, self.kernel = causal, deterministic, kernel
         self.window = None if window is None else tuple(window)
         self.softcap = softcap
+        self.dropout = float(dropout)
         factory = dict(device=device, dtype=dtype)
         self.qkv = torch.nn.Linear(embed_dim, (num_heads + 2 * num_kv_heads) * self.head_dim,
                                    bias=bias, **factory)
@@ -247,11 +292,13 @@ class CUDAAttention(torch.nn.Module):
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=2)
         o = attention(q, k, v, causal=self.causal, mask=mask, layout="bshd",
                       deterministic=self.deterministic, kernel=self.kernel,
-                      window=self.window, softcap=self.softcap)
+                      window=self.window, softcap=self.softcap,
+                      dropout_p=self.dropout if self.training else 0.0)
         return self.proj(o.reshape(B, S, self.embed_dim))
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"num_kv_heads={self.num_kv_heads}, causal={self.causal}"
                 + (f", window={self.window}" if self.window is not None else "")
-                + (f", softcap={self.softcap}" if self.softcap is not None else ""))
+                + (f", softcap={self.softcap}" if self.softcap is not None else "")
+                + (f", dropout={self.dropout}" if self.dropout else ""))

@@ -24,15 +24,18 @@ def _qkv(layout="bhsd", requires_grad=False):
 def test_opcheck_forward_and_backward(layout, window, softcap, alibi):
     q, k, v = _qkv(layout, requires_grad=True)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625]) if alibi else None
+    drop = (0.25, 1234, 3) if softcap else (0.0, -1, 0)   # a fixed stream: opcheck reruns
     args = (q, k, v, None, slopes, True, None, layout, window[0], window[1], softcap, "reference",
-            False)
+            False) + drop
     torch.library.opcheck(torch.ops.cupy_attention.attention_fwd.default, args)
-    out, lse = torch.ops.cupy_attention.attention_fwd(*args)
+    out, lse, stream = torch.ops.cupy_attention.attention_fwd(*args)
     assert out.shape == q.shape and lse.dtype == torch.float32
     assert lse.shape == ((2, 4, 7) if layout == "bhsd" else (2, 4, 7))
+    assert stream.dtype == torch.int64 and stream.shape == (2,)
     dout = torch.randn_like(out)
     bargs = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None, slopes,
-             True, None, layout, window[0], window[1], softcap, False, "reference")
+             True, None, layout, window[0], window[1], softcap, False, "reference", drop[0],
+             stream)
     torch.library.opcheck(torch.ops.cupy_attention.attention_bwd.default, bargs)
 
 
@@ -68,3 +71,48 @@ def test_arguments_are_validated_before_the_operator():
         cat.attention(q, k, v, window=(1.5, 0), kernel="reference")
     with pytest.raises(ShapeError, match="softcap"):
         cat.attention(q, k, v, softcap=-1.0, kernel="reference")
+
+
+def test_dropout_through_autograd_and_compile():
+    """A fixed stream: autograd's gradients are the float64 reference's with the same
+    mask, and a fullgraph compile gives the eager result. No seed: each call draws a
+    new stream (at run time, also when compiled), reproducible after manual_seed."""
+    import numpy as np
+
+    from cupy_attention import dropout
+    from cupy_attention.reference import attention_backward_reference
+
+    q, k, v = _qkv(requires_grad=True)
+    kw = dict(causal=True, kernel="reference", dropout_p=0.3, dropout_seed=77, dropout_offset=1)
+    out = cat.attention(q, k, v, **kw)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    host = [x.detach().double().numpy() for x in (dout, q, k, v)]
+    refs = attention_backward_reference(*host, causal=True, dropout=(0.3, 77, 1))
+    for g, r in zip(grads, refs):
+        np.testing.assert_allclose(g.double().numpy(), r, rtol=1e-4, atol=1e-5)
+    compiled = torch.compile(lambda a, b, c: cat.attention(a, b, c, **kw), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), out)
+
+    drawn = dict(causal=True, kernel="reference", dropout_p=0.3)
+    dropout.manual_seed(5)
+    a = cat.attention(q, k, v, **drawn)
+    b = cat.attention(q, k, v, **drawn)
+    assert not torch.equal(a, b)
+    dropout.manual_seed(5)
+    torch.testing.assert_close(cat.attention(q, k, v, **drawn), a)
+    step = torch.compile(lambda x, y, z: cat.attention(x, y, z, **drawn), fullgraph=True,
+                         backend="aot_eager")
+    assert not torch.equal(step(q, k, v), step(q, k, v))
+
+
+def test_module_dropout_only_in_training():
+    torch.manual_seed(0)
+    block = cat.CUDAAttention(32, 4, causal=True, kernel="reference", dropout=0.5)
+    x = torch.randn(2, 5, 32)
+    block.eval()
+    torch.testing.assert_close(block(x), block(x))
+    block.train()
+    assert not torch.equal(block(x), block(x))
+    assert "dropout=0.5" in repr(block)
