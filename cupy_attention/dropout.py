@@ -56,9 +56,12 @@ def keep_scale(p: float) -> float:
     return 65536.0 / (65536 - threshold(p))
 
 
-def keep_mask(seed: int, offset: int, B: int, Hq: int, Sq: int, Sk: int, p: float):
-    """bool [B, Hq, Sq, Sk]: True where the kernels keep the element."""
-    b, h, i, j = np.ix_(np.arange(B, dtype=np.uint64), np.arange(Hq, dtype=np.uint64),
+def keep_mask(seed: int, offset: int, B: int, Hq: int, Sq: int, Sk: int, p: float,
+              first_batch: int = 0):
+    """bool [B, Hq, Sq, Sk]: True where the kernels keep the element (batch entries, or
+    packed sequences, ``first_batch`` .. ``first_batch + B - 1``)."""
+    b, h, i, j = np.ix_(np.arange(first_batch, first_batch + B, dtype=np.uint64),
+                        np.arange(Hq, dtype=np.uint64),
                         np.arange(Sq, dtype=np.uint64), np.arange(Sk, dtype=np.uint64))
     ri, rj = i % np.uint64(16), j % np.uint64(16)
     counter = ((j // np.uint64(16)) * np.uint64(32) + (ri % np.uint64(8)) * np.uint64(4)

@@ -115,13 +115,15 @@ def _product(spec, a, b):
 def _dropout_factor(shape, dropout):
     """The factor dropout multiplies each probability by, [B, Hq, Sq, Sk] float64:
     keep / (1 - p) from the kernels' Philox stream (cupy_attention.dropout.keep_mask);
-    1 without dropout. ``dropout``: (p, seed, offset) or None."""
+    1 without dropout. ``dropout``: (p, seed, offset) or None, or (p, seed, offset,
+    first batch entry) for one packed sequence of many."""
     if dropout is None or not dropout[0]:
         return 1.0
     from .dropout import keep_mask, keep_scale
 
-    p, seed, offset = dropout
-    return keep_mask(seed, offset, *shape, p) * keep_scale(p)
+    p, seed, offset = dropout[:3]
+    first = dropout[3] if len(dropout) > 3 else 0
+    return keep_mask(seed, offset, *shape, p, first_batch=first) * keep_scale(p)
 
 
 def attention_reference(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",

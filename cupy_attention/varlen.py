@@ -28,8 +28,9 @@ from .calls import HotCache, allocator, backward_family, is_torch_type
 from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
-from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_heads, check_like,
-                      check_scale, check_softcap, check_window, describe, unit_last_stride)
+from .problem import (DTYPES, Problem, check_alibi, check_alibi_length, check_dropout,
+                      check_heads, check_like, check_scale, check_softcap, check_window,
+                      describe, unit_last_stride)
 from .reference import attention_backward_reference, attention_reference
 
 
@@ -58,7 +59,8 @@ def _check_max(x, name: str) -> int:
 
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                     *, causal=False, scale=None, window=None, softcap=None,
-                    alibi_slopes=None) -> Problem:
+                    alibi_slopes=None, dropout_p=0.0, dropout_seed=None, dropout_offset=None,
+                    need_seed=False) -> Problem:
     """Shapes, dtypes and devices of a packed problem (the lengths' values are checked
     by :func:`check_seqlens`)."""
     if not isinstance(causal, (bool, int)) or isinstance(causal, float):
@@ -95,8 +97,9 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_
     B = ci.shape[0] - 1
     alibi = check_alibi(alibi_slopes, qi, B, Hq)
     check_alibi_length(alibi, mq, mk)   # the longest sequences, where given
+    drop = check_dropout(dropout_p, dropout_seed, dropout_offset, need_seed)
     return Problem(B, Hq, Hkv, total_q, total_k, D, qi.dtype, "thd", bool(causal),
-                   "none", scale, qi.device, window, softcap, True, mq, mk, alibi)
+                   "none", scale, qi.device, window, softcap, True, mq, mk, alibi, **drop)
 
 
 def _host_ints(x):
@@ -219,7 +222,8 @@ class VarlenHotCall:
 @translate_oom
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
-                     return_lse=False, kernel="auto", check=True):
+                     return_lse=False, kernel="auto", check=True, dropout_p=0.0,
+                     dropout_seed=None, dropout_offset=None):
     """Attention over packed sequences of different lengths (no padding).
 
     Parameters
@@ -235,6 +239,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
         sequence with its own bottom-right alignment.
     alibi_slopes : float32 ``[Hq]`` or ``[B, Hq]`` (B sequences), optional: ALiBi, the
         distance measured within each sequence (docs/variants.md).
+    dropout_p, dropout_seed, dropout_offset : attention dropout as in
+        :func:`cupy_attention.attention`, the mask addressed by (sequence, head, row and
+        key within the sequence).
     return_lse : also return the log-sum-exp, float32 [Hq, total_q].
     kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
     check : bool
@@ -252,7 +259,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     out [total_q, Hq, D] (contiguous), or ``(out, lse)``.
     """
     hot_key = None
-    if alibi_slopes is None:
+    if alibi_slopes is None and not dropout_p:   # dropout: a stream per call, no hot path
         hot_key = signature(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             causal, scale, window, softcap, return_lse, kernel)
         hot = HOT.get(hot_key)
@@ -262,7 +269,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                 return result
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         causal=causal, scale=scale, window=window, softcap=softcap,
-                        alibi_slopes=alibi_slopes)
+                        alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                        dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     if kernel == "reference":
         return _reference(p, q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse, alibi_slopes)
     dispatch.check_kernel_name(kernel)
@@ -299,16 +307,20 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
 def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                               max_seqlen_q=None, max_seqlen_k=None, *, causal=False, scale=None,
                               window=None, softcap=None, alibi_slopes=None, deterministic=False,
-                              kernel="auto", check=True):
+                              kernel="auto", check=True, dropout_p=0.0, dropout_seed=None,
+                              dropout_offset=None):
     """Gradients (dq, dk, dv) of :func:`attention_varlen`, shaped like q, k, v.
 
     ``out`` and ``lse`` ([Hq, total_q]) are the forward's; the other arguments are as
-    the forward took them. ``deterministic`` as :func:`cupy_attention.attention_backward`.
+    the forward took them (dropout's seed and offset required with ``dropout_p``).
+    ``deterministic`` as :func:`cupy_attention.attention_backward`.
     ``kernel``: ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
     """
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         causal=causal, scale=scale, window=window, softcap=softcap,
-                        alibi_slopes=alibi_slopes)
+                        alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                        dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+                        need_seed=True)
     qi = describe(q, "q")
     for name, x, shape, dtype in (("out", out, qi.shape, p.dtype), ("dout", dout, qi.shape, p.dtype),
                                   ("lse", lse, (p.heads_q, p.seqlen_q), "float32")):
@@ -373,9 +385,10 @@ def _slopes_of(alibi_slopes, b: int):
 
 
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None,
-                               window=None, softcap=None, alibi_slopes=None):
+                               window=None, softcap=None, alibi_slopes=None, dropout=None):
     """(out [total_q, Hq, D], lse [Hq, total_q]) in float64, sequence by sequence through
-    :func:`cupy_attention.attention_reference`."""
+    :func:`cupy_attention.attention_reference` (``dropout`` = (p, seed, offset): sequence
+    b draws as batch entry b)."""
     q, k, v = (np.asarray(host64(x)) for x in (q, k, v))
     out = np.zeros(q.shape)
     lse = np.full((q.shape[1], q.shape[0]), -np.inf)
@@ -385,14 +398,20 @@ def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=Fa
             continue
         o, l = attention_reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
                                    scale=scale, layout="bshd", window=window, softcap=softcap,
-                                   alibi_slopes=_slopes_of(alibi_slopes, b))
+                                   alibi_slopes=_slopes_of(alibi_slopes, b),
+                                   dropout=_sequence_dropout(dropout, b))
         out[q0:q1], lse[:, q0:q1] = o[0], l[0]
     return out, lse
 
 
+def _sequence_dropout(dropout, b: int):
+    """The references' dropout argument for packed sequence b (its batch entry)."""
+    return None if not dropout or not dropout[0] else tuple(dropout[:3]) + (b,)
+
+
 def attention_varlen_backward_reference(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, *,
                                         causal=False, scale=None, window=None, softcap=None,
-                                        alibi_slopes=None):
+                                        alibi_slopes=None, dropout=None):
     """(dq, dk, dv) in float64, sequence by sequence."""
     dout, q, k, v = (np.asarray(host64(x)) for x in (dout, q, k, v))
     dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
@@ -403,15 +422,20 @@ def attention_varlen_backward_reference(dout, q, k, v, cu_seqlens_q, cu_seqlens_
         g = attention_backward_reference(dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1],
                                          v[None, k0:k1], causal=causal, scale=scale,
                                          layout="bshd", window=window, softcap=softcap,
-                                         alibi_slopes=_slopes_of(alibi_slopes, b))
+                                         alibi_slopes=_slopes_of(alibi_slopes, b),
+                                         dropout=_sequence_dropout(dropout, b))
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
+
+
+def _dropout_of(p: Problem):
+    return (p.dropout_p, p.dropout_seed, p.dropout_offset) if p.dropout_p else None
 
 
 def _reference(p, q, k, v, cu_q, cu_k, return_lse, alibi_slopes=None):
     o, l = attention_varlen_reference(q, k, v, cu_q, cu_k, causal=p.causal, scale=p.scale,
                                       window=p.window, softcap=p.softcap,
-                                      alibi_slopes=alibi_slopes)
+                                      alibi_slopes=alibi_slopes, dropout=_dropout_of(p))
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     o = like(o, q, kind)
     return (o, like(l, q, kind, float32=True)) if return_lse else o
@@ -420,6 +444,6 @@ def _reference(p, q, k, v, cu_q, cu_k, return_lse, alibi_slopes=None):
 def _reference_backward(p, dout, q, k, v, cu_q, cu_k, alibi_slopes=None):
     grads = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, causal=p.causal,
                                                 scale=p.scale, window=p.window, softcap=p.softcap,
-                                                alibi_slopes=alibi_slopes)
+                                                alibi_slopes=alibi_slopes, dropout=_dropout_of(p))
     kind = interop.array_kind(q) if not isinstance(q, np.ndarray) else "numpy"
     return tuple(like(g, q, kind) for g in grads)

@@ -324,3 +324,33 @@ def test_reference_kernel_takes_dropout():
                                   causal=True, kernel="reference", dropout_p=0.5, dropout_seed=99,
                                   dropout_offset=2)
     assert all(np.isfinite(g).all() for g in grads)
+
+
+def test_packed_sequences_draw_as_batch_entries():
+    """Sequence b of a packed batch draws as batch entry b: keep_mask's first_batch
+    equals the slice of a batch's mask, and attention_varlen (reference kernel)
+    drops each sequence with it."""
+    import cupy_attention as ca
+    from cupy_attention.reference import attention_reference
+
+    full = dropout.keep_mask(11, 2, 3, 2, 9, 13, 0.4)
+    np.testing.assert_array_equal(dropout.keep_mask(11, 2, 1, 2, 5, 7, 0.4, first_batch=2),
+                                  full[2:3, :, :5, :7])
+    rng = np.random.default_rng(8)
+    lq, lk = (5, 0, 7), (6, 4, 9)
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    q = rng.standard_normal((sum(lq), 2, 8)).astype(np.float32)
+    k = rng.standard_normal((sum(lk), 1, 8)).astype(np.float32)
+    v = rng.standard_normal((sum(lk), 1, 8)).astype(np.float32)
+    out = ca.attention_varlen(q, k, v, cu_q, cu_k, causal=True, kernel="reference",
+                              dropout_p=0.4, dropout_seed=11, dropout_offset=2)
+    for b in (0, 2):
+        q0, k0 = cu_q[b], cu_k[b]
+        want, _ = attention_reference(q[None, q0:q0 + lq[b]], k[None, k0:k0 + lk[b]],
+                                      v[None, k0:k0 + lk[b]], causal=True, layout="bshd",
+                                      dropout=(0.4, 11, 2, b))
+        np.testing.assert_allclose(np.asarray(out[q0:q0 + lq[b]], np.float64), want[0],
+                                   rtol=1e-6, atol=1e-6)
+    plain = ca.attention_varlen(q, k, v, cu_q, cu_k, causal=True, kernel="reference")
+    assert not np.allclose(out, plain)

@@ -98,3 +98,33 @@ def test_unbiased_against_the_plain_kernel():
                                              dropout_offset=off)) for off in range(256)])
     sem = outs.std(axis=0) / np.sqrt(len(outs))
     assert bool((abs(outs.mean(axis=0) - plain) <= 5 * sem + 2e-3).all())
+
+
+def test_packed_sequences():
+    """attention_varlen with dropout (flash_mma's RaggedSeqs) against the per-sequence
+    float64 reference, forward and backward (fp16; absolute bounds at these sizes)."""
+    import cupy
+
+    from cupy_attention.varlen import (attention_varlen_backward_reference,
+                                       attention_varlen_reference)
+
+    from helpers import normal
+
+    lq, lk = (70, 1, 130), (90, 17, 130)
+    cu_q = cupy.asarray(np.concatenate([[0], np.cumsum(lq)]).astype(np.int32))
+    cu_k = cupy.asarray(np.concatenate([[0], np.cumsum(lk)]).astype(np.int32))
+    seed = seed_for("dropout-varlen")
+    q, k, v, dout = (normal(cupy, seed + n, (sum(s), h, 64)).astype(cupy.float16)
+                     for n, (s, h) in enumerate(((lq, 4), (lk, 2), (lk, 2), (lq, 4))))
+    drop = dict(dropout_p=0.25, dropout_seed=2024, dropout_offset=6)
+    out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, **drop)
+    host = [x.get() for x in (q, k, v, cu_q, cu_k)]
+    ref, _ = attention_varlen_reference(*host, causal=True, dropout=(0.25, 2024, 6))
+    err = float(abs(out.get().astype(np.float64) - ref).max())
+    assert err <= 4e-3, err
+    grads = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, causal=True, **drop)
+    refs = attention_varlen_backward_reference(dout.get(), *host, causal=True,
+                                               dropout=(0.25, 2024, 6))
+    for g, r in zip(grads, refs):
+        scale = max(1.0, float(abs(r).max()))
+        assert float(abs(g.get().astype(np.float64) - r).max()) <= 1e-2 * scale
