@@ -68,7 +68,8 @@ def keep_mask(seed: int, offset: int, B: int, Hq: int, Sq: int, Sk: int, p: floa
                + (rj % np.uint64(8)) // np.uint64(2),
                i // np.uint64(16), b * np.uint64(Hq) + h, np.uint64(offset & 0xFFFFFFFF))
     words = philox4x32_10(counter, (seed & 0xFFFFFFFF, seed >> 32))
-    half = (ri // np.uint64(8)) * np.uint64(4) + (rj // np.uint64(8)) * np.uint64(2) + rj % np.uint64(2)
+    eight, two = np.uint64(8), np.uint64(2)
+    half = (ri // eight) * np.uint64(4) + (rj // eight) * two + rj % two
     word = np.choose((half // np.uint64(2)).astype(np.intp),
                      [np.broadcast_to(w, np.broadcast_shapes(*(x.shape for x in words), half.shape))
                       for w in words])
@@ -85,7 +86,8 @@ def check_args(p, seed, offset, *, need_seed: bool = False) -> None:
         raise ShapeError(f"dropout_p must be in [0, 1), got {p}")
     if p > 0 and need_seed and seed is None:
         raise ShapeError("dropout_p > 0 needs the dropout_seed and dropout_offset the forward used")
-    for name, value, bound in (("dropout_seed", seed, 1 << 64), ("dropout_offset", offset, 1 << 32)):
+    for name, value, bound in (("dropout_seed", seed, 1 << 64),
+                               ("dropout_offset", offset, 1 << 32)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
