@@ -36,6 +36,33 @@ def allocator(ctx, q):
     return alloc
 
 
+def _torch_ptr(x) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+def _cupy_ptr(x) -> int:
+    return 0 if x is None else x.data.ptr
+
+
+def hot_io(kind: str, device_id: int, q, out_shape, lse_shape, want_lse: bool):
+    """What a hot call (attention, attention_varlen, attention_decode) needs around its
+    launch: ``(stream, out, lse, ptr)`` with the caller's stream (torch's current one,
+    from its raw handle), fresh ``out`` like q and float32 ``lse`` (None unless
+    ``want_lse``) of q's kind, and ``ptr(x)`` the device address of such an array (0
+    for None). None when the current device is not ``device_id`` (the general path
+    switches devices)."""
+    cupy = _device.require_cupy()
+    if cupy.cuda.runtime.getDevice() != device_id:
+        return None
+    if kind == "torch":
+        import torch
+
+        lse = q.new_empty(lse_shape, dtype=torch.float32) if want_lse else None
+        return interop.torch_stream(device_id), q.new_empty(out_shape), lse, _torch_ptr
+    lse = cupy.empty(lse_shape, dtype=cupy.float32) if want_lse else None
+    return cupy.cuda.get_current_stream(), cupy.empty(out_shape, dtype=q.dtype), lse, _cupy_ptr
+
+
 def is_torch_type(x) -> bool:
     """A torch tensor, by its type's module (torch is never imported to ask)."""
     return type(x).__module__.startswith("torch")
