@@ -7,7 +7,7 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import device_mask, host64, like, slopes_view
-from .calls import HotCache, hot_io
+from .calls import HotCache, array_signature, hot_io
 from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
@@ -109,13 +109,11 @@ def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softc
     """What the launch depends on, hashable; None for arrays without a fast path (or
     arguments that are not hashable: validation names what is wrong with them)."""
     try:
-        if type(q).__module__.startswith("torch"):
-            # get_device(): an int (-1 on the CPU), cheaper than building x.device
-            arrays = tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in (q, k, v))
-        else:
-            arrays = tuple((x.shape, x.strides, x.dtype, x.device.id) for x in (q, k, v))
-        key = (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
-               bool(return_lse), None if window is None else tuple((type(x), x) for x in window),
+        arrays = array_signature((q, k, v))
+        if arrays is None:
+            return None
+        key = (bool(causal), scale, layout, kernel, bool(return_lse),
+               None if window is None else tuple((type(x), x) for x in window),
                type(softcap), softcap, arrays)
         hash(key)
         return key

@@ -63,6 +63,34 @@ def hot_io(kind: str, device_id: int, q, out_shape, lse_shape, want_lse: bool):
     return cupy.cuda.get_current_stream(), cupy.empty(out_shape, dtype=q.dtype), lse, _cupy_ptr
 
 
+def array_signature(arrays) -> tuple | None:
+    """What a hot call's key holds of its arrays: (type, shape, strides, dtype, device)
+    of each (None stays None), when they are all CUDA torch tensors or all CuPy arrays;
+    None otherwise (host arrays, mixed kinds, other producers: the general path)."""
+    kind = next((x for x in arrays if x is not None), None)
+    out = []
+    if is_torch_type(kind):
+        for x in arrays:
+            if x is None:
+                out.append(None)
+                continue
+            device = x.get_device() if is_torch_type(x) else -1   # int; -1: the CPU
+            if device < 0:
+                return None
+            out.append((type(x), x.shape, x.stride(), x.dtype, device))
+    elif type(kind).__module__.startswith("cupy"):
+        for x in arrays:
+            if x is None:
+                out.append(None)
+                continue
+            if not type(x).__module__.startswith("cupy"):
+                return None
+            out.append((type(x), x.shape, x.strides, x.dtype, x.device.id))
+    else:
+        return None
+    return tuple(out)
+
+
 def is_torch_type(x) -> bool:
     """A torch tensor, by its type's module (torch is never imported to ask)."""
     return type(x).__module__.startswith("torch")

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import device as _device
 from . import interop
-from .calls import HotCache, hot_io
+from .calls import HotCache, array_signature, hot_io
 from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
                      translate_oom)
 from .families import decode as fam
@@ -348,20 +348,11 @@ def _signature(q, k, v, lengths, table, causal, scale, window, softcap, return_l
     """What a decode launch depends on, hashable; None where there is no hot path
     (host arrays, host lengths or table, unhashable arguments)."""
     try:
-        torch_kind = type(q).__module__.startswith("torch")
-        arrays = []
-        for x in (q, k, v, lengths, table):
-            if x is None:
-                arrays.append(None)
-            elif torch_kind:
-                device = x.get_device()   # an int, -1 on the CPU (cheaper than x.device)
-                if device < 0:
-                    return None
-                arrays.append((type(x), x.shape, x.stride(), x.dtype, device))
-            else:
-                arrays.append((type(x), x.shape, x.strides, x.dtype, x.device.id))
+        arrays = array_signature((q, k, v, lengths, table))
+        if arrays is None:
+            return None
         key = (bool(causal), scale, None if window is None else tuple((type(w), w) for w in window),
-               type(softcap), softcap, bool(return_lse), num_splits, max_seqlen, tuple(arrays))
+               type(softcap), softcap, bool(return_lse), num_splits, max_seqlen, arrays)
         hash(key)
         return key
     except (AttributeError, TypeError):   # NumPy, lists, JAX and other producers

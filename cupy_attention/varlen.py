@@ -24,7 +24,7 @@ from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
 from .backward import check_options
-from .calls import HotCache, allocator, backward_family, hot_io, is_torch_type
+from .calls import HotCache, allocator, array_signature, backward_family, hot_io
 from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
@@ -160,16 +160,10 @@ def signature(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
     """What a varlen launch depends on, hashable; None where there is no fast path
     (NumPy or other producers, host cu_seqlens, unhashable arguments: validation then
     names what is wrong)."""
-    arrays = (q, k, v, cu_q, cu_k)
     try:
-        if is_torch_type(q):
-            if not all(is_torch_type(x) and x.is_cuda for x in arrays):
-                return None
-            desc = tuple((type(x), x.shape, x.stride(), x.dtype, x.device) for x in arrays)
-        else:
-            if not all(type(x).__module__.startswith("cupy") for x in arrays):
-                return None
-            desc = tuple((type(x), x.shape, x.strides, x.dtype, x.device.id) for x in arrays)
+        desc = array_signature((q, k, v, cu_q, cu_k))
+        if desc is None:
+            return None
         key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
                None if window is None else tuple((type(x), x) for x in window),
                type(softcap), softcap, bool(return_lse), kernel)
