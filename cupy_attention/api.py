@@ -7,7 +7,7 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import device_mask, host64, like, slopes_view
-from .calls import HotCache
+from .calls import HotCache, array_signature, hot_io
 from .errors import translate_oom
 from .families.base import Tensors
 from .problem import Problem, out_shape, validate
@@ -121,13 +121,11 @@ def _signature(q, k, v, causal, scale, layout, kernel, return_lse, window, softc
     """What the launch depends on, hashable; None for arrays without a fast path (or
     arguments that are not hashable: validation names what is wrong with them)."""
     try:
-        if type(q).__module__.startswith("torch"):
-            # get_device(): an int (-1 on the CPU), cheaper than building x.device
-            arrays = tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in (q, k, v))
-        else:
-            arrays = tuple((x.shape, x.strides, x.dtype, x.device.id) for x in (q, k, v))
-        key = (type(q), type(k), type(v), bool(causal), scale, layout, kernel,
-               bool(return_lse), None if window is None else tuple((type(x), x) for x in window),
+        arrays = array_signature((q, k, v))
+        if arrays is None:
+            return None
+        key = (bool(causal), scale, layout, kernel, bool(return_lse),
+               None if window is None else tuple((type(x), x) for x in window),
                type(softcap), softcap, arrays)
         hash(key)
         return key
@@ -142,23 +140,11 @@ class _HotCall:
         self.lse_shape = (p.batch, p.heads_q, p.seqlen_q)
 
     def __call__(self, q, k, v, return_lse):
-        cupy = _device.require_cupy()
-        if cupy.cuda.runtime.getDevice() != self.device_id:
-            return None  # the general path switches devices
-        if self.kind == "torch":
-            import torch
-
-            stream = interop.torch_stream(self.device_id)
-            out = q.new_empty(self.out_shape)
-            lse = q.new_empty(self.lse_shape, dtype=torch.float32) if return_lse else None
-            self.launcher.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                              lse.data_ptr() if lse is not None else 0, stream)
-        else:
-            stream = cupy.cuda.get_current_stream()
-            out = cupy.empty(self.out_shape, dtype=q.dtype)
-            lse = cupy.empty(self.lse_shape, dtype=cupy.float32) if return_lse else None
-            self.launcher.run(q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr,
-                              lse.data.ptr if lse is not None else 0, stream)
+        io = hot_io(self.kind, self.device_id, q, self.out_shape, self.lse_shape, return_lse)
+        if io is None:
+            return None
+        stream, out, lse, ptr = io
+        self.launcher.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), stream)
         return (out, lse) if return_lse else out
 
 

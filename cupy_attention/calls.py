@@ -36,6 +36,61 @@ def allocator(ctx, q):
     return alloc
 
 
+def _torch_ptr(x) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+def _cupy_ptr(x) -> int:
+    return 0 if x is None else x.data.ptr
+
+
+def hot_io(kind: str, device_id: int, q, out_shape, lse_shape, want_lse: bool):
+    """What a hot call (attention, attention_varlen, attention_decode) needs around its
+    launch: ``(stream, out, lse, ptr)`` with the caller's stream (torch's current one,
+    from its raw handle), fresh ``out`` like q and float32 ``lse`` (None unless
+    ``want_lse``) of q's kind, and ``ptr(x)`` the device address of such an array (0
+    for None). None when the current device is not ``device_id`` (the general path
+    switches devices)."""
+    cupy = _device.require_cupy()
+    if cupy.cuda.runtime.getDevice() != device_id:
+        return None
+    if kind == "torch":
+        import torch
+
+        lse = q.new_empty(lse_shape, dtype=torch.float32) if want_lse else None
+        return interop.torch_stream(device_id), q.new_empty(out_shape), lse, _torch_ptr
+    lse = cupy.empty(lse_shape, dtype=cupy.float32) if want_lse else None
+    return cupy.cuda.get_current_stream(), cupy.empty(out_shape, dtype=q.dtype), lse, _cupy_ptr
+
+
+def array_signature(arrays) -> tuple | None:
+    """What a hot call's key holds of its arrays: (type, shape, strides, dtype, device)
+    of each (None stays None), when they are all CUDA torch tensors or all CuPy arrays;
+    None otherwise (host arrays, mixed kinds, other producers: the general path)."""
+    kind = next((x for x in arrays if x is not None), None)
+    out = []
+    if is_torch_type(kind):
+        for x in arrays:
+            if x is None:
+                out.append(None)
+                continue
+            device = x.get_device() if is_torch_type(x) else -1   # int; -1: the CPU
+            if device < 0:
+                return None
+            out.append((type(x), x.shape, x.stride(), x.dtype, device))
+    elif type(kind).__module__.startswith("cupy"):
+        for x in arrays:
+            if x is None:
+                out.append(None)
+                continue
+            if not type(x).__module__.startswith("cupy"):
+                return None
+            out.append((type(x), x.shape, x.strides, x.dtype, x.device.id))
+    else:
+        return None
+    return tuple(out)
+
+
 def is_torch_type(x) -> bool:
     """A torch tensor, by its type's module (torch is never imported to ask)."""
     return type(x).__module__.startswith("torch")

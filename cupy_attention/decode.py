@@ -25,7 +25,7 @@ import numpy as np
 
 from . import device as _device
 from . import interop
-from .calls import HotCache
+from .calls import HotCache, array_signature, hot_io
 from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
                      translate_oom)
 from .families import decode as fam
@@ -348,20 +348,11 @@ def _signature(q, k, v, lengths, table, causal, scale, window, softcap, return_l
     """What a decode launch depends on, hashable; None where there is no hot path
     (host arrays, host lengths or table, unhashable arguments)."""
     try:
-        torch_kind = type(q).__module__.startswith("torch")
-        arrays = []
-        for x in (q, k, v, lengths, table):
-            if x is None:
-                arrays.append(None)
-            elif torch_kind:
-                device = x.get_device()   # an int, -1 on the CPU (cheaper than x.device)
-                if device < 0:
-                    return None
-                arrays.append((type(x), x.shape, x.stride(), x.dtype, device))
-            else:
-                arrays.append((type(x), x.shape, x.strides, x.dtype, x.device.id))
+        arrays = array_signature((q, k, v, lengths, table))
+        if arrays is None:
+            return None
         key = (bool(causal), scale, None if window is None else tuple((type(w), w) for w in window),
-               type(softcap), softcap, bool(return_lse), num_splits, max_seqlen, tuple(arrays))
+               type(softcap), softcap, bool(return_lse), num_splits, max_seqlen, arrays)
         hash(key)
         return key
     except (AttributeError, TypeError):   # NumPy, lists, JAX and other producers
@@ -373,24 +364,12 @@ class _HotDecode:
         self.kind, self.device_id, self.s, self.launch = kind, device_id, s, launch
 
     def __call__(self, q, k, v, table, lengths, return_lse):
-        cupy = _device.require_cupy()
-        if cupy.cuda.runtime.getDevice() != self.device_id:
-            return None   # the general path switches devices
         s = self.s
-        shape, lse_shape = (s.batch, s.seqlen_q, s.heads_q, s.head_dim), (s.batch, s.heads_q,
-                                                                            s.seqlen_q)
-        if self.kind == "torch":
-            import torch
-
-            stream = interop.torch_stream(self.device_id)
-            out = q.new_empty(shape)
-            lse = q.new_empty(lse_shape, dtype=torch.float32) if return_lse else None
-            ptr = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
-        else:
-            stream = cupy.cuda.get_current_stream()
-            out = cupy.empty(shape, dtype=q.dtype)
-            lse = cupy.empty(lse_shape, dtype=cupy.float32) if return_lse else None
-            ptr = lambda x: 0 if x is None else x.data.ptr  # noqa: E731
+        io = hot_io(self.kind, self.device_id, q, (s.batch, s.seqlen_q, s.heads_q, s.head_dim),
+                    (s.batch, s.heads_q, s.seqlen_q), return_lse)
+        if io is None:
+            return None
+        stream, out, lse, ptr = io
         if s.batch and s.seqlen_q and s.heads_q:
             self.launch.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), stream, ptr(table),
                             ptr(lengths))

@@ -204,8 +204,7 @@ def context_for(q) -> Context:
                 "or pass NumPy arrays"
             )
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        stream = external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
-        return Context("torch", stream, dev, q.dtype)
+        return Context("torch", torch_stream(dev), dev, q.dtype)
     if kind == "cupy":
         return Context("cupy", cupy.cuda.get_current_stream(), q.device.id)
     if kind == "numpy":

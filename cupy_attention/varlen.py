@@ -24,7 +24,7 @@ from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
 from .backward import check_options
-from .calls import HotCache, allocator, backward_family, is_torch_type
+from .calls import HotCache, allocator, array_signature, backward_family, hot_io
 from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
 from .families.base import Tensors
@@ -163,16 +163,10 @@ def signature(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
     """What a varlen launch depends on, hashable; None where there is no fast path
     (NumPy or other producers, host cu_seqlens, unhashable arguments: validation then
     names what is wrong)."""
-    arrays = (q, k, v, cu_q, cu_k)
     try:
-        if is_torch_type(q):
-            if not all(is_torch_type(x) and x.is_cuda for x in arrays):
-                return None
-            desc = tuple((type(x), x.shape, x.stride(), x.dtype, x.device) for x in arrays)
-        else:
-            if not all(type(x).__module__.startswith("cupy") for x in arrays):
-                return None
-            desc = tuple((type(x), x.shape, x.strides, x.dtype, x.device.id) for x in arrays)
+        desc = array_signature((q, k, v, cu_q, cu_k))
+        if desc is None:
+            return None
         key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
                None if window is None else tuple((type(x), x) for x in window),
                type(softcap), softcap, bool(return_lse), kernel)
@@ -189,33 +183,16 @@ class VarlenHotCall:
         self.kind, self.device_id, self.p, self.launcher = kind, device_id, p, launcher
 
     def __call__(self, q, k, v, cu_q, cu_k, return_lse, check):
-        cupy = _device.require_cupy()
-        if cupy.cuda.runtime.getDevice() != self.device_id:
-            return None  # the general path switches devices
         p = self.p
-        if self.kind == "torch":
-            import torch
-
-            dev = self.device_id
-            stream = interop.external_stream(torch.cuda.current_stream(dev).cuda_stream, dev)
-            if check and not stream.is_capturing():
-                check_seqlens(p, cu_q, cu_k)
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            lse = (torch.empty((p.heads_q, p.seqlen_q), dtype=torch.float32, device=q.device)
-                   if return_lse else None)
-            self.launcher.run(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                              lse.data_ptr() if lse is not None else 0, stream,
-                              (cu_q.data_ptr(), cu_k.data_ptr()))
-        else:
-            stream = cupy.cuda.get_current_stream()
-            if check and not stream.is_capturing():
-                check_seqlens(p, cu_q, cu_k)
-            out = cupy.empty(q.shape, dtype=q.dtype)
-            lse = (cupy.empty((p.heads_q, p.seqlen_q), dtype=cupy.float32)
-                   if return_lse else None)
-            self.launcher.run(q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr,
-                              lse.data.ptr if lse is not None else 0, stream,
-                              (cu_q.data.ptr, cu_k.data.ptr))
+        io = hot_io(self.kind, self.device_id, q, tuple(q.shape), (p.heads_q, p.seqlen_q),
+                    return_lse)
+        if io is None:
+            return None
+        stream, out, lse, ptr = io
+        if check and not stream.is_capturing():
+            check_seqlens(p, cu_q, cu_k)
+        self.launcher.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), stream,
+                          (ptr(cu_q), ptr(cu_k)))
         return (out, lse) if return_lse else out
 
 

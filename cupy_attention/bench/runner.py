@@ -29,6 +29,17 @@ class Runner(TorchPeers, OverheadProbe, Timing):
                     "(name it in --kernels/--torch-backends to run it)")
         return None
 
+    def _torch_backends(self, case: Case, rows: list):
+        """(backend, row label) of each torch backend to time on ``case``; the ones the
+        size policy skips get their skipped row in ``rows`` instead."""
+        for backend in self.backends:
+            label = f"torch:{backend}"
+            reason = self._policy_skip(label, backend == "math", case)
+            if reason:
+                rows.append(make_row(case, label, "torch", skipped=reason))
+            else:
+                yield backend, label
+
     def _measure(self, case, kernel, impl, fn, sets, ref) -> dict:
         """One row; a declined torch backend gives a skipped row, a failure an error row."""
         try:
@@ -77,12 +88,7 @@ class Runner(TorchPeers, OverheadProbe, Timing):
                 return ca.attention(q, k, v, causal=case.causal, kernel=name)
 
             rows.append(self._measure(case, name, "ours", ours, sets, ref))
-        for backend in self.backends:
-            label = f"torch:{backend}"
-            reason = self._policy_skip(label, backend == "math", case)
-            if reason:
-                rows.append(make_row(case, label, "torch", skipped=reason))
-                continue
+        for backend, label in self._torch_backends(case, rows):
             rows.append(self._measure(case, label, "torch", self._torch_forward(backend, case),
                                       sets, ref))
         del sets
@@ -161,12 +167,7 @@ class Runner(TorchPeers, OverheadProbe, Timing):
             rows.append(self._measure(case, name, "ours", ours, with_fwd, None))
         del with_fwd
         torch = self.torch
-        for backend in self.backends:
-            label = f"torch:{backend}"
-            reason = self._policy_skip(label, backend == "math", case)
-            if reason:
-                rows.append(make_row(case, label, "torch", skipped=reason))
-                continue
+        for backend, label in self._torch_backends(case, rows):
             sdpa = self._torch_sdpa(backend, case)
             try:
                 graphs = []
