@@ -5,7 +5,8 @@ from __future__ import annotations
 from . import device as _device
 from . import interop
 from .arrays import device_mask, host64, like, slopes_view
-from .calls import allocator, backward_family
+from .calls import (HotCache, allocator, array_signature, backward_family, cupy_ptr,
+                    on_device, torch_ptr)
 from .dispatch import BACKWARD_FAMILIES
 from .errors import DTypeError, ShapeError, UnsupportedError, translate_oom
 from .families import flash_bwd
@@ -58,6 +59,15 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     dtype; accumulation is fp32. GQA/MQA: dk, dv sum over each KV head's query
     group. Rows that attend no key get zero gradients; the mask gets none.
     """
+    hot_key = None
+    if mask is None and alibi_slopes is None and not dropout_p and kernel != "reference":
+        hot_key = _signature(dout, q, k, v, out, lse, causal, scale, layout, window, softcap,
+                             deterministic, kernel)
+        hot = _HOT.get(hot_key)
+        if hot is not None:
+            grads = hot(dout, q, k, v, out, lse)
+            if grads is not None:
+                return grads
     if out is None or lse is None:
         raise ShapeError("out and lse (the forward's output and its log-sum-exp, from "
                          "attention(..., return_lse=True)) are required")
@@ -73,7 +83,8 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     _device.require_device()
     ctx = interop.context_for(q)
     family = backward_family(p, kernel, ctx.device_id)
-    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family, alibi_slopes)
+    return _run(p, ctx, dout, q, k, v, out, lse, mask, deterministic, family, alibi_slopes,
+                hot_key)
 
 
 def check_options(deterministic, kernel) -> None:
@@ -95,8 +106,64 @@ def _check_grad_inputs(p: Problem, dout, lse, q) -> None:
                dtype_rule="be float32 (as attention(..., return_lse=True) gives it)")
 
 
+# ---------------------------------------------------------------------------
+# Hot path, as the forward's (api.py): a call whose arrays match an earlier call's
+# shapes, strides, dtypes and device repeats its launches with new pointers and
+# fresh outputs (no validation, no dispatch, no packing). Device arrays only, no
+# mask, slopes or dropout.
+
+_HOT = HotCache()
+
+
+def _signature(dout, q, k, v, out, lse, causal, scale, layout, window, softcap, deterministic,
+               kernel):
+    """What the launches depend on, hashable; None where there is no fast path."""
+    try:
+        arrays = array_signature((dout, q, k, v, out, lse))
+        if arrays is None:
+            return None
+        key = (bool(causal), scale, layout, kernel, deterministic,
+               None if window is None else tuple((type(x), x) for x in window),
+               type(softcap), softcap, arrays)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+class _HotBackward:
+    def __init__(self, kind: str, device_id: int, p: Problem, launcher, q, k,
+                 deterministic: bool):
+        self.kind, self.device_id, self.launcher = kind, device_id, launcher
+        self.q_shape, self.kv_shape = tuple(q.shape), tuple(k.shape)
+        self.delta_shape = (p.batch, p.heads_q, p.seqlen_q)
+        self.accum_shape = None if deterministic else self.delta_shape + (p.head_dim,)
+
+    def __call__(self, dout, q, k, v, out, lse):
+        cupy = _device.require_cupy()
+        if not on_device(cupy, self.device_id):
+            return None
+        if self.kind == "torch":
+            import torch
+
+            empty, ptr = q.new_empty, torch_ptr
+            stream = interop.torch_stream(self.device_id)
+            f32 = torch.float32
+        else:
+            def empty(shape, dtype=q.dtype):
+                return cupy.empty(shape, dtype=dtype)
+            ptr, stream, f32 = cupy_ptr, cupy.cuda.get_current_stream(), cupy.float32
+        dq, dk, dv = empty(self.q_shape), empty(self.kv_shape), empty(self.kv_shape)
+        delta = empty(self.delta_shape, dtype=f32)
+        accum = None if self.accum_shape is None else empty(self.accum_shape, dtype=f32)
+        if not self.launcher.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dout),
+                                 ptr(dq), ptr(dk), ptr(dv), ptr(accum), ptr(delta), stream.ptr):
+            return None
+        return dq, dk, dv
+
+
 def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
-         alibi_slopes=None):
+         alibi_slopes=None, hot_key=None):
     cupy = _device.require_cupy()
     with cupy.cuda.Device(ctx.device_id), ctx.stream:
         qc, kc, vc, oc, dc = (interop.to_cupy(x, n, ctx) for x, n in
@@ -112,18 +179,26 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
             scratch = (alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
                        None if deterministic else alloc(
                            (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
-            launch_into(p, ctx, family, dc, qc, kc, vc, oc, lc,
-                        device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
-                        scratch, deterministic, slopes_view(alibi_slopes, ctx))
+            t = launch_into(p, ctx, family, dc, qc, kc, vc, oc, lc,
+                            device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
+                            scratch, deterministic, slopes_view(alibi_slopes, ctx))
+            if hot_key is not None and ctx.kind in ("torch", "cupy") and \
+                    t.fwd.lse is lc and len(_HOT) < _HOT.limit:
+                arch = _device.device_arch(ctx.device_id)
+                launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
+                if launcher is not None:
+                    _HOT.put(hot_key, _HotBackward(ctx.kind, ctx.device_id, p, launcher, q, k,
+                                                   deterministic))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 
 def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, scratch,
-                deterministic, alibi_slopes=None) -> None:
+                deterministic, alibi_slopes=None) -> flash_bwd.BwdTensors:
     """The backward kernels of a non-empty problem (``Sk > 0``) on device arrays, into
     ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum
     float32 [B, Hq, Sq, D] or None when deterministic): nothing is allocated here
-    (cupy_attention.jax hands in buffers XLA allocated). Runs on ``ctx.stream``."""
+    (cupy_attention.jax hands in buffers XLA allocated). Runs on ``ctx.stream``;
+    returns the tensors it launched with."""
     cupy = _device.require_cupy()
     if lse.strides[-1] != 4:
         lse = cupy.ascontiguousarray(lse)   # the kernels read LSE rows with unit stride
@@ -134,6 +209,7 @@ def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, s
                              dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum)
     family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                   deterministic)
+    return t
 
 
 def _reference(p: Problem, dout, q, k, v, mask, alibi_slopes=None):

@@ -36,11 +36,13 @@ def allocator(ctx, q):
     return alloc
 
 
-def _torch_ptr(x) -> int:
+def torch_ptr(x) -> int:
+    """The device address of a torch tensor (0 for None), as hot calls pass it."""
     return 0 if x is None else x.data_ptr()
 
 
-def _cupy_ptr(x) -> int:
+def cupy_ptr(x) -> int:
+    """The device address of a CuPy array (0 for None)."""
     return 0 if x is None else x.data.ptr
 
 
@@ -52,15 +54,27 @@ def hot_io(kind: str, device_id: int, q, out_shape, lse_shape, want_lse: bool):
     for None). None when the current device is not ``device_id`` (the general path
     switches devices)."""
     cupy = _device.require_cupy()
-    if cupy.cuda.runtime.getDevice() != device_id:
+    if not on_device(cupy, device_id):
         return None
     if kind == "torch":
         import torch
 
         lse = q.new_empty(lse_shape, dtype=torch.float32) if want_lse else None
-        return interop.torch_stream(device_id), q.new_empty(out_shape), lse, _torch_ptr
+        return interop.torch_stream(device_id), q.new_empty(out_shape), lse, torch_ptr
     lse = cupy.empty(lse_shape, dtype=cupy.float32) if want_lse else None
-    return cupy.cuda.get_current_stream(), cupy.empty(out_shape, dtype=q.dtype), lse, _cupy_ptr
+    return cupy.cuda.get_current_stream(), cupy.empty(out_shape, dtype=q.dtype), lse, cupy_ptr
+
+
+def on_device(cupy, device_id: int) -> bool:
+    """Whether the calling thread's current device is ``device_id`` (a hot call runs
+    there only); then also makes the device's primary context current, which the
+    driver-API launches need: a thread whose current device was never set through
+    the runtime (torch's autograd worker, which skips setting a device that is
+    already current) has none yet."""
+    if cupy.cuda.runtime.getDevice() != device_id:
+        return False
+    cupy.cuda.runtime.setDevice(device_id)
+    return True
 
 
 def array_signature(arrays) -> tuple | None:

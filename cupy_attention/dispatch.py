@@ -61,7 +61,7 @@ def choose(p: Problem, kernel: str, cc: int | None) -> Family:
 
 @dataclasses.dataclass(frozen=True)
 class BackwardFamily:
-    """A backward family module (``check``, ``launch``, ``specs``, ``ci_specs``)
+    """A backward family module (``check``, ``launch``, ``prepare``, ``specs``, ``ci_specs``)
     under its kernel name. ``smem_bound``: its ``check`` takes the device's
     shared-memory limit per block (the tensor-core ones size tiles by it)."""
     name: str
@@ -74,6 +74,11 @@ class BackwardFamily:
     def launch(self, p: Problem, t, stream, device_id: int, arch: str,
                deterministic: bool) -> None:
         self.module.launch(p, t, stream, device_id, arch, deterministic)
+
+    def prepare(self, p: Problem, t, device_id: int, arch: str, deterministic: bool):
+        """The hot path's launcher (flash_bwd.HotBackward), or None where a later call
+        with other pointers could need other kernels."""
+        return self.module.prepare(p, t, device_id, arch, deterministic)
 
 
 _backward_families: dict[str, BackwardFamily] | None = None

@@ -15,6 +15,10 @@ implementations (shapes and dtypes only) and a registered autograd formula, so
 ``torch.compile(model, fullgraph=True)`` traces through :func:`attention` and
 :class:`CUDAAttention` without a graph break, and the compiled backward calls our
 backward kernel. Outputs are fresh contiguous tensors (never views of an input).
+Eager calls on plain tensors run the same operator bodies and autograd formula under
+a plain ``torch.autograd.Function`` instead: the custom operators' Python autograd
+costs about 0.3 ms of host time per forward and backward, which a training step of
+small layers waits for.
 """
 
 from __future__ import annotations
@@ -61,8 +65,7 @@ def _dropout_args(dropout_p: float, stream: torch.Tensor) -> dict:
     return dict(dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
 
 
-@torch.library.custom_op("cupy_attention::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
                   layout: str, window_left: int, window_right: int, softcap: Optional[float],
                   kernel: str, deterministic: bool, dropout_p: float, dropout_seed: int,
@@ -78,6 +81,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optio
     return out, lse, stream
 
 
+attention_fwd = torch.library.custom_op("cupy_attention::attention_fwd",
+                                        mutates_args=())(_attention_fwd)
+
+
 @attention_fwd.register_fake
 def _(q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_right, softcap,
       kernel, deterministic, dropout_p, dropout_seed, dropout_offset):
@@ -87,8 +94,7 @@ def _(q, k, v, mask, alibi_slopes, causal, scale, layout, window_left, window_ri
             torch.empty(2, dtype=torch.int64))
 
 
-@torch.library.custom_op("cupy_attention::attention_bwd", mutates_args=())
-def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, mask: Optional[torch.Tensor],
                   alibi_slopes: Optional[torch.Tensor], causal: bool, scale: Optional[float],
                   layout: str, window_left: int, window_right: int, softcap: Optional[float],
@@ -109,6 +115,10 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return tuple(g if g.is_contiguous() else g.contiguous() for g in (dq, dk, dv))
 
 
+attention_bwd = torch.library.custom_op("cupy_attention::attention_bwd",
+                                        mutates_args=())(_attention_bwd)
+
+
 @attention_bwd.register_fake
 def _(dout, q, k, v, out, lse, mask, alibi_slopes, causal, scale, layout, window_left,
       window_right, softcap, deterministic, kernel, dropout_p, stream):
@@ -124,17 +134,46 @@ def _setup_context(ctx, inputs, output):
                    "reference" if kernel == "reference" else "auto", dropout_p)
 
 
-def _backward(ctx, dout, dlse, dstream):
+def _backward(ctx, dout, dlse, dstream, bwd=attention_bwd):
     # the LSE and the stream are outputs of the operator, not of attention(): nothing
     # flows into them
     q, k, v, out, lse, mask, alibi_slopes, stream = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, mask, alibi_slopes, *ctx.options,
-                               stream)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, mask, alibi_slopes, *ctx.options, stream)
     return (dq, dk, dv) + (None,) * 13
 
 
 torch.library.register_autograd("cupy_attention::attention_fwd", _backward,
                                 setup_context=_setup_context)
+
+
+def _eager(*tensors) -> bool:
+    """Whether a call runs the operators' bodies under :class:`_Eager` rather than the
+    custom operators: plain tensors outside torch.compile. Tracing (dynamo, and tensor
+    subclasses such as fake or functional tensors) needs the operators; in eager mode
+    their Python autograd costs about 0.3 ms of host time per forward and backward,
+    which a training step of small layers waits for (torch's own attention is C++)."""
+    return not torch.compiler.is_compiling() and all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)
+
+
+class _Eager(torch.autograd.Function):
+    """The operators' autograd formula as a plain autograd.Function, for eager calls:
+    ``fwd``/``bwd`` are the operators' bodies, ``setup``/``backward`` their
+    registered context and backward functions (one formula for both paths)."""
+
+    @staticmethod
+    def forward(ctx, fwd, bwd, setup, backward, *inputs):
+        output = fwd(*inputs)
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)   # no zeros for the LSE and the stream
+        setup(ctx, inputs, output)
+        ctx.bwd_impl, ctx.backward_impl, ctx.count = bwd, backward, len(inputs)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = ctx.backward_impl(ctx, *grads, bwd=ctx.bwd_impl)
+        return (None,) * 4 + tuple(grads[:ctx.count])
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
@@ -154,17 +193,16 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     if dropout_seed is not None and dropout_seed >= 1 << 63:
         raise ShapeError(f"dropout_seed must be below 2^63 through torch's operators, got "
                          f"{dropout_seed}")
-    out, _, _ = attention_fwd(q, k, v, mask, alibi_slopes, bool(causal),
-                              None if scale is None else float(scale),
-                              layout, window_left, window_right, softcap, kernel,
-                              bool(deterministic), float(dropout_p),
-                              -1 if dropout_seed is None else int(dropout_seed),
-                              int(dropout_offset or 0))
-    return out
+    args = (q, k, v, mask, alibi_slopes, bool(causal), None if scale is None else float(scale),
+            layout, window_left, window_right, softcap, kernel, bool(deterministic),
+            float(dropout_p), -1 if dropout_seed is None else int(dropout_seed),
+            int(dropout_offset or 0))
+    if _eager(q, k, v, mask, alibi_slopes):
+        return _Eager.apply(_attention_fwd, _attention_bwd, _setup_context, _backward, *args)[0]
+    return attention_fwd(*args)[0]
 
 
-@torch.library.custom_op("cupy_attention::attention_varlen_fwd", mutates_args=())
-def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                          alibi_slopes: Optional[torch.Tensor], causal: bool,
                          scale: Optional[float], window_left: int, window_right: int,
@@ -178,14 +216,17 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    alibi_slopes=alibi_slopes, return_lse=True, kernel=kernel, check=check)
 
 
+attention_varlen_fwd = torch.library.custom_op("cupy_attention::attention_varlen_fwd",
+                                               mutates_args=())(_attention_varlen_fwd)
+
+
 @attention_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale, window_left,
       window_right, softcap, kernel, deterministic, check):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("cupy_attention::attention_varlen_bwd", mutates_args=())
-def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
                          causal: bool, scale: Optional[float],
@@ -204,6 +245,10 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     return tuple(g if g.is_contiguous() else g.contiguous() for g in grads)
 
 
+attention_varlen_bwd = torch.library.custom_op("cupy_attention::attention_varlen_bwd",
+                                               mutates_args=())(_attention_varlen_bwd)
+
+
 @attention_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale,
       window_left, window_right, softcap, deterministic, kernel, check):
@@ -218,10 +263,9 @@ def _varlen_setup_context(ctx, inputs, output):
                    "reference" if kernel == "reference" else "auto", False)
 
 
-def _varlen_backward(ctx, dout, dlse):
+def _varlen_backward(ctx, dout, dlse, bwd=attention_varlen_bwd):
     q, k, v, out, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes,
-                                      *ctx.options)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes, *ctx.options)
     return (dq, dk, dv) + (None,) * 11
 
 
@@ -239,10 +283,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
-    out, _ = attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, bool(causal),
-                                  None if scale is None else float(scale), window_left,
-                                  window_right, softcap, kernel, bool(deterministic), bool(check))
-    return out
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, bool(causal),
+            None if scale is None else float(scale), window_left, window_right, softcap, kernel,
+            bool(deterministic), bool(check))
+    if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
+        return _Eager.apply(_attention_varlen_fwd, _attention_varlen_bwd, _varlen_setup_context,
+                            _varlen_backward, *args)[0]
+    return attention_varlen_fwd(*args)[0]
 
 
 class CUDAAttention(torch.nn.Module):

@@ -561,7 +561,7 @@ def _compile_recorded(run, workers=None) -> int:
 
     import cupy
 
-    from cupy_attention import api, decode, jit, varlen
+    from cupy_attention import api, backward, decode, jit, varlen
 
     if not jit.cache_enabled():
         return 0
@@ -580,7 +580,7 @@ def _compile_recorded(run, workers=None) -> int:
         wanted[(spec, arch)] = None
         return _NoLaunch()
 
-    caches = (api._HOT, varlen.HOT, decode._HOT)
+    caches = (api._HOT, varlen.HOT, decode._HOT, backward._HOT)
     before = [set(cache.entries) for cache in caches]
     real = jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed
     jit.get_function = record

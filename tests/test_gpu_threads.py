@@ -63,3 +63,47 @@ def test_eight_threads_agree_with_serial_runs(shared):
         for run in runs:
             for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), run, ref):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (case, name)
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+def test_hot_calls_from_a_fresh_thread(kind):
+    """A thread that made no CUDA call yet (torch's autograd worker is one) takes the
+    hot paths of the forward and the backward: the launch finds its device's context
+    current, and the results equal the calling thread's."""
+    import threading
+
+    import cupy
+
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    rng = np.random.default_rng(3)
+
+    def arr(h):
+        a = rng.standard_normal((1, h, 64, 64)).astype(np.float16)
+        return torch.from_numpy(a).cuda() if torch is not None else cupy.asarray(a)
+
+    q, k, v, dout = arr(4), arr(2), arr(2), arr(4)
+
+    def step():
+        out, lse = ca.attention(q, k, v, causal=True, return_lse=True)
+        grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        if torch is not None:
+            torch.cuda.synchronize()
+            return [x.cpu().numpy() for x in (out, *grads)]
+        return [x.get() for x in (out, *grads)]
+
+    want = step()
+    step()                                   # the hot entries exist now
+    got, errors = [], []
+
+    def worker():
+        try:
+            got.extend(step())
+        except Exception as exc:            # reported below, with its type
+            errors.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert not errors, errors
+    for a, b in zip(got, want):
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16))

@@ -66,7 +66,8 @@ def fake_cupy(monkeypatch):
     ptrs = iter(range(1 << 20, 1 << 30, 1 << 16))
     stream = types.SimpleNamespace(is_capturing=lambda: False)
     fake = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0,
+                                                                 setDevice=lambda d: None),
                                    get_current_stream=lambda: stream),
         empty=lambda shape, dtype: FakeArray(shape, dtype, next(ptrs)),
         float32=np.float32)
@@ -146,3 +147,88 @@ def test_hot_launch_patches_cu_seqlens():
     assert [int(a[f]) for f in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")] == \
         [16, 32, 48, 64, 80, 96, 112]
     assert int(b["lse"]) == 0 and int(b["cu_seqlens_q"]) == 0, "the template's value kept"
+
+
+def _bwd_case():
+    q = FakeArray((2, 4, 40, 64), "float16", 0x10000)
+    k = FakeArray((2, 2, 40, 64), "float16", 0x20000)
+    v = FakeArray((2, 2, 40, 64), "float16", 0x30000)
+    out = FakeArray((2, 4, 40, 64), "float16", 0x40000)
+    lse = FakeArray((2, 4, 40), "float32", 0x50000)
+    dout = FakeArray((2, 4, 40, 64), "float16", 0x60000)
+    p = Problem(2, 4, 2, 40, 40, 64, "float16", "bhsd", True, "none", 0.125, 0)
+    return dout, q, k, v, out, lse, p
+
+
+class BwdRecorder:
+    def __init__(self, ok=True):
+        self.calls, self.ok = [], ok
+
+    def run(self, *args):
+        self.calls.append(args)
+        return self.ok
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_hot_call_allocates_and_patches(fake_cupy, monkeypatch, deterministic):
+    from cupy_attention import backward
+
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(4))
+    fake_cupy.cuda.get_current_stream().ptr = 77
+    dout, q, k, v, out, lse, p = _bwd_case()
+    key = backward._signature(dout, q, k, v, out, lse, True, None, "bhsd", None, None,
+                              deterministic, "auto")
+    rec = BwdRecorder()
+    backward._HOT.put(key, backward._HotBackward("cupy", 0, p, rec, q, k, deterministic))
+    dq, dk, dv = ca.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                       deterministic=deterministic)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert dq.dtype == q.dtype
+    (args,) = rec.calls
+    assert args[:6] == (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000)
+    assert args[6:9] == (dq.data.ptr, dk.data.ptr, dv.data.ptr)
+    assert (args[9] == 0) == deterministic, "dq_accum only with atomic dQ"
+    assert args[10] != 0 and args[11] == 77
+
+
+def test_backward_hot_call_declines_what_it_cannot_launch(fake_cupy, monkeypatch):
+    """A launcher that refuses (unaligned pointers) makes the hot call return None, so
+    the caller takes the general path; the key separates what the launches depend on."""
+    from cupy_attention import backward
+
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(4))
+    fake_cupy.cuda.get_current_stream().ptr = 77
+    dout, q, k, v, out, lse, p = _bwd_case()
+    hot = backward._HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k, False)
+    assert hot(dout, q, k, v, out, lse) is None
+    sig = lambda **kw: backward._signature(  # noqa: E731
+        *(dout, q, k, v, out, lse), **{**dict(causal=True, scale=None, layout="bhsd",
+                                             window=None, softcap=None, deterministic=False,
+                                             kernel="auto"), **kw})
+    keys = [sig(), sig(causal=False), sig(scale=0.5), sig(window=(8, 0)), sig(softcap=30.0),
+            sig(deterministic=True), sig(kernel="flash_mma")]
+    assert None not in keys and len(set(keys)) == len(keys)
+    assert backward._signature(np.zeros(3), q, k, v, out, lse, True, None, "bhsd", None, None,
+                               False, "auto") is None
+
+
+def test_hot_backward_patches_every_pointer():
+    from cupy_attention.families import flash_bwd
+    from cupy_attention.params import BWD_DTYPE
+
+    seen = []
+    kernel = types.SimpleNamespace(launch_packed=lambda grid, block, params, smem, stream_ptr:
+                                   seen.append((grid, np.frombuffer(bytes(params), BWD_DTYPE)[0],
+                                                stream_ptr)))
+    hb = flash_bwd.HotBackward.__new__(flash_bwd.HotBackward)
+    hb.template = bytes(BWD_DTYPE.itemsize)
+    hb.launches = [(kernel, (1,), (32,), 0), (kernel, (2,), (32,), 0)]
+    hb.aligned = True
+    assert not hb.run(16, 32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 9), "k unaligned"
+    assert hb.run(16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 9)
+    assert [g for g, _, _ in seen] == [(1,), (2,)] and seen[0][2] == 9
+    s = seen[0][1]
+    fwd = s["fwd"]
+    assert [int(fwd[f]) for f in ("q", "k", "v", "o", "lse")] == [16, 32, 48, 64, 80]
+    assert [int(s[f]) for f in ("dout", "dq", "dk", "dv", "dq_accum", "delta")] == \
+        [96, 112, 128, 144, 160, 176]

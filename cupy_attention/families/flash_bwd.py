@@ -17,12 +17,13 @@ layout; :func:`smem_bytes` mirrors it (the kernels trap if launched with less).
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from .. import jit
 from ..variant import Variant
 from ..params import BWD_DTYPE, make_struct
 from ..problem import DTYPES, Problem
-from .base import (CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
+from .base import (_POINTERS, CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
                    fwd_params, grid_check)
 
 _KB = 1024
@@ -159,8 +160,10 @@ def check(p: Problem, cc: int | None) -> str | None:
     return grid_check(p)
 
 
-def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
-           deterministic: bool) -> None:
+def passes(p: Problem, t: BwdTensors, device_id: int, arch: str,
+           deterministic: bool) -> list[tuple]:
+    """The launches of ``p``'s backward in order: (loaded kernel, grid, block, shared
+    bytes), each taking the one ``BwdParams`` struct."""
     from ..device import max_shared_per_block
     from ..errors import UnsupportedError
 
@@ -171,16 +174,58 @@ def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
                                f"{limit // _KB} KB of shared memory per block this device has")
     k_delta, k_dkdv, k_dq = (jit.get_function(s, arch, device_id)
                              for s in specs(c, p.dtype, p.variant, deterministic))
-    args = (bwd_params(p, t),)
     rows = (-(-p.seqlen_q // ROWS_PER_BLOCK), p.heads_q, p.batch)
-    k_delta.launch(rows, (THREADS,), args, 0, stream)
-    k_dkdv.launch((-(-p.seqlen_k // c.block_n), p.heads_kv, p.batch), (THREADS,), args, c.smem,
-                  stream)
-    if deterministic:
-        k_dq.launch((-(-p.seqlen_q // c.block_m), p.heads_q, p.batch), (THREADS,), args, c.smem,
-                    stream)
-    else:
-        k_dq.launch(rows, (THREADS,), args, 0, stream)
+    dq = ((k_dq, (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch), (THREADS,), c.smem)
+          if deterministic else (k_dq, rows, (THREADS,), 0))
+    return [(k_delta, rows, (THREADS,), 0),
+            (k_dkdv, (-(-p.seqlen_k // c.block_n), p.heads_kv, p.batch), (THREADS,), c.smem),
+            dq]
+
+
+def run_passes(launches: list[tuple], params: bytearray, stream_ptr: int) -> None:
+    """Launch ``launches`` (see :func:`passes`) with the struct's raw bytes."""
+    for kernel, grid, block, smem in launches:
+        kernel.launch_packed(grid, block, params, smem, stream_ptr)
+
+
+def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
+           deterministic: bool) -> None:
+    run_passes(passes(p, t, device_id, arch, deterministic),
+               bytearray(bwd_params(p, t).tobytes()), stream.ptr)
+
+
+def prepare(p: Problem, t: BwdTensors, device_id: int, arch: str,
+            deterministic: bool) -> "HotBackward":
+    return HotBackward(p, t, passes(p, t, device_id, arch, deterministic), aligned=False)
+
+
+# dout, dq, dk, dv, dq_accum, delta: adjacent in BwdParams, behind the forward's struct
+_GRAD_POINTERS = struct.Struct("<6Q")
+_GRAD_OFFSET = BWD_DTYPE.fields["dout"][1]
+assert BWD_DTYPE.fields["fwd"][1] == 0 and BWD_DTYPE.fields["delta"][1] == _GRAD_OFFSET + 40
+
+
+class HotBackward:
+    """A backward's launches with everything but the data pointers fixed (the hot
+    path of :func:`cupy_attention.attention_backward`): the ``BwdParams`` bytes of the
+    first call, whose pointers are patched per call. ``aligned``: the launches are the
+    16-byte copy kernels, which need 16-byte aligned q, k, v and dout (:meth:`run`
+    says False for other pointers, and the caller takes the general path)."""
+
+    def __init__(self, p: Problem, t: BwdTensors, launches: list[tuple], aligned: bool):
+        self.template = bwd_params(p, t).tobytes()
+        self.launches = launches
+        self.aligned = aligned
+
+    def run(self, q: int, k: int, v: int, out: int, lse: int, dout: int, dq: int, dk: int,
+            dv: int, dq_accum: int, delta: int, stream_ptr: int) -> bool:
+        if self.aligned and (q | k | v | dout) & 15:
+            return False
+        buf = bytearray(self.template)
+        _POINTERS.pack_into(buf, 0, q, k, v, out, lse)
+        _GRAD_POINTERS.pack_into(buf, _GRAD_OFFSET, dout, dq, dk, dv, dq_accum, delta)
+        run_passes(self.launches, buf, stream_ptr)
+        return True
 
 
 # CI spread: every head dim of the test grid once (both tile kernels) with dtype /

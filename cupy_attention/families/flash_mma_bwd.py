@@ -167,12 +167,29 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool
     return c, specs(c, dtype, vt, vec, deterministic)
 
 
-def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
-           deterministic: bool) -> None:
+def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
+           deterministic: bool) -> list[tuple]:
+    """The launches of ``p``'s backward (flash_bwd.passes' form)."""
     c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vectorizable(p, t), deterministic,
                       device_id)
-    launch_passes(p, t, stream, [jit.get_function(s, arch, device_id) for s in kspecs],
-                  (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic)
+    return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
+                     (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic)
+
+
+def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
+           deterministic: bool) -> None:
+    flash_bwd.run_passes(passes(p, t, device_id, arch, deterministic),
+                         bytearray(flash_bwd.bwd_params(p, t).tobytes()), stream.ptr)
+
+
+def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
+            deterministic: bool) -> flash_bwd.HotBackward | None:
+    """The hot path's launches, for the 16-byte kernels only (unaligned arrays of a
+    later call take the general path, which picks the kernels by alignment)."""
+    if not vectorizable(p, t):
+        return None
+    return flash_bwd.HotBackward(p, t, passes(p, t, device_id, arch, deterministic),
+                                 aligned=True)
 
 
 def ragged_smem(p: Problem) -> int:
@@ -181,26 +198,26 @@ def ragged_smem(p: Problem) -> int:
     return BWD_DTYPE.itemsize if p.varlen else 0
 
 
-def launch_passes(p: Problem, t: flash_bwd.BwdTensors, stream, kernels, dkdv: tuple,
-                  dq: Config, deterministic: bool) -> None:
+def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool) -> list[tuple]:
     """The delta pre-pass, a dK/dV kernel (``dkdv`` = keys per block, threads, shared
     bytes), then dq_convert, or with ``deterministic`` the dQ kernel of ``dq``'s
-    tiles. flash_wgmma_bwd launches its own dK/dV kernel through this too."""
+    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). flash_wgmma_bwd
+    runs its own dK/dV kernel through this too."""
     k_delta, k_dkdv, k_dq = kernels
     block_n, threads, smem = dkdv
-    args = (flash_bwd.bwd_params(p, t),)
     # packed sequences: the row kernels see one entry of total rows, the tile kernels
     # the virtual blocks of every sequence (kernels/common/seqs.cuh)
     batch = 1 if p.varlen else p.batch
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
-    k_delta.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
-    k_dkdv.launch((_blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), args, smem,
-                  stream)
+    row_pass = (rows, (flash_bwd.THREADS,), 0)
     if deterministic:
-        k_dq.launch((_blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
-                    (32 * dq.dq_warps,), args, dq.dq_smem + ragged_smem(p), stream)
+        dq_pass = (k_dq, (_blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
+                   (32 * dq.dq_warps,), dq.dq_smem + ragged_smem(p))
     else:
-        k_dq.launch(rows, (flash_bwd.THREADS,), args, 0, stream)
+        dq_pass = (k_dq,) + row_pass
+    return [(k_delta,) + row_pass,
+            (k_dkdv, (_blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), smem),
+            dq_pass]
 
 
 def _blocks(p: Problem, rows: int, block: int) -> int:

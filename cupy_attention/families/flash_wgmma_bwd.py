@@ -159,16 +159,30 @@ def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool):
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic)
 
 
+def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
+           deterministic: bool) -> list[tuple]:
+    """The launches of ``p``'s backward (flash_bwd.passes' form): flash_mma_bwd's
+    kernels for arrays that are not 16-byte aligned."""
+    if not flash_mma_bwd.vectorizable(p, t):
+        return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic)
+    return flash_mma_bwd.pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
+                                   (c.block_n, THREADS, c.smem), dq, deterministic)
+
+
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
+    flash_bwd.run_passes(passes(p, t, device_id, arch, deterministic),
+                         bytearray(flash_bwd.bwd_params(p, t).tobytes()), stream.ptr)
+
+
+def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
+            deterministic: bool) -> flash_bwd.HotBackward | None:
+    """The hot path's launches (aligned arrays only, as flash_mma_bwd.prepare)."""
     if not flash_mma_bwd.vectorizable(p, t):
-        flash_mma_bwd.launch(p, t, stream, device_id, arch, deterministic)
-        return
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic)
-    kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
-    flash_mma_bwd.launch_passes(p, t, stream, kernels,
-                                (c.block_n, THREADS, c.smem), dq,
-                                deterministic)
+        return None
+    return flash_bwd.HotBackward(p, t, passes(p, t, device_id, arch, deterministic),
+                                 aligned=True)
 
 
 def ci_specs() -> list[jit.KernelSpec]:
