@@ -38,8 +38,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
     deterministic : bool
         ``False`` sums dQ with fp32 atomics (fastest; the summation order, hence
         the last bits, vary from run to run). ``True`` computes dQ in a second pass
-        without atomics: bitwise identical results run to run. dK and dV are
-        deterministic either way.
+        without atomics: bitwise identical results run to run. On Hopper, when
+        (key blocks x KV heads x batch) would leave SMs idle, the default mode also
+        splits each block of keys' query tiles over several blocks and sums dK and
+        dV with atomics (``flash_wgmma_bwd.kv_splits``); ``True`` never does.
     kernel : ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"``, ``"flash"`` or ``"reference"``.
         ``"flash_wgmma"`` is the Hopper backward on wgmma (float16/bfloat16,
         compute capability 9.0, head dims 64, 72, ..., 256, causal or not, no dense
@@ -138,6 +140,8 @@ class _HotBackward:
         self.q_shape, self.kv_shape = tuple(q.shape), tuple(k.shape)
         self.delta_shape = (p.batch, p.heads_q, p.seqlen_q)
         self.accum_shape = None if deterministic else self.delta_shape + (p.head_dim,)
+        self.kv_accum_shape = ((p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
+                               if launcher.kv_splits > 1 else None)
 
     def __call__(self, dout, q, k, v, out, lse):
         cupy = _device.require_cupy()
@@ -149,15 +153,24 @@ class _HotBackward:
             empty, ptr = q.new_empty, torch_ptr
             stream = interop.torch_stream(self.device_id)
             f32 = torch.float32
+
+            def zeros(shape):
+                return q.new_zeros(shape, dtype=f32)
         else:
             def empty(shape, dtype=q.dtype):
                 return cupy.empty(shape, dtype=dtype)
+
+            def zeros(shape):
+                return cupy.zeros(shape, dtype=cupy.float32)
             ptr, stream, f32 = cupy_ptr, cupy.cuda.get_current_stream(), cupy.float32
         dq, dk, dv = empty(self.q_shape), empty(self.kv_shape), empty(self.kv_shape)
         delta = empty(self.delta_shape, dtype=f32)
         accum = None if self.accum_shape is None else empty(self.accum_shape, dtype=f32)
+        kv = (None, None) if self.kv_accum_shape is None else (zeros(self.kv_accum_shape),
+                                                               zeros(self.kv_accum_shape))
         if not self.launcher.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dout),
-                                 ptr(dq), ptr(dk), ptr(dv), ptr(accum), ptr(delta), stream.ptr):
+                                 ptr(dq), ptr(dk), ptr(dv), ptr(accum), ptr(delta), stream.ptr,
+                                 ptr(kv[0]), ptr(kv[1])):
             return None
         return dq, dk, dv
 
@@ -179,9 +192,14 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
             scratch = (alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
                        None if deterministic else alloc(
                            (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
+            splits = family.kv_splits(p, ctx.device_id, deterministic)
+            kv = None
+            if splits > 1:
+                shape = (p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
+                kv = (splits, alloc(shape, cupy.float32, True), alloc(shape, cupy.float32, True))
             t = launch_into(p, ctx, family, dc, qc, kc, vc, oc, lc,
                             device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
-                            scratch, deterministic, slopes_view(alibi_slopes, ctx))
+                            scratch, deterministic, slopes_view(alibi_slopes, ctx), kv)
             if hot_key is not None and ctx.kind in ("torch", "cupy") and \
                     t.fwd.lse is lc and len(_HOT) < _HOT.limit:
                 arch = _device.device_arch(ctx.device_id)
@@ -193,20 +211,24 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
 
 
 def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, scratch,
-                deterministic, alibi_slopes=None) -> flash_bwd.BwdTensors:
+                deterministic, alibi_slopes=None, kv=None) -> flash_bwd.BwdTensors:
     """The backward kernels of a non-empty problem (``Sk > 0``) on device arrays, into
     ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum
-    float32 [B, Hq, Sq, D] or None when deterministic): nothing is allocated here
-    (cupy_attention.jax hands in buffers XLA allocated). Runs on ``ctx.stream``;
-    returns the tensors it launched with."""
+    float32 [B, Hq, Sq, D] or None when deterministic), and ``kv`` = (splits,
+    dk_accum, dv_accum: zeroed float32 [B, Hkv, Sk, D]) where the family splits
+    (``family.kv_splits``); nothing is allocated here (cupy_attention.jax hands in
+    buffers XLA allocated). Runs on ``ctx.stream``; returns the tensors it launched
+    with."""
     cupy = _device.require_cupy()
     if lse.strides[-1] != 4:
         lse = cupy.ascontiguousarray(lse)   # the kernels read LSE rows with unit stride
     dq, dk, dv = grads
     delta, dq_accum = scratch
     fwd = Tensors(q, k, v, out, lse, mask, alibi_slopes=alibi_slopes)
+    splits, dk_accum, dv_accum = kv or (1, None, None)
     t = flash_bwd.BwdTensors(fwd=fwd, dout=dout, dq=dq, dk=dk,
-                             dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum)
+                             dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum,
+                             kv_splits=splits, dk_accum=dk_accum, dv_accum=dv_accum)
     family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                   deterministic)
     return t

@@ -75,6 +75,16 @@ class BackwardFamily:
                deterministic: bool) -> None:
         self.module.launch(p, t, stream, device_id, arch, deterministic)
 
+    def kv_splits(self, p: Problem, device_id: int, deterministic: bool) -> int:
+        """Blocks per block of keys the family's dK/dV kernel takes for ``p`` (> 1: the
+        caller hands in zeroed float32 dk_accum and dv_accum [B, Hkv, Sk, D])."""
+        split = getattr(self.module, "kv_splits", None)
+        if split is None:
+            return 1
+        from .device import multiprocessor_count
+
+        return split(p, multiprocessor_count(device_id), deterministic)
+
     def prepare(self, p: Problem, t, device_id: int, arch: str, deterministic: bool):
         """The hot path's launcher (flash_bwd.HotBackward), or None where a later call
         with other pointers could need other kernels."""

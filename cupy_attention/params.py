@@ -44,12 +44,13 @@ FWD_DTYPE = np.dtype(FWD_FIELDS, align=True)
 BWD_FIELDS = [
     ("fwd", FWD_DTYPE),
     ("dout", _PTR), ("dq", _PTR), ("dk", _PTR), ("dv", _PTR), ("dq_accum", _PTR),
-    ("delta", _PTR),
+    ("delta", _PTR), ("dk_accum", _PTR), ("dv_accum", _PTR),
     ("dout_batch_stride", _I64), ("dout_head_stride", _I64), ("dout_row_stride", _I64),
     ("dq_batch_stride", _I64), ("dq_head_stride", _I64), ("dq_row_stride", _I64),
     ("dk_batch_stride", _I64), ("dk_head_stride", _I64), ("dk_row_stride", _I64),
     ("dv_batch_stride", _I64), ("dv_head_stride", _I64), ("dv_row_stride", _I64),
     ("delta_batch_stride", _I64), ("delta_head_stride", _I64),
+    ("kv_splits", _I32),
 ]
 
 BWD_DTYPE = np.dtype(BWD_FIELDS, align=True)

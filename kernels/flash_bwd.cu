@@ -374,6 +374,28 @@ __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const BwdParams p) {
   for (int d = lane; d < f.head_dim; d += 32) dq[d] = from_float<T>(acc[d] * f.scale);
 }
 
+// dK and dV of a split backward (flash_wgmma_bwd, kv_splits > 1), which its blocks
+// summed into dk_accum (already times scale) and dv_accum: converted to T. One warp
+// per key row. Grid: x = key rows / 8, y = KV head, z = batch.
+template <class T>
+__global__ void __launch_bounds__(256) flash_bwd_dkdv_convert(const BwdParams p) {
+  const FwdParams& f = p.fwd;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int j = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+  if (j >= f.seqlen_k) return;
+  const i64 row = (i64(b) * f.heads_kv + h) * f.seqlen_k + j;
+  const float* dk_acc = p.dk_accum + row * f.head_dim;
+  const float* dv_acc = p.dv_accum + row * f.head_dim;
+  T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h * p.dk_head_stride +
+          j * p.dk_row_stride;
+  T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h * p.dv_head_stride +
+          j * p.dv_row_stride;
+  for (int d = lane; d < f.head_dim; d += 32) {
+    dk[d] = from_float<T>(dk_acc[d]);
+    dv[d] = from_float<T>(dv_acc[d]);
+  }
+}
+
 // Deterministic dQ. Grid: x = query block, y = query head, z = batch.
 template <class Tr, class VT>
 __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dq(const BwdParams p) {

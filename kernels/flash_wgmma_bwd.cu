@@ -10,7 +10,7 @@
 // Kernels, in launch order (cupy_attention/families/flash_wgmma_bwd.py):
 //   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum in atomic mode.
 //   2. The dK/dV kernel, one block per (BLOCK_N keys, KV head, batch) of two
-//      warpgroups. sK and sV stay resident while the block walks the query tiles
+//      warpgroups (or kv_splits blocks: SPLIT below). sK and sV stay resident while the block walks the query tiles
 //      (BLOCK_M rows) of every query head of the KV head's group, from the first
 //      tile that sees key n0 (causal); the next tile's Q, dout, lse and delta are
 //      copied (cp.async, two buffers) while this one is computed. Two ways to split
@@ -70,9 +70,13 @@
 //
 //      Then dK * scale and dV are staged through sK, sV and written with 16-byte
 //      stores: one block owns each key of a KV head, so dK and dV need no atomics
-//      and are bitwise reproducible.
+//      and are bitwise reproducible. Split (SPLIT, atomic dQ mode only: the host's
+//      kv_splits, where the grid is small): kv_splits blocks share a block of keys,
+//      each a contiguous share of its query tiles (TileScheduler), and add their
+//      dK * scale and dV into zeroed fp32 dk_accum, dv_accum (red.global.add).
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
 //      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
+//   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
 // Roles: TileScheduler (the block's keys and the query tiles that see them),
 // Producer (cp.async copies into the stage its PipelineState names), the consumer
 // steps (scores, P^T, dS^T, the accumulating wgmma, dQ), Epilogue (dQ reductions,
@@ -212,21 +216,38 @@ struct BwdSmem {
 };
 
 // ---------------------------------------------------------------------------
-// Tile scheduler: the block's work. One block per (key block, KV head, batch) of
-// the grid, so no claim counter: keys n0.. of KV head h_kv, batch b, against the
+// Tile scheduler: the block's work. Keys n0.. of KV head h_kv, batch b, against the
 // query tiles that see them (QueryTileWalk: the variant's q_begin, q_end, over each
-// query head of the KV head's group in turn). Reads params only (f: bound to the
-// block's sequence; packed sequences: key block n_block of sequence b, bind_block).
+// query head of the KV head's group in turn): iterations [begin, end) of that walk.
+// Reads params only (f: bound to the block's sequence; packed sequences: key block
+// n_block of sequence b, bind_block). No claim counter: the grid is fixed,
+//   SPLIT = false: one block per (key block, KV head, batch), grid (x, y, z) = those,
+//                  and the block takes the whole walk;
+//   SPLIT = true:  kv_splits blocks per (key block, KV head, batch), each a contiguous
+//                  share of the walk, their dK and dV summed with atomics (the host
+//                  splits where the grid would leave SMs idle or a causal tail: a
+//                  small batch x KV heads). A 1-D grid, the key block slowest: under a
+//                  causal band the first key blocks, which see the most query tiles,
+//                  start first. Fixed-length sequences only.
 template <class KT, class VT>
 struct TileScheduler {
   const FwdParams& f;
   const int n0, h_kv, b;
   const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk;
+  const int begin, end;
 
-  __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block, int b_)
-      : f(f_), n0(n_block * KT::BLOCK_N), h_kv(blockIdx.y), b(b_),
-        walk(f_, n_block * KT::BLOCK_N) {}
-  __device__ __forceinline__ int iters() const { return walk.iters; }
+  __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block, int h_kv_, int b_,
+                                           int split = 0, int splits = 1)
+      : f(f_), n0(n_block * KT::BLOCK_N), h_kv(h_kv_), b(b_), walk(f_, n_block * KT::BLOCK_N),
+        begin(walk.iters * split / splits), end(walk.iters * (split + 1) / splits) {}
+  // SPLIT's block: blockIdx.x = ((n_block * Hkv + h_kv) * B + b) * kv_splits + split.
+  __device__ __forceinline__ static void locate(const BwdParams& p, int& n_block, int& h_kv,
+                                                int& b, int& split) {
+    int x = blockIdx.x;
+    split = x % p.kv_splits, x /= p.kv_splits;
+    b = x % p.fwd.batch, x /= p.fwd.batch;
+    h_kv = x % p.fwd.heads_kv, n_block = x / p.fwd.heads_kv;
+  }
   __device__ __forceinline__ int head(int it) const { return walk.head(it, h_kv, f.group); }
   __device__ __forceinline__ int m0(int it) const { return walk.m0(it); }
 };
@@ -294,7 +315,7 @@ struct Producer {
     next.advance();
   }
 
-  // The block's K and V, in the same cp.async group as query tile 0.
+  // The block's K and V, in the same cp.async group as its first query tile.
   __device__ __forceinline__ void load_first() {
     const FwdParams& f = p.fwd;
     const T* k_head =
@@ -306,8 +327,8 @@ struct Producer {
                                                     f.k_row_stride, 0, k_rows, k_head);
     load_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.v(), v_head + sched.n0 * f.v_row_stride,
                                                     f.v_row_stride, 0, k_rows, v_head);
-    if (sched.iters() > 0) {
-      load_q(0);
+    if (sched.end > sched.begin) {
+      load_q(sched.begin);
     } else {
       cp_async_commit();
     }
@@ -517,15 +538,59 @@ struct Epilogue {
             *reinterpret_cast<const uint4*>(bytes + KT::KVTile::offset(key0 + r, chunk));
     }
   }
+  // SPLIT: one warp's 16 keys of acc * mul added into `accum` (dk_accum or dv_accum:
+  // [B, Hkv, Sk, D] fp32) with fp32 reductions, in the fragment's own layout.
+  __device__ __forceinline__ void add_keys(const float (&acc)[KT::D / 2], float mul,
+                                           float* accum, int key0, int lane) const {
+    const int g = lane / 4, t = lane % 4;
+    float* rows = accum + (i64(sched.b) * p.fwd.heads_kv + sched.h_kv) * p.fwd.seqlen_k * KT::D;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = sched.n0 + key0 + g + 8 * r;
+      if (j < p.fwd.seqlen_k) {
+#pragma unroll
+        for (int dt = 0; dt < KT::D / 8; ++dt)
+          red_add_f32x2(rows + i64(j) * KT::D + 8 * dt + 2 * t, acc[dt * 4 + 2 * r] * mul,
+                        acc[dt * 4 + 2 * r + 1] * mul);
+      }
+    }
+  }
+  template <bool SPLIT>
   __device__ __forceinline__ void store_dk(const float (&dk)[KT::D / 2], int key0, int lane) const {
+    if constexpr (SPLIT) {
+      if (sched.end > sched.begin) add_keys(dk, p.fwd.scale, p.dk_accum, key0, lane);
+      return;
+    }
     T* out = static_cast<T*>(p.dk) + sched.b * p.dk_batch_stride + sched.h_kv * p.dk_head_stride;
     store_keys(dk, p.fwd.scale, st.k(), out, p.dk_row_stride, key0, lane);
   }
+  template <bool SPLIT>
   __device__ __forceinline__ void store_dv(const float (&dv)[KT::D / 2], int key0, int lane) const {
+    if constexpr (SPLIT) {
+      if (sched.end > sched.begin) add_keys(dv, 1.f, p.dv_accum, key0, lane);
+      return;
+    }
     T* out = static_cast<T*>(p.dv) + sched.b * p.dv_batch_stride + sched.h_kv * p.dv_head_stride;
     store_keys(dv, 1.f, st.v(), out, p.dv_row_stride, key0, lane);
   }
 };
+
+// The block's (key block, KV head, batch) and its share of the walk: from the grid
+// (SPLIT: TileScheduler::locate) or, packed sequences, the sequence's key block.
+template <class KT, class VT, bool SPLIT>
+__device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_keys(
+    const BwdParams& args, int& n_block, int& h_kv, int& b, int& split) {
+  static_assert(!(SPLIT && VT::Seqs::kRagged), "packed sequences are not split");
+  split = 0;
+  h_kv = blockIdx.y;
+  if constexpr (SPLIT) {
+    TileScheduler<KT, VT>::locate(args, n_block, h_kv, b, split);
+    return args;
+  } else {
+    return VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x,
+                                                                                 b, n_block);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // The kernels: every thread is producer (cp.async) and consumer (wgmma).
@@ -534,24 +599,22 @@ struct Epilogue {
 // and barrier (the previous tile's buffers and sdS are free), the previous tile's
 // dQ reductions, then S^T, dP^T, dV, dK, dQ as the header describes; every MMA
 // waited for before the next tile.
-template <class KT, class VT, bool ATOMIC_DQ>
+template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams args) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
-  int n_block, b;  // packed sequences: the sequence's params (a copy; D = 80 has no
-                   // shared memory left for them)
+  int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
+                                // 80 has no shared memory left for them)
   typename VT::Seqs::template Bound<BwdParams> p =
-      VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x, b,
-                                                                            n_block);
+      bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
-  const TileScheduler<KT, VT> sched(f, n_block, b);
+  const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
   Producer<KT, VT> producer{p, st, sched};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
-  const int n_iters = sched.iters();
   producer.load_first();
 
   float dk[KT::D / 2], dv[KT::D / 2];  // this warpgroup's 64 keys x D
@@ -570,7 +633,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
-  for (int it = 0; it < n_iters; ++it, read.advance()) {
+  for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     // Tile it visible to both proxies; every warpgroup is done with tile it - 1 (its
@@ -580,13 +643,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     fence_proxy_async();
     __syncthreads();
     if constexpr (ATOMIC_DQ) {
-      if (it > 0) epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+      if (it > sched.begin)
+        epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
 
     wgmma_fence();  // s, dp, dq were read by ordinary code
     issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
-    if (it + 1 < n_iters) producer.load_q(it + 1);
+    if (it + 1 < sched.end) producer.load_q(it + 1);
 
     wgmma_wait<1>();
     fence_regs(s);
@@ -619,39 +683,37 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     if constexpr (ATOMIC_DQ) fence_regs(dq);
   }
   if constexpr (ATOMIC_DQ) {
-    if (n_iters > 0)
-      epi.template add_dq<KT::DQ_N>(n_iters - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+    if (sched.end > sched.begin)
+      epi.template add_dq<KT::DQ_N>(sched.end - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
 
-  // Each warp stages its own 16 keys of dK * scale and dV in its rows of sK and sV.
-  epi.store_dk(dk, key0, lane);
-  epi.store_dv(dv, key0, lane);
+  // Each warp stages its own 16 keys of dK * scale and dV in its rows of sK and sV
+  // (SPLIT: adds them into dk_accum, dv_accum).
+  epi.template store_dk<SPLIT>(dk, key0, lane);
+  epi.template store_dv<SPLIT>(dv, key0, lane);
 }
 
 // D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and
 // holds dV, warpgroup 1 computes dS^T and holds dK, one instruction stream with
 // role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
 // (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
-template <class KT, class VT, bool ATOMIC_DQ>
+template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams args) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
-  int n_block, b;  // packed sequences: the sequence's params (a copy; D = 80 has no
-                   // shared memory left for them)
+  int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy)
   typename VT::Seqs::template Bound<BwdParams> p =
-      VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x, b,
-                                                                            n_block);
+      bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
-  const TileScheduler<KT, VT> sched(f, n_block, b);
+  const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
   Producer<KT, VT> producer{p, st, sched};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
-  const int n_iters = sched.iters();
   producer.load_first();
 
   float acc[KT::D / 2];  // warpgroup 0: dV, 1: dK / scale; the block's 64 keys x D
@@ -667,7 +729,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
   float4* p_slots = reinterpret_cast<float4*>(st.p_slots()) + threadIdx.x % 128;
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
-  for (int it = 0; it < n_iters; ++it, read.advance()) {
+  for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     // Tile it visible to both proxies; both warpgroups are done with tile it - 1.
@@ -677,7 +739,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
-    if (it + 1 < n_iters) producer.load_q(it + 1);
+    if (it + 1 < sched.end) producer.load_q(it + 1);
     wgmma_wait<0>();
     fence_regs(x);
 
@@ -735,10 +797,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
 
-  // Warpgroup 0 stages dV in sV, warpgroup 1 dK * scale in sK, each warp its 16 keys.
+  // Warpgroup 0 stages dV in sV, warpgroup 1 dK * scale in sK, each warp its 16 keys
+  // (SPLIT: adds them into dv_accum, dk_accum).
   if (wg == 0) {
-    epi.store_dv(acc, key0, lane);
+    epi.template store_dv<SPLIT>(acc, key0, lane);
   } else {
-    epi.store_dk(acc, key0, lane);
+    epi.template store_dk<SPLIT>(acc, key0, lane);
   }
 }

@@ -917,3 +917,54 @@ def test_toy_transformer_trains_like_sdpa(warm_kernels):
     assert a[-10:].mean() < 0.5 * a[:10].mean(), "the block did not learn"
     rel = np.abs(a - b) / b
     assert rel.max() < 2e-2, f"loss curves differ by up to {rel.max():.2e} (step {rel.argmax()})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2, 3, 8])
+@pytest.mark.parametrize("c", [
+    dict(D=64, Sq=300, Sk=333, Hq=4, Hkv=1, causal=True, dtype="bfloat16"),
+    dict(D=128, Sq=257, Sk=200, Hq=4, Hkv=2, causal=False, dtype="float16", layout="bshd"),
+    dict(D=128, Sq=130, Sk=390, Hq=2, Hkv=2, B=2, causal=True, dtype="bfloat16"),
+    dict(D=200, Sq=190, Sk=190, Hq=3, Hkv=1, causal=True, dtype="bfloat16"),
+], ids=["d64-gqa-causal", "d128-bshd", "d128-sk-longer", "d200-wide"])
+def test_split_backward_matches_the_reference(c, splits, monkeypatch, warm_kernels):
+    """flash_wgmma_bwd with a block of keys' query tiles shared by `splits` blocks (dK
+    and dV summed with atomics, then converted): the reference's gradients, as with
+    one block per block of keys; more splits than tiles leaves blocks idle."""
+    import cupy
+
+    _skip_unless_device_runs("flash_wgmma")
+    from cupy_attention import backward
+
+    monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: splits)
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # no entry keeps a split
+    inputs = _inputs(c, seed_for("bwd-split", _case_id(c)), cupy)
+    q, k, v, mask, out, lse, dout = inputs
+    grads = ca.attention_backward(dout, q, k, v, out, lse, causal=c["causal"],
+                                  layout=c.get("layout", "bhsd"), kernel="flash_wgmma")
+    _check_grads(c, grads, inputs, dict(kernel="flash_wgmma_bwd", splits=splits, **c))
+
+
+def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
+    from cupy_attention.problem import Problem
+
+    def prob(b, hq, hkv, s, d=128, causal=True, **kw):
+        return Problem(b, hq, hkv, s, s, d, "bfloat16", "bhsd", causal, "none", d ** -0.5, 0,
+                       **kw)
+
+    small = prob(2, 16, 4, 2048)              # 16 key blocks x 4 x 2 = 128 blocks
+    assert flash_wgmma_bwd.kv_splits(small, 132, False) == 3
+    assert flash_wgmma_bwd.kv_splits(small, 132, True) == 1, "deterministic: no atomics"
+    assert flash_wgmma_bwd.kv_splits(prob(8, 16, 16, 2048), 132, False) == 1, "2048 blocks"
+    tiny = prob(1, 4, 1, 256)                 # 2 key blocks, 4 heads x 4 query tiles each
+    assert flash_wgmma_bwd.kv_splits(tiny, 132, False) == 4
+    assert flash_wgmma_bwd.kv_splits(prob(1, 1, 1, 256), 132, False) == 1, "too few tiles"
+    assert flash_wgmma_bwd.kv_splits(prob(1, 64, 8, 8192), 132, False) == 1
+    wide = prob(1, 8, 8, 1024, d=256)         # 64-key blocks: 16 x 8 = 128 blocks
+    assert flash_wgmma_bwd.kv_splits(wide, 132, False) == 3
+    balanced = prob(2, 16, 4, 2048, causal=False)   # 128 blocks of equal work: one wave
+    assert flash_wgmma_bwd.kv_splits(balanced, 132, False) == 1
+    assert flash_wgmma_bwd.kv_splits(prob(1, 16, 2, 1024, causal=False), 132, False) == 8
+    assert flash_wgmma_bwd.kv_splits(prob(2, 16, 4, 2048, window=(256, 0)), 132, False) == 1
+    assert all(flash_wgmma_bwd.kv_splits(prob(1, 32, 1, 64 * n), 132, False)
+               <= flash_wgmma_bwd.MAX_SPLITS for n in range(1, 40))

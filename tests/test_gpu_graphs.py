@@ -9,9 +9,9 @@ copies: nothing is allocated on the capture stream after the capture, so no late
 allocation can be handed a block the graph writes), the results poisoned with NaN,
 the graph replayed, and the same call made without a graph (into NaN-poisoned
 ``out=`` buffers) on the same stream. Forward results, and the deterministic
-backward's, must be bitwise equal; the atomic-dQ backward's dK and dV (never summed
-with atomics) bitwise, its dQ within four units of the dtype's rounding at the
-gradient's scale. The forward is also checked against the float64 reference with
+backward's, must be bitwise equal; the atomic backward's gradients within four units
+of the dtype's rounding at the gradient's scale (dQ is summed with atomics, and dK
+and dV where flash_wgmma's backward splits a block of keys). The forward is also checked against the float64 reference with
 TESTING.md's rule.
 
 flash_wgmma is persistent: its blocks claim work tiles from a per-stream counter that
@@ -283,10 +283,10 @@ def test_backward_capture_and_replay(name, causal, deterministic):
             graph.launch(stream)
             plain = call()
             for what, g, p in zip(("dq", "dk", "dv"), grads, plain):
-                if deterministic or what != "dq":
+                if deterministic:
                     assert_bitwise(g, p, f"{name} backward {what}, round {r}")
-                else:
-                    _close_in_dtype(g, p, shape["dtype"], f"{name} backward dq, round {r}")
+                else:   # dQ summed with atomics; dK, dV too where flash_wgmma splits
+                    _close_in_dtype(g, p, shape["dtype"], f"{name} backward {what}, round {r}")
             del plain
         stream.synchronize()
 

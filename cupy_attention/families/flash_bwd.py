@@ -105,6 +105,11 @@ def convert_spec(dtype: str) -> jit.KernelSpec:
                           f"flash_bwd_dq_convert[{SHORT_DTYPE[dtype]}]")
 
 
+def dkdv_convert_spec(dtype: str) -> jit.KernelSpec:
+    return jit.KernelSpec("flash_bwd.cu", f"flash_bwd_dkdv_convert<{CPP_DTYPE[dtype]}>",
+                          f"flash_bwd_dkdv_convert[{SHORT_DTYPE[dtype]}]")
+
+
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order."""
     if deterministic:
@@ -123,14 +128,21 @@ class BwdTensors:
     dv: object
     delta: object       # float32 [B, Hq, Sq], contiguous
     dq_accum: object    # float32 [B, Hq, Sq, D], contiguous; None when deterministic
+    # flash_wgmma_bwd's split: kv_splits blocks per block of keys, summing dK and dV
+    # into zeroed float32 [B, Hkv, Sk, D] buffers (None when not split)
+    kv_splits: int = 1
+    dk_accum: object = None
+    dv_accum: object = None
 
 
 def bwd_params(p: Problem, t: BwdTensors) -> object:
     """The ``BwdParams`` struct for one launch."""
     values = {"fwd": fwd_params(p, t.fwd), "dout": t.dout.data.ptr, "dq": t.dq.data.ptr,
               "dk": t.dk.data.ptr, "dv": t.dv.data.ptr, "delta": t.delta.data.ptr}
-    if t.dq_accum is not None:
-        values["dq_accum"] = t.dq_accum.data.ptr
+    for name in ("dq_accum", "dk_accum", "dv_accum"):
+        if getattr(t, name) is not None:
+            values[name] = getattr(t, name).data.ptr
+    values["kv_splits"] = t.kv_splits
     for name in ("dout", "dq", "dk", "dv"):
         s = bhs_strides(getattr(t, name), p.layout)
         values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],
@@ -199,10 +211,11 @@ def prepare(p: Problem, t: BwdTensors, device_id: int, arch: str,
     return HotBackward(p, t, passes(p, t, device_id, arch, deterministic), aligned=False)
 
 
-# dout, dq, dk, dv, dq_accum, delta: adjacent in BwdParams, behind the forward's struct
-_GRAD_POINTERS = struct.Struct("<6Q")
+# dout, dq, dk, dv, dq_accum, delta, dk_accum, dv_accum: adjacent in BwdParams, behind
+# the forward's struct
+_GRAD_POINTERS = struct.Struct("<8Q")
 _GRAD_OFFSET = BWD_DTYPE.fields["dout"][1]
-assert BWD_DTYPE.fields["fwd"][1] == 0 and BWD_DTYPE.fields["delta"][1] == _GRAD_OFFSET + 40
+assert BWD_DTYPE.fields["fwd"][1] == 0 and BWD_DTYPE.fields["dv_accum"][1] == _GRAD_OFFSET + 56
 
 
 class HotBackward:
@@ -216,14 +229,17 @@ class HotBackward:
         self.template = bwd_params(p, t).tobytes()
         self.launches = launches
         self.aligned = aligned
+        self.kv_splits = t.kv_splits   # > 1: the caller hands in zeroed dk_accum, dv_accum
 
     def run(self, q: int, k: int, v: int, out: int, lse: int, dout: int, dq: int, dk: int,
-            dv: int, dq_accum: int, delta: int, stream_ptr: int) -> bool:
+            dv: int, dq_accum: int, delta: int, stream_ptr: int, dk_accum: int = 0,
+            dv_accum: int = 0) -> bool:
         if self.aligned and (q | k | v | dout) & 15:
             return False
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, out, lse)
-        _GRAD_POINTERS.pack_into(buf, _GRAD_OFFSET, dout, dq, dk, dv, dq_accum, delta)
+        _GRAD_POINTERS.pack_into(buf, _GRAD_OFFSET, dout, dq, dk, dv, dq_accum, delta, dk_accum,
+                                 dv_accum)
         run_passes(self.launches, buf, stream_ptr)
         return True
 
@@ -241,7 +257,7 @@ def ci_specs() -> list[jit.KernelSpec]:
     dtypes = tuple(CPP_DTYPE)
     out = []
     for dtype in dtypes:
-        out += [delta_spec(dtype), convert_spec(dtype)]
+        out += [delta_spec(dtype), convert_spec(dtype), dkdv_convert_spec(dtype)]
     for idx, d in enumerate(_CI_HEAD_DIMS):
         c = config(d)
         dtype, causal, mask = dtypes[idx % 3], idx % 2 == 1, _CI_MASKS[(idx // 2) % 3]

@@ -113,61 +113,83 @@ def config(head_dim: int, vt: Variant | None = None) -> Config | None:
     return None
 
 
-def dkdv_spec(c: Config, dtype: str, vt: Variant, atomic_dq: bool) -> jit.KernelSpec:
+def dkdv_spec(c: Config, dtype: str, vt: Variant, atomic_dq: bool,
+              split: bool = False) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = f"{kernel}<{traits}, {vt.cpp()}, {'true' if atomic_dq else 'false'}>"
+    flag = lambda x: "true" if x else "false"  # noqa: E731
+    expr = f"{kernel}<{traits}, {vt.cpp()}, {flag(atomic_dq)}, {flag(split)}>"
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
-            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{',atomic-dq' if atomic_dq else ''}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{',atomic-dq' if atomic_dq else ''}"
+            f"{',split' if split else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
 
 
-def specs(c: Config, dtype: str, vt: Variant, deterministic: bool) -> list[jit.KernelSpec]:
-    """Every instantiation one backward launch uses, in launch order."""
+def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
+          split: bool = False) -> list[jit.KernelSpec]:
+    """Every instantiation one backward launch uses, in launch order (``split``: the
+    split dK/dV kernel and, last, the conversion of its sums)."""
     if deterministic:
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, False), dq]
-    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, True),
-            flash_bwd.convert_spec(dtype)]
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, True, split),
+           flash_bwd.convert_spec(dtype)]
+    return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
 
-def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SMEM) -> str | None:
-    """None if the wgmma backward runs ``p`` on compute capability ``cc``, else why not."""
-    if cc is not None and cc != 90:
-        return (f"the flash_wgmma backward uses wgmma (sm_90a): compute capability 9.0 only, "
-                f"device has {cc / 10:.1f}")
-    if p.dtype not in ("float16", "bfloat16"):
-        return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
-    if p.dropout_p:
-        return "the flash_wgmma backward takes no dropout (flash_mma's does)"
+# Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
+# flash_wgmma_bwd.cu) where one block per (key block, KV head, batch), one block an
+# SM, runs the GPU short. Under a causal band (no window) the first key blocks see all
+# query tiles and the last a few, so a wave lasts as long as its heaviest block:
+# split until the grid fills SPLIT_WAVES waves. Otherwise every block carries the
+# same work, and splitting a grid that already fills a wave only adds the atomics
+# (H100, B 2, Hq 16, Hkv 4, S 2k, D 128: causal 167 -> 232 TFLOPs with 3 splits,
+# non-causal 335 -> 303): split only into SMs left idle. Each block keeps at least
+# MIN_SPLIT_TILES query tiles; dK and dV are summed with atomics (so only in the
+# default, atomic dQ mode) and converted by one more kernel.
+SPLIT_WAVES = 2
+MAX_SPLITS = 8
+MIN_SPLIT_TILES = 4
+
+
+def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
+    """Blocks per block of keys for ``p`` on a GPU of ``sms`` SMs (1: no split)."""
     c = config(p.head_dim, p.variant)
-    if c is None:
-        return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
-                f"to {TILES[-1][0]}, not {p.head_dim}")
-    if p.mask_kind != "none":
-        return "the flash_wgmma backward takes no dense mask (causal is fine)"
-    if c.smem > smem_limit:
-        return (f"the flash_wgmma backward at D={p.head_dim} needs {c.smem // _KB} KB of "
-                f"shared memory per block, the device has {smem_limit // _KB} KB")
-    return grid_check(p)
+    if deterministic or p.varlen or c is None:
+        return 1
+    blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
+    tiles = p.group * -(-p.seqlen_q // c.block_m)   # query tiles of a key block, at most
+    if p.causal and p.window is None:
+        fill = -(-SPLIT_WAVES * sms // blocks)
+    else:
+        fill = sms // blocks
+    return max(1, min(fill, tiles // MIN_SPLIT_TILES, MAX_SPLITS))
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool):
+def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim, vt)
-    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic)
+    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split)
 
 
 def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
            deterministic: bool) -> list[tuple]:
     """The launches of ``p``'s backward (flash_bwd.passes' form): flash_mma_bwd's
     kernels for arrays that are not 16-byte aligned."""
-    if not flash_mma_bwd.vectorizable(p, t):
+    if not flash_mma_bwd.vectorizable(p, t):   # writes dK, dV itself: no split
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic)
-    return flash_mma_bwd.pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
-                                   (c.block_n, THREADS, c.smem), dq, deterministic)
+    split = t.kv_splits > 1
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split)
+    kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
+    launches = flash_mma_bwd.pass_list(p, kernels[:3], (c.block_n, THREADS, c.smem), dq,
+                                       deterministic)
+    if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
+        k_dkdv, grid, block, smem = launches[1]
+        launches[1] = (k_dkdv, (grid[0] * grid[1] * grid[2] * t.kv_splits,), block, smem)
+        launches.append((kernels[3], (-(-p.seqlen_k // flash_bwd.ROWS_PER_BLOCK), p.heads_kv,
+                                      p.batch), (flash_bwd.THREADS,), 0))
+    return launches
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -186,8 +208,9 @@ def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
 
 def ci_specs() -> list[jit.KernelSpec]:
-    """Every shipped dK/dV instantiation (every head dim, both dtypes, causal or not,
-    both dQ modes), which CI compiles for sm_90a; the other kernels of a launch are
+    """Every shipped dK/dV instantiation of one block per key block (every head dim,
+    both dtypes, causal or not, both dQ modes) and the split kernel over a spread of
+    head dims, which CI compiles for sm_90a; the other kernels of a launch are
     flash_bwd's and flash_mma_bwd's, compiled with their families."""
     out = []
     for d in range(64, TILES[-1][0] + 1, 8):
@@ -205,4 +228,10 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (256, Variant(True, softcap=30.0, dense="alibi")),
                   (128, Variant(True, dense="alibi", ragged=True))):
         out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
+    # the split kernel: both tile shapes of the narrow kernel, the wide one, a transform
+    for i, d in enumerate((64, 72, 96, 128, 136, 192, 256)):
+        dtype, causal = ("float16", "bfloat16")[i % 2], i % 3 != 1
+        out.append(dkdv_spec(config(d), dtype, Variant(causal), True, True))
+    vt = Variant(True, softcap=30.0)
+    out.append(dkdv_spec(config(128, vt), "bfloat16", vt, True, True))
     return out

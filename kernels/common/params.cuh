@@ -76,6 +76,9 @@ __device__ __forceinline__ float exp2_score(const FwdParams& p, float dot) {
 //             packed sequences)
 //   dq_accum  fp32, delta's rows times D: dQ / scale summed with atomics; null in
 //             deterministic mode
+//   dk_accum, dv_accum  fp32 [B, Hkv, Sk, D] contiguous, zeroed: dK and dV summed with
+//             atomics when kv_splits > 1 blocks share a block of keys (flash_wgmma_bwd's
+//             split of the query tiles); null otherwise
 struct BwdParams {
   FwdParams fwd;
   const void* dout;
@@ -84,12 +87,15 @@ struct BwdParams {
   void* dv;
   float* dq_accum;
   float* delta;
+  float* dk_accum;
+  float* dv_accum;
 
   i64 dout_batch_stride, dout_head_stride, dout_row_stride;
   i64 dq_batch_stride, dq_head_stride, dq_row_stride;
   i64 dk_batch_stride, dk_head_stride, dk_row_stride;
   i64 dv_batch_stride, dv_head_stride, dv_row_stride;
   i64 delta_batch_stride, delta_head_stride;
+  int kv_splits;  // blocks per block of keys (1: one block owns it)
 };
 
 // Row (b, h) of delta, and of dq_accum (times D).
