@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import cupy
 import torch
 import torch.nn.functional as F
+from event_timing import time_ms
 
 import cupy_attention as ca
 from cupy_attention import backward
@@ -32,22 +32,6 @@ SHAPES = [  # B, Hq, Hkv, S, D, causal
     (2, 16, 4, 2048, 128, False),
     (4, 32, 8, 4096, 128, True),   # a full grid: splits stay 1
 ]
-
-
-def events(fn, reps=10, batches=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / reps)
-    return statistics.median(out)
 
 
 def main():
@@ -69,7 +53,7 @@ def main():
         for name, splits in (("split", None), ("one_block", 1)):
             flash_wgmma_bwd.kv_splits = real if splits is None else (lambda p, s, d: 1)
             backward._HOT.entries.clear()
-            ms = events(lambda: ca.attention_backward(dout, q, k, v, out, lse, causal=causal))
+            ms = time_ms(lambda: ca.attention_backward(dout, q, k, v, out, lse, causal=causal))
             row[name] = flops / ms / 1e9
         flash_wgmma_bwd.kv_splits = real
         qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
@@ -79,8 +63,8 @@ def main():
                 with torch.nn.attention.sdpa_kernel(backend):
                     o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal,
                                                        enable_gqa=Hq != Hkv)
-                    ms = events(lambda: torch.autograd.grad(o, (qs, ks, vs), dout,
-                                                            retain_graph=True))
+                    ms = time_ms(lambda: torch.autograd.grad(o, (qs, ks, vs), dout,
+                                                             retain_graph=True))
                 row[name] = flops / ms / 1e9
             except Exception as exc:   # a backend that refuses the shape
                 row[name] = None

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+from event_timing import time_ms
 
 from cupy_attention import torch as cat
 
@@ -57,22 +57,6 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.n2(x))
 
 
-def time_steps(step, reps, batches):
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(batches):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            step()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / reps)
-    return statistics.median(out)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=4)
@@ -98,7 +82,7 @@ def main():
             def step(m=m):
                 m(x).float().square().mean().backward()
 
-            ms = time_steps(step, a.reps, a.batches)
+            ms = time_ms(step, a.reps, a.batches, warmup=3)
             rows.append(dict(attention="ours" if ours else "sdpa", mode=mode, ms=ms))
             print(f"{rows[-1]['attention']:5s} {mode:8s} {ms:8.3f} ms/step", flush=True)
     by = {(r["attention"], r["mode"]): r["ms"] for r in rows}

@@ -200,10 +200,16 @@ def run_passes(launches: list[tuple], params: bytearray, stream_ptr: int) -> Non
         kernel.launch_packed(grid, block, params, smem, stream_ptr)
 
 
+def launch_from(passes_of, p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
+                deterministic: bool) -> None:
+    """A backward family's launch: the launches ``passes_of`` (its ``passes``) gives."""
+    run_passes(passes_of(p, t, device_id, arch, deterministic),
+               bytearray(bwd_params(p, t).tobytes()), stream.ptr)
+
+
 def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    run_passes(passes(p, t, device_id, arch, deterministic),
-               bytearray(bwd_params(p, t).tobytes()), stream.ptr)
+    launch_from(passes, p, t, stream, device_id, arch, deterministic)
 
 
 def prepare(p: Problem, t: BwdTensors, device_id: int, arch: str,

@@ -178,18 +178,18 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    flash_bwd.run_passes(passes(p, t, device_id, arch, deterministic),
-                         bytearray(flash_bwd.bwd_params(p, t).tobytes()), stream.ptr)
+    flash_bwd.launch_from(passes, p, t, stream, device_id, arch, deterministic)
 
 
 def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
-            deterministic: bool) -> flash_bwd.HotBackward | None:
-    """The hot path's launches, for the 16-byte kernels only (unaligned arrays of a
-    later call take the general path, which picks the kernels by alignment)."""
+            deterministic: bool, passes_of=None) -> flash_bwd.HotBackward | None:
+    """The hot path's launches (``passes_of``, default :func:`passes`), for the 16-byte
+    kernels only (unaligned arrays of a later call take the general path, which picks
+    the kernels by alignment)."""
     if not vectorizable(p, t):
         return None
-    return flash_bwd.HotBackward(p, t, passes(p, t, device_id, arch, deterministic),
-                                 aligned=True)
+    return flash_bwd.HotBackward(p, t, (passes_of or passes)(p, t, device_id, arch,
+                                                              deterministic), aligned=True)
 
 
 def ragged_smem(p: Problem) -> int:

@@ -166,6 +166,27 @@ def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
     return max(1, min(fill, tiles // MIN_SPLIT_TILES, MAX_SPLITS))
 
 
+def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SMEM) -> str | None:
+    """None if the wgmma backward runs ``p`` on compute capability ``cc``, else why not."""
+    if cc is not None and cc != 90:
+        return (f"the flash_wgmma backward uses wgmma (sm_90a): compute capability 9.0 only, "
+                f"device has {cc / 10:.1f}")
+    if p.dtype not in ("float16", "bfloat16"):
+        return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
+    if p.dropout_p:
+        return "the flash_wgmma backward takes no dropout (flash_mma's does)"
+    c = config(p.head_dim, p.variant)
+    if c is None:
+        return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
+                f"to {TILES[-1][0]}, not {p.head_dim}")
+    if p.mask_kind != "none":
+        return "the flash_wgmma backward takes no dense mask (causal is fine)"
+    if c.smem > smem_limit:
+        return (f"the flash_wgmma backward at D={p.head_dim} needs {c.smem // _KB} KB of "
+                f"shared memory per block, the device has {smem_limit // _KB} KB")
+    return grid_check(p)
+
+
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
@@ -194,17 +215,13 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    flash_bwd.run_passes(passes(p, t, device_id, arch, deterministic),
-                         bytearray(flash_bwd.bwd_params(p, t).tobytes()), stream.ptr)
+    flash_bwd.launch_from(passes, p, t, stream, device_id, arch, deterministic)
 
 
 def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
             deterministic: bool) -> flash_bwd.HotBackward | None:
     """The hot path's launches (aligned arrays only, as flash_mma_bwd.prepare)."""
-    if not flash_mma_bwd.vectorizable(p, t):
-        return None
-    return flash_bwd.HotBackward(p, t, passes(p, t, device_id, arch, deterministic),
-                                 aligned=True)
+    return flash_mma_bwd.prepare(p, t, device_id, arch, deterministic, passes)
 
 
 def ci_specs() -> list[jit.KernelSpec]:
