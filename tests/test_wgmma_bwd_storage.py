@@ -17,7 +17,6 @@ import pytest
 
 from cupy_attention import jit
 from cupy_attention.families import flash_wgmma_bwd as fb
-from cupy_attention.families.base import CPP_DTYPE
 from cupy_attention.variant import Variant
 
 from helpers import nvrtc_probe
@@ -54,14 +53,8 @@ def test_smem_probe_catches_a_wrong_size():
 
 
 def variant_spec(head_dim: int, variant: Variant, atomic_dq: bool) -> jit.KernelSpec:
-    c = fb.config(head_dim)
-    if variant.softcap:
-        c = fb.Config(head_dim, 64)
-    kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE['bfloat16']}>"
-    expr = f"{kernel}<{traits}, {variant.cpp()}, {'true' if atomic_dq else 'false'}>"
-    return jit.KernelSpec("flash_wgmma_bwd.cu", expr,
-                          f"{kernel}[D={head_dim},bf16{variant.suffix()},{atomic_dq}]")
+    """The shipped dK/dV instantiation (softcap takes the 64-row tiles: fb.config)."""
+    return fb.dkdv_spec(fb.config(head_dim, variant), "bfloat16", variant, atomic_dq)
 
 
 VARIANTS = [
