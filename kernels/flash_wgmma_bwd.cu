@@ -165,7 +165,16 @@ struct WgmmaBwdTraits {
   struct WideTiles : Tiles {
     float p[BLOCK_N * BLOCK_M];
   };
-  using Storage = typename SelectType<WIDE, WideTiles, Tiles>::type;
+  // The narrow kernel stages a tile's dQ / scale in fp32 rows of D (dq_accum's
+  // layout), added into dq_accum by one bulk reduction, where that fits beside the
+  // tiles (not at D = 72..80, whose 128-query tiles fill shared memory): STAGE_DQ.
+  struct StagedTiles : Tiles {
+    alignas(16) float dq[BLOCK_M * D];
+  };
+  static constexpr bool STAGE_DQ =
+      !WIDE && sizeof(StagedTiles) + SMEM_SLACK <= 227 * 1024;
+  using Storage = typename SelectType<
+      WIDE, WideTiles, typename SelectType<STAGE_DQ, StagedTiles, Tiles>::type>::type;
   static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
@@ -213,6 +222,7 @@ struct BwdSmem {
   __device__ __forceinline__ float* p_slots() const {  // the wide kernel's P^T
     return shared_ptr<float>(wgmma_bwd_smem, CA_FIELD(base, S, p));
   }
+  __device__ __forceinline__ u32 dq() const { return CA_FIELD(base, S, dq); }  // narrow
 };
 
 // ---------------------------------------------------------------------------
@@ -513,6 +523,33 @@ struct Epilogue {
     }
   }
 
+  // The narrow kernel's dQ path. stage_dq: a warpgroup's dQ fragment (add_dq's
+  // layout and columns) into the fp32 staging rows sdQ. reduce_dq (one thread, after
+  // a proxy fence and a barrier publish sdQ): sdQ's rows of tile it that lie in the
+  // sequence added into dq_accum by the copy engine, one bulk group; the caller
+  // waits for its read (bulk_wait_read) before sdQ is staged again.
+  template <int N>
+  __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int row0, int col0,
+                                           int skip, int cols, int g, int t) const {
+    float* sdq = shared_ptr<float>(wgmma_bwd_smem, st.dq());
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* row = sdq + (row0 + g + 8 * r) * KT::D + col0 + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < N / 8; ++dt)
+        if (8 * dt >= skip && 8 * dt < cols)
+          *reinterpret_cast<float2*>(row + 8 * dt) = make_float2(dq[dt * 4 + 2 * r],
+                                                                 dq[dt * 4 + 2 * r + 1]);
+    }
+  }
+  __device__ __forceinline__ void reduce_dq(int it) const {
+    const int h = sched.head(it), m0 = sched.m0(it);
+    const int rows = cmin(KT::BLOCK_M, p.fwd.seqlen_q - m0);
+    bulk_reduce_add(p.dq_accum + (delta_row(p, sched.b, h) + m0) * KT::D, st.dq(),
+                    u32(rows) * KT::D * 4);
+    bulk_commit();
+  }
+
   // One warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV fragment)
   // staged in those rows of the tile at `stage` (sK or sV: the caller has waited
   // for every MMA reading it), then whole rows stored to `out` (the KV head's rows
@@ -640,9 +677,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     // buffers and sdS: each waited for all its MMAs). Then tile it - 1's dQ goes
     // out: after the proxy fence, a memory barrier that would wait for it.
     cp_async_wait<0>();
-    fence_proxy_async();
+    fence_proxy_async();  // also publishes sdQ (tile it - 1) to the copy engine
     __syncthreads();
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (ATOMIC_DQ && KT::STAGE_DQ) {
+      if (it > sched.begin && threadIdx.x == 0) epi.reduce_dq(it - 1);
+    } else if constexpr (ATOMIC_DQ) {
       if (it > sched.begin)
         epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
@@ -672,7 +711,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     if constexpr (ATOMIC_DQ) {
       store_ds<KT>(st.bytes(st.ds()), da, key0, g, t);
       fence_proxy_async();
-      __syncthreads();  // sdS complete
+      if (KT::STAGE_DQ && threadIdx.x == 0) bulk_wait_read<0>();  // tile it - 1's sdQ read
+      __syncthreads();  // sdS complete, sdQ free
       issue_dq<KT>(dq, dq_a, dq_b);
     }
     wgmma_wait<0>();
@@ -680,14 +720,25 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     fence_regs(dv);
     fence_regs(pa);
     fence_regs(da);
-    if constexpr (ATOMIC_DQ) fence_regs(dq);
+    if constexpr (ATOMIC_DQ) {
+      fence_regs(dq);
+      if constexpr (KT::STAGE_DQ)
+        epi.template stage_dq<KT::DQ_N>(dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+    }
   }
-  if constexpr (ATOMIC_DQ) {
+  if constexpr (ATOMIC_DQ && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)
       epi.template add_dq<KT::DQ_N>(sched.end - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
   cp_async_wait<0>();
+  if constexpr (ATOMIC_DQ && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
+  if constexpr (ATOMIC_DQ && KT::STAGE_DQ) {
+    if (sched.end > sched.begin && threadIdx.x == 0) {
+      epi.reduce_dq(sched.end - 1);
+      bulk_wait<0>();
+    }
+  }
 
   // Each warp stages its own 16 keys of dK * scale and dV in its rows of sK and sV
   // (SPLIT: adds them into dk_accum, dv_accum).

@@ -88,11 +88,27 @@ class Config:
     @property
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
-        (16-bit; rows of whole 64-column blocks), sP (wide: fp32), two buffers of lse
-        and delta (fp32), 1 KB for the alignment."""
+        (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
+        1 KB for the alignment, then sP (wide: fp32) or sdQ (narrow, where it fits:
+        the tile's dQ in fp32 rows of D)."""
+        if self.wide:
+            return self._tiles + self.block_n * self.block_m * 4
+        return self._tiles + (self._sdq if self.stage_dq else 0)
+
+    @property
+    def stage_dq(self) -> bool:
+        """``WgmmaBwdTraits::STAGE_DQ``: the narrow kernel's dQ through sdQ and bulk
+        reductions, where sdQ fits in 227 KB beside the tiles."""
+        return not self.wide and self._tiles + self._sdq <= 227 * _KB
+
+    @property
+    def _tiles(self) -> int:
         d, bm, bn = flash_wgmma.d_pad(self.head_dim), self.block_m, self.block_n
-        p = bn * bm * 4 if self.wide else 0
-        return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + p + 4 * bm * 4 + 1024
+        return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + 4 * bm * 4 + 1024
+
+    @property
+    def _sdq(self) -> int:
+        return self.block_m * self.head_dim * 4
 
 
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and

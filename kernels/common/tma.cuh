@@ -65,3 +65,23 @@ __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
       :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+
+// dst[i] += src[i] for `bytes` / 4 floats, global `dst` from shared `src` (both 16-byte
+// aligned, bytes a multiple of 16), by the copy engine, each element's addition
+// atomic; in the thread's current bulk group (bulk_commit). The shared source may be
+// rewritten after bulk_wait_read, the sums are complete after bulk_wait.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory");
+}
