@@ -35,12 +35,15 @@
 //                                   block; one N for both warpgroups keeps ptxas
 //                                   from serializing the wgmma of a divergent
 //                                   path); BLOCK_M = 128: the queries 64w..
-//        wait for everything
+//        wait for everything; (STAGE_DQ) dQ / scale into sdQ, fp32 rows of D
 //      and at the start of the next tile, after its proxy fence and barrier, dQ /
-//      scale is added into dq_accum with fp32 reductions (red.global.add.v2.f32;
-//      their order varies from run to run). The proxy fence is a memory barrier:
-//      placed after the reductions it would wait for them (measured:
-//      benchmarks/results/notes-wgmma-bwd-comments.md).
+//      scale is added into dq_accum: STAGE_DQ (where sdQ fits: not D = 72..80), by
+//      one thread's bulk reduction of sdQ (cp.reduce.async.bulk .add.f32, the copy
+//      engine's work; the thread waits for its read before the next tile's sdS
+//      barrier), otherwise by each thread's fp32 reductions (red.global.add.v2.f32).
+//      Either way the order of the additions varies from run to run. The proxy
+//      fence is a memory barrier: placed after the reductions it would wait for
+//      them (measured: benchmarks/results/notes-wgmma-bwd-comments.md).
 //      The async MMAs overlap the warpgroup's own element-wise work; the block's
 //      two warpgroups keep the tensor cores fed between each other's waits. No MMA
 //      is in flight across iterations: in every variant tried that overlapped a
