@@ -147,6 +147,123 @@ def test_device_header_draws_the_host_stream(tmp_path):
         assert np.array_equal(flags[..., n], want), n
 
 
+_WGMMA_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dropout.cuh"
+// One warpgroup's wgmma m64nN accumulator (PTX ISA, "wgmma D fragment"): thread T
+// (warp w = T / 32, lane: g = lane / 4, t = lane % 4) holds element i < N / 2 at row
+// 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1). For each element of a
+// tile it prints "query key flags unrolled": flags = 2 * (its half of the pair_mask of
+// its packed 16-bit pair: P's A fragments) + its bit of fragment_row (the factor of
+// dP^T), both what the kernels take, and unrolled = its bit of fragment_bits.
+template <bool TRANSPOSED, int N>
+void tile(const DropoutDraw& d, u32 bh, int r_corner, int c_corner) {
+  for (int T = 0; T < 128; ++T) {
+    const int w = T / 32, g = (T % 32) / 4, t = T % 4, r0 = r_corner + 16 * w;
+    if (r0 < 0) continue;   // rows before the sequence (a shifted query block)
+    const u64 row = d.fragment_row<TRANSPOSED>(bh, u32(r0 / 16), u32(c_corner / 16), N / 16, g, t);
+    u32 unrolled[N / 16];
+    d.fragment_bits<TRANSPOSED, N / 8>(bh, r0, c_corner, g, t, unrolled);
+    for (int i = 0; i < N / 2; ++i) {
+      const int r = r0 + g + 8 * ((i >> 1) & 1), c = c_corner + 8 * (i >> 2) + 2 * t + (i & 1);
+      const int flag = int((DropoutDraw::pair_mask(row, i & ~1) >> (16 * (i & 1))) & 1u) * 2 +
+                       int((row >> i) & 1u);   // packed word i / 2, half i % 2; bit i
+      printf("%d %d %d %d\n", TRANSPOSED ? c : r, TRANSPOSED ? r : c, flag,
+             int((unrolled[i / 8] >> (i % 8)) & 1u));
+    }
+  }
+}
+int main(int argc, char** argv) {
+  // seed offset threshold; then lines "fwd|bwd bh row_corner col_corner N" on stdin, each
+  // answered by its elements and a line "end"
+  unsigned long long seed = strtoull(argv[1], 0, 10);
+  DropoutDraw d{u32(seed), u32(seed >> 32), u32(strtoul(argv[2], 0, 10)),
+                u32(atoi(argv[3])), 1.f};
+  char kind[8];
+  unsigned bh;
+  int rc, cc, n;
+  while (scanf("%7s %u %d %d %d", kind, &bh, &rc, &cc, &n) == 5) {
+    const bool fwd = kind[0] == 'f';
+    switch (n * 2 + fwd) {
+      case 64 * 2 + 1: tile<false, 64>(d, bh, rc, cc); break;
+      case 80 * 2 + 1: tile<false, 80>(d, bh, rc, cc); break;
+      case 96 * 2 + 1: tile<false, 96>(d, bh, rc, cc); break;
+      case 112 * 2 + 1: tile<false, 112>(d, bh, rc, cc); break;
+      case 128 * 2 + 1: tile<false, 128>(d, bh, rc, cc); break;
+      case 64 * 2: tile<true, 64>(d, bh, rc, cc); break;
+      case 128 * 2: tile<true, 128>(d, bh, rc, cc); break;
+      default: return 2;
+    }
+    printf("end\n");
+  }
+  return 0;
+}
+"""
+
+
+def _wgmma_cases():
+    """(kind, b, h, row corner, column corner, N) of the tiles the Hopper kernels draw.
+
+    Forward (flash_wgmma, Consumer::rescale_and_pack): consumer c of a work tile from
+    query q0 holds rows q0 + 64 c .. of an m64 x BLOCK_N S tile at key k0 (a multiple
+    of BLOCK_N); q0 a multiple of 16, negative for a shifted first block. Backward
+    (flash_wgmma_bwd): a warpgroup's m64 x BLOCK_M S^T tile, its keys from n0 + 64 wg
+    (the narrow kernel, BLOCK_N = 128) or n0 (the wide one, BLOCK_N = 64), queries from
+    m0, a multiple of BLOCK_M."""
+    out = []
+    for n, q0, c, kb in ((128, 0, 0, 0), (128, 192, 2, 1), (112, -48, 0, 2), (112, 144, 1, 0),
+                         (96, 64, 1, 3), (80, 0, 2, 1), (64, -16, 0, 4), (64, 256, 1, 3)):
+        out.append(("fwd", 1, 2, q0 + 64 * c, kb * n, n))
+    for bm, n0, wg, mb in ((64, 0, 0, 0), (64, 128, 1, 3), (128, 256, 1, 1), (128, 0, 0, 2)):
+        out.append(("bwd", 0, 1, n0 + 64 * wg, mb * bm, bm))   # narrow kernel
+    for n0, mb in ((64, 2), (192, 0)):
+        out.append(("bwd", 1, 0, n0, mb * 64, 64))               # wide kernel
+    return out
+
+
+def test_wgmma_fragments_draw_the_host_mask(tmp_path):
+    """The keep flags the Hopper kernels give each element of their wgmma accumulators
+    (the PTX layout of an m64nN fragment, written out here independently of the
+    kernels) are keep_mask's, bit for bit: fragment_row's bits (the backward's factor
+    of dP^T; transposed there, S^T's keys as rows), pair_mask on P packed as A
+    fragments (the forward's P V, the backward's dV) and the unrolled fragment_bits
+    (flash_mma) alike; every element of each tile is drawn exactly once."""
+    import shutil
+    import subprocess
+
+    from cupy_attention import jit
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = tmp_path / "wgmma.cpp"
+    src.write_text(_WGMMA_DRIVER)
+    exe = tmp_path / "wgmma"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{jit.kernels_dir()}/common", str(src), "-o",
+                    str(exe)], check=True, capture_output=True)
+    seed, offset, Hq, p = (5 << 36) + 987, 3, 3, 0.4
+    cases = _wgmma_cases()
+    stdin = "".join(f"{k} {b * Hq + h} {r} {c} {n}\n" for k, b, h, r, c, n in cases)
+    out = subprocess.run([str(exe), str(seed), str(offset), str(dropout.threshold(p))],
+                         input=stdin, check=True, capture_output=True, text=True).stdout
+    blocks = out.split("end\n")
+    assert len(blocks) == len(cases) + 1 and blocks[-1] == ""
+    want = dropout.keep_mask(seed, offset, 2, Hq, 512, 1024, p)
+    for (kind, b, h, r, c, n), block in zip(cases, blocks):
+        rows = np.array([[int(x) for x in line.split()] for line in block.splitlines()])
+        q, k = rows[:, 0], rows[:, 1]
+        keep = want[b, h, q, k]
+        assert np.array_equal(rows[:, 2] & 1, keep) and np.array_equal(rows[:, 2] >> 1, keep)
+        if kind == "fwd":   # rows of the 64 x N tile from r, those >= 0
+            tile = {(i, j) for i in range(max(r, 0), r + 64) for j in range(c, c + n)}
+        else:               # keys r .. r + 63, queries c .. c + n - 1
+            tile = {(i, j) for i in range(c, c + n) for j in range(r, r + 64)}
+        assert np.array_equal(rows[:, 3], keep), (kind, r, c, n)
+        assert len(rows) == len(tile) and set(zip(q.tolist(), k.tolist())) == tile
+        assert 0 < keep.mean() < 1
+
+
 def test_device_header_compiles_with_nvrtc():
     from cupy_attention import jit
 
