@@ -393,6 +393,35 @@ def test_dispatch_sends_dropout_to_flash_mma():
         assert "dropout" in dispatch.BACKWARD_FAMILIES[name].check(p, 90, 227 * 1024)
 
 
+def test_wgmma_tiles_with_dropout():
+    """flash_wgmma's rows with dropout: the table's, but three consumers whose acc and P
+    exceed DROPOUT_LIVE_REGS (D = 160) become two; causal query blocks shift by
+    multiples of 16 only (a warp's rows stay one row block of the mask)."""
+    from cupy_attention.families import flash_wgmma
+    from cupy_attention.variant import Variant
+
+    for d in range(64, 257, 8):
+        for causal in (False, True):
+            plain = flash_wgmma.tiles_for(d, causal)
+            cfg = flash_wgmma.tiles_for(d, causal, dropout=True)
+            assert (cfg != plain) == (d == 160), d
+            assert flash_wgmma.dropout_live(d, cfg[0], cfg[1]) <= \
+                flash_wgmma.DROPOUT_LIVE_REGS[cfg[0]]
+            assert flash_wgmma.smem_bytes(d, cfg) <= flash_wgmma.SMEM_LIMIT
+            both = flash_wgmma.tiles_for(d, causal, True, True)
+            assert both[1] <= flash_wgmma.tiles_for(d, causal, True)[1]
+            cands = flash_wgmma.candidates(d, causal, dropout=True)
+            assert cands[0] == cfg
+            assert all(flash_wgmma.config_fits(d, c, dropout=True) for c in cands[1:])
+    assert flash_wgmma.spec(64, "bfloat16", Variant(dropout=True)).name.endswith(",dropout]")
+    for sq, sk in ((200, 200), (130, 700), (1000, 1000), (65, 64), (300, 4000)):
+        for bm, bn in ((192, 128), (128, 128), (128, 64), (192, 96)):
+            shift = flash_wgmma.query_shift(sq, sk, bm, bn, True)
+            assert shift % 16 == 0 and 0 <= shift <= -(-sq // bm) * bm - sq
+    assert flash_wgmma.query_shift(145, 245, 128, 128) == 111   # unaligned without dropout
+    assert flash_wgmma.query_shift(145, 245, 128, 128, True) == 0
+
+
 def test_fwd_params_hold_the_draw():
     from cupy_attention.families.base import Tensors, fwd_params
     from cupy_attention.variant import dropout_params
