@@ -422,6 +422,22 @@ def test_wgmma_tiles_with_dropout():
     assert flash_wgmma.query_shift(145, 245, 128, 128, True) == 0
 
 
+def test_wgmma_backward_tiles_with_dropout():
+    """The flash_wgmma backward takes 64-query tiles with dropout (D <= 80 had 128),
+    and its deterministic dQ kernel is flash_mma's, which draws the same mask."""
+    from cupy_attention.families import flash_wgmma_bwd
+    from cupy_attention.variant import Variant
+
+    for d in range(64, 257, 8):
+        vt = Variant(True, dropout=True)
+        assert flash_wgmma_bwd.config(d, vt).block_m == 64
+        assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 80 else 64)
+        for deterministic in (False, True):
+            kernels = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16", vt,
+                                            deterministic)
+            assert sum("PhiloxDropout" in s.expr for s in kernels) == 1 + deterministic
+
+
 def test_fwd_params_hold_the_draw():
     from cupy_attention.families.base import Tensors, fwd_params
     from cupy_attention.variant import dropout_params
