@@ -379,18 +379,21 @@ def test_problem_carries_the_stream_and_the_variant_the_policy():
     assert drawn[1].dropout_offset == drawn[0].dropout_offset + 1
 
 
-def test_dispatch_sends_dropout_to_flash_mma():
+def test_dispatch_sends_dropout_to_the_tensor_core_families():
+    """flash_wgmma (forward and backward) on Hopper, flash_mma elsewhere; the others
+    decline dropout and say which families take it."""
     from cupy_attention import dispatch
 
     p = _problem(dropout_p=0.2, dropout_seed=1, dropout_offset=0)
-    for cc in (80, 90):
-        assert dispatch.choose(p, "auto", cc).name == "flash_mma"
-    for name in ("flash_wgmma", "decode", "flash", "tiled", "naive"):
-        assert "dropout" in (dispatch.FAMILIES[name].check(p, 90) or ""), name
-    bwd = dispatch.choose_backward(p, "auto", 90, 227 * 1024)
-    assert bwd.name == "flash_mma"
-    for name in ("flash_wgmma", "flash"):
-        assert "dropout" in dispatch.BACKWARD_FAMILIES[name].check(p, 90, 227 * 1024)
+    assert dispatch.choose(p, "auto", 80).name == "flash_mma"
+    assert dispatch.choose(p, "auto", 90).name == "flash_wgmma"
+    assert dispatch.FAMILIES["flash_mma"].check(p, 90) is None
+    for name in ("decode", "flash", "tiled", "naive"):
+        assert "dropout (flash_mma and flash_wgmma do)" in (dispatch.FAMILIES[name].check(p, 90)
+                                                           or ""), name
+    assert dispatch.choose_backward(p, "auto", 90, 227 * 1024).name == "flash_wgmma"
+    assert dispatch.choose_backward(p, "auto", 80, 163 * 1024).name == "flash_mma"
+    assert "dropout" in dispatch.BACKWARD_FAMILIES["flash"].check(p, 90, 227 * 1024)
 
 
 def test_wgmma_tiles_with_dropout():

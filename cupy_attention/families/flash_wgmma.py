@@ -317,7 +317,6 @@ class FlashWgmma(FlashMma):
     source = "flash_wgmma.cu"
     min_cc = 90
     ci_archs = ("sm_90a",)
-    dropout = False   # its consumers do not draw the keep bits yet: flash_mma runs dropout
 
     def head_dim_range(self) -> str:
         return "multiples of 8 from 64 to 256"

@@ -141,8 +141,6 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
                 f"device has {cc / 10:.1f}")
     if p.dtype not in ("float16", "bfloat16"):
         return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
-    if p.dropout_p:
-        return "the flash_wgmma backward takes no dropout (flash_mma's does)"
     c = config(p.head_dim, p.variant)
     if c is None:
         return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
