@@ -77,7 +77,8 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
         same seed and offset. ``dropout_seed`` (int, 64 bits) and ``dropout_offset``
         (int, 32 bits) default to the library's generator; pass them when the
         backward is wanted. The LSE is that of the undropped softmax. Runs on
-        ``flash_mma`` (``"auto"`` picks it).
+        ``flash_wgmma`` and ``flash_mma``, which drop the same elements (``"auto"``
+        picks as without dropout).
 
     Returns
     -------

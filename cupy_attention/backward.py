@@ -31,7 +31,7 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         passed to the forward (the slopes get no gradient).
     dropout_p, dropout_seed, dropout_offset : the forward's, all three (the seed is
         required with p > 0: the backward redraws the forward's keep mask). Runs on
-        ``flash_mma``'s backward.
+        the ``flash_wgmma`` and ``flash_mma`` backwards.
     out, lse : the forward's output and its log-sum-exp (``return_lse=True``),
         float32 [B, Hq, Sq]. P is recomputed from them, so nothing of size S^2 is
         stored between the passes or allocated here.

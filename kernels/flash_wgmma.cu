@@ -23,11 +23,12 @@
 //                    pass the turn; wait for S_j; release K_j
 //                    softmax of tile j (FragSoftmax, common/softmax.cuh) while P V runs
 //                    wait for P V; release V_{j-1}; rescale acc; P_j to 16-bit fragments
+//                    (dropout: the dropped halves cleared, VT::Drop::fragment_packed)
 //                  One named "turn" barrier per consumer keeps them in a round robin
 //                  (FA3's ping-pong, generalized): a softmax runs while the other
 //                  warpgroups' MMAs keep the tensor cores busy.
-//   Epilogue       acc / l_i stored from registers (16 bytes a thread after a
-//                  transpose in the quad), and the LSE.
+//   Epilogue       acc / l_i (times 1 / (1 - p) under dropout) stored from registers
+//                  (16 bytes a thread after a transpose in the quad), and the LSE.
 // Buffers change hands through mbarriers (Storage): full_k[i] completes when a K
 // tile's bytes have landed (the copy engine counts them), empty_k[i] when every
 // consumer warp is done reading it; the same for V, and q_full[c], q_empty[c] for
@@ -175,7 +176,8 @@ struct TileSlot {
 // a CUDA graph in a stream that had none yet) the blocks take fixed turns: round r
 // gives block x tile rG + x, or rG + G - 1 - x in odd rounds. Block m starts at
 // query row m * BLOCK_M - q_shift: with 0 < q_shift <= m_blocks * BLOCK_M - Sq (the
-// host picks it, causal only) the partial block of a length that is not a multiple
+// host picks it, causal only; a multiple of 16 under dropout, whose keep mask comes
+// in 16-row blocks) the partial block of a length that is not a multiple
 // of BLOCK_M comes first, where the causal band leaves the fewest keys. Its rows
 // before row 0 are zeros from the copy engine and never stored.
 // Order: with section = 0, head after head; with section = G > 0 (the host's choice:
@@ -395,6 +397,7 @@ struct Consumer {
   // (packed sequences: from the tile's slot, in `ragged`).
   int tile = 0, q0 = 0, n_begin = 0, n_blocks = 0, back = 0;  // back: TileScheduler::diagonal
   WorkTile ragged{};
+  int bh = 0;  // dropout (VT::Drop): the tile's (batch entry or sequence) * Hq + head
   typename VT::Head dense{};  // the variant's dense state of the tile's head (ALiBi: its slope)
   float acc[KT::D_TILES * 4];
   float s[KT::N_TILES * 4];   // S of the current tile, then P = exp2(S - m_i)
@@ -559,9 +562,14 @@ struct Consumer {
     softmax(j, true);
   }
 
-  // acc *= alpha (acc must be complete), then P -> 16-bit A fragments: two n8 groups
-  // of S are one k16 step of P V.
-  __device__ __forceinline__ void rescale_and_pack() {
+  // acc *= alpha (acc must be complete), then P of key tile j -> 16-bit A fragments:
+  // two n8 groups of S are one k16 step of P V. Dropout applies here, after the row
+  // sums (they and the LSE stay those of P): the dropped halves of the A fragments are
+  // cleared, and 1 / (1 - p) joins 1 / l_i in store(). This warp's 16 rows of the m64
+  // S tile are an m16n8 C fragment, so its keep flags are an mma fragment's (q0 + row0
+  // is a multiple of 16: the host shifts query blocks by multiples of 16 under
+  // dropout); acc and P alone are live, so the Philox rounds run here.
+  __device__ __forceinline__ void rescale_and_pack(int j) {
     sm.rescale(acc);
 #pragma unroll
     for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
@@ -571,6 +579,8 @@ struct Consumer {
       pa[ks][2] = MmaType<T>::pack(s0[4], s0[5]);
       pa[ks][3] = MmaType<T>::pack(s0[6], s0[7]);
     }
+    if constexpr (VT::Drop::enabled)
+      VT::Drop::template fragment_packed<KT::N_TILES>(sched.p, bh, q0 + row0, k0(j), lane, pa);
   }
 
   // Key step j >= 1: Q K_j^T and P_{j-1} V_{j-1} in flight, the softmax of tile j
@@ -611,7 +621,7 @@ struct Consumer {
     fence_regs(acc);
     fence_regs(pa);
     release_v();
-    rescale_and_pack();
+    rescale_and_pack(j);
   }
 
   // A work tile none of whose 64 rows of this consumer lie in [0, Sq) (a partial
@@ -651,7 +661,7 @@ struct Consumer {
       fence_regs(s);
       release_k();
       softmax(0, false);
-      rescale_and_pack();
+      rescale_and_pack(0);
       advance();
       for (int j = 1; j < n_blocks; ++j) {
         step(j);
@@ -681,7 +691,8 @@ struct Consumer {
     sm.finish();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv_l = sm.row[r].inv_l();
+      float inv_l = sm.row[r].inv_l();
+      if constexpr (VT::Drop::enabled) inv_l *= sched.p.dropout_scale;  // rescale_and_pack
       const int i = q0 + row0 + g + 8 * r;
       T* o_row = o_head + i64(i) * p.o_row_stride;
 #pragma unroll
@@ -718,10 +729,12 @@ struct Consumer {
         p = Seqs::template bind<T>(sched.p, seq);
         q0 = sched.q0(ragged.m_block);
         dense = VT::Dense::head(p, ragged.b, ragged.h);
+        if constexpr (VT::Drop::enabled) bh = ragged.b * p.heads_q + ragged.h;
       } else {
         const WorkTile w = sched.work(tile);
         q0 = sched.q0(w.m_block);
         dense = VT::Dense::head(p, w.b, w.h);
+        if constexpr (VT::Drop::enabled) bh = w.b * p.heads_q + w.h;
       }
       sched.keys(p, q0, n_begin, n_blocks);
       back = sched.diagonal(p, q0, n_begin, n_blocks);

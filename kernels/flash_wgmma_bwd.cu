@@ -71,12 +71,13 @@
 //        w + 2), each round's wgmma waited for and its dQ / scale added into
 //        dq_accum right away.
 //
-//      Then dK * scale and dV are staged through sK, sV and written with 16-byte
-//      stores: one block owns each key of a KV head, so dK and dV need no atomics
-//      and are bitwise reproducible. Split (SPLIT, atomic dQ mode only: the host's
-//      kv_splits, where the grid is small): kv_splits blocks share a block of keys,
-//      each a contiguous share of its query tiles (TileScheduler), and add their
-//      dK * scale and dV into zeroed fp32 dk_accum, dv_accum (red.global.add).
+//      Then dK * scale and dV (times 1 / (1 - p) under dropout) are staged through
+//      sK, sV and written with 16-byte stores: one block owns each key of a KV head,
+//      so dK and dV need no atomics and are bitwise reproducible. Split (SPLIT,
+//      atomic dQ mode only: the host's kv_splits, where the grid is small):
+//      kv_splits blocks share a block of keys, each a contiguous share of its query
+//      tiles (TileScheduler), and add the same dK and dV into zeroed fp32 dk_accum,
+//      dv_accum (red.global.add).
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
 //      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
@@ -97,6 +98,12 @@
 // logits transform (softcap) enters dS^T as d s / d dot (logits_grad_of_score,
 // variant.cuh) of the score recomputed from P: s2 = log2 P + lse2, the bias taken
 // back out (p_times_grad), so no register holds S^T past P^T.
+// Dropout (VT::Drop, DropBits): each thread draws the keep flags of its S^T elements
+// once per tile (a rolled Philox loop: one 16 x 16 block's registers at a time); dV
+// takes P^T keep (the dropped halves of P^T's A fragments cleared, 1 / (1 - p) applied
+// at the store) and dS^T = P^T (fac dP^T - delta) with fac = keep / (1 - p), delta
+// unchanged (dout . out). Both warpgroups of the wide kernel draw them (the same
+// elements of their accumulators).
 // Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
 // sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
 // read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
@@ -446,6 +453,42 @@ __device__ __forceinline__ void pack_a(u32 (&a)[KT::KV_STEPS][4],
       a[ks][e] = MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
 }
 
+// Dropout (VT::Drop): the keep flags of this thread's S^T elements (keys j0 + g +
+// 8 r, queries m0 + 8 nt + 2 t + c: an m16n8 C fragment transposed, per warp of the
+// m64 wgmma accumulator) of query head h, flat element i's at bit i (PhiloxDropout::
+// keep_row); nothing when dropout is off. The forward's P V took P fac (fac = keep /
+// (1 - p), 0 where dropped): dV takes P^T keep (clear; the scale at the store) and
+// dS^T = P^T (fac dP^T - delta) (apply to dP^T).
+template <class KT, class VT>
+struct DropBits {
+  // One register at BLOCK_M = 64 (with u64 ptxas spilled packed sequences with softcap
+  // at D = 120-128).
+  using Word = typename SelectType<KT::Q_TILES <= 8, u32, u64>::type;
+  Word bits = 0;
+  __device__ __forceinline__ DropBits(const FwdParams& f, int b, int h, int m0, int j0,
+                                      int lane) {
+    if constexpr (VT::Drop::enabled)
+      bits = VT::Drop::template keep_row<true, KT::Q_TILES, Word>(f, b * f.heads_q + h, j0, m0,
+                                                                  lane / 4, lane % 4);
+  }
+  // The dropped halves of P^T's A fragments (pack_a) cleared.
+  __device__ __forceinline__ void clear(u32 (&a)[KT::KV_STEPS][4]) const {
+    if constexpr (VT::Drop::enabled) {
+#pragma unroll
+      for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[ks][e] &= DropoutDraw::pair_mask(bits, 8 * ks + 2 * e);
+    }
+  }
+  // x times its elements' fac, in place (dP^T).
+  __device__ __forceinline__ void apply(const FwdParams& f, float (&x)[KT::BLOCK_M / 2]) const {
+    if constexpr (VT::Drop::enabled) {
+#pragma unroll
+      for (int i = 0; i < KT::BLOCK_M / 2; ++i) x[i] = VT::Drop::factor(f, bits, i) * x[i];
+    }
+  }
+};
+
 // dS^T [key][query] for dS K: da[ks][e] holds key key0 + g + 8 (e % 2), queries 16 ks
 // + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller fences and publishes.
 template <class KT>
@@ -604,14 +647,16 @@ struct Epilogue {
     T* out = static_cast<T*>(p.dk) + sched.b * p.dk_batch_stride + sched.h_kv * p.dk_head_stride;
     store_keys(dk, p.fwd.scale, st.k(), out, p.dk_row_stride, key0, lane);
   }
+  // dV was summed from P^T with the dropped elements cleared: 1 / (1 - p) here.
   template <bool SPLIT>
   __device__ __forceinline__ void store_dv(const float (&dv)[KT::D / 2], int key0, int lane) const {
+    const float mul = VT::Drop::enabled ? p.fwd.dropout_scale : 1.f;
     if constexpr (SPLIT) {
-      if (sched.end > sched.begin) add_keys(dv, 1.f, p.dv_accum, key0, lane);
+      if (sched.end > sched.begin) add_keys(dv, mul, p.dv_accum, key0, lane);
       return;
     }
     T* out = static_cast<T*>(p.dv) + sched.b * p.dv_batch_stride + sched.h_kv * p.dv_head_stride;
-    store_keys(dv, 1.f, st.v(), out, p.dv_row_stride, key0, lane);
+    store_keys(dv, mul, st.v(), out, p.dv_row_stride, key0, lane);
   }
 };
 
@@ -698,7 +743,10 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     fence_regs(s);
     const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
     p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+    // (Drawn here rather than before S^T and dP^T: fewer spills with packed sequences.)
+    const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     pack_a<KT>(pa, s);
+    drop.clear(pa);  // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T
     if constexpr (VT::Logits::kTransform)
       p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     wgmma_fence();
@@ -706,6 +754,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
 
     wgmma_wait<1>();
     fence_regs(dp);
+    drop.apply(f, dp);
     ds_from_dp<KT>(dp, s, st.delta(stage), t);
     pack_a<KT>(da, dp);
     wgmma_fence();
@@ -790,6 +839,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
+    // Both warpgroups hold the same elements of their X^T: each draws the keep flags,
+    // before X^T takes its registers.
+    const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
@@ -820,9 +872,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
         const float4 v = p_slots[i * 128];
         pt[4 * i] = v.x, pt[4 * i + 1] = v.y, pt[4 * i + 2] = v.z, pt[4 * i + 3] = v.w;
       }
+      drop.apply(f, x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
     }
     pack_a<KT>(xa, x);
+    if (wg == 0) drop.clear(xa);  // dV from P^T keep; warpgroup 1 took P^T itself
     if (ATOMIC_DQ && wg == 1) {
       store_ds<KT>(st.bytes(st.ds()), xa, key0, g, t);
       fence_proxy_async();

@@ -147,6 +147,123 @@ def test_device_header_draws_the_host_stream(tmp_path):
         assert np.array_equal(flags[..., n], want), n
 
 
+_WGMMA_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dropout.cuh"
+// One warpgroup's wgmma m64nN accumulator (PTX ISA, "wgmma D fragment"): thread T
+// (warp w = T / 32, lane: g = lane / 4, t = lane % 4) holds element i < N / 2 at row
+// 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1). For each element of a
+// tile it prints "query key flags unrolled": flags = 2 * (its half of the pair_mask of
+// its packed 16-bit pair: P's A fragments) + its bit of fragment_row (the factor of
+// dP^T), both what the kernels take, and unrolled = its bit of fragment_bits.
+template <bool TRANSPOSED, int N>
+void tile(const DropoutDraw& d, u32 bh, int r_corner, int c_corner) {
+  for (int T = 0; T < 128; ++T) {
+    const int w = T / 32, g = (T % 32) / 4, t = T % 4, r0 = r_corner + 16 * w;
+    if (r0 < 0) continue;   // rows before the sequence (a shifted query block)
+    const u64 row = d.fragment_row<TRANSPOSED>(bh, u32(r0 / 16), u32(c_corner / 16), N / 16, g, t);
+    u32 unrolled[N / 16];
+    d.fragment_bits<TRANSPOSED, N / 8>(bh, r0, c_corner, g, t, unrolled);
+    for (int i = 0; i < N / 2; ++i) {
+      const int r = r0 + g + 8 * ((i >> 1) & 1), c = c_corner + 8 * (i >> 2) + 2 * t + (i & 1);
+      const int flag = int((DropoutDraw::pair_mask(row, i & ~1) >> (16 * (i & 1))) & 1u) * 2 +
+                       int((row >> i) & 1u);   // packed word i / 2, half i % 2; bit i
+      printf("%d %d %d %d\n", TRANSPOSED ? c : r, TRANSPOSED ? r : c, flag,
+             int((unrolled[i / 8] >> (i % 8)) & 1u));
+    }
+  }
+}
+int main(int argc, char** argv) {
+  // seed offset threshold; then lines "fwd|bwd bh row_corner col_corner N" on stdin, each
+  // answered by its elements and a line "end"
+  unsigned long long seed = strtoull(argv[1], 0, 10);
+  DropoutDraw d{u32(seed), u32(seed >> 32), u32(strtoul(argv[2], 0, 10)),
+                u32(atoi(argv[3])), 1.f};
+  char kind[8];
+  unsigned bh;
+  int rc, cc, n;
+  while (scanf("%7s %u %d %d %d", kind, &bh, &rc, &cc, &n) == 5) {
+    const bool fwd = kind[0] == 'f';
+    switch (n * 2 + fwd) {
+      case 64 * 2 + 1: tile<false, 64>(d, bh, rc, cc); break;
+      case 80 * 2 + 1: tile<false, 80>(d, bh, rc, cc); break;
+      case 96 * 2 + 1: tile<false, 96>(d, bh, rc, cc); break;
+      case 112 * 2 + 1: tile<false, 112>(d, bh, rc, cc); break;
+      case 128 * 2 + 1: tile<false, 128>(d, bh, rc, cc); break;
+      case 64 * 2: tile<true, 64>(d, bh, rc, cc); break;
+      case 128 * 2: tile<true, 128>(d, bh, rc, cc); break;
+      default: return 2;
+    }
+    printf("end\n");
+  }
+  return 0;
+}
+"""
+
+
+def _wgmma_cases():
+    """(kind, b, h, row corner, column corner, N) of the tiles the Hopper kernels draw.
+
+    Forward (flash_wgmma, Consumer::rescale_and_pack): consumer c of a work tile from
+    query q0 holds rows q0 + 64 c .. of an m64 x BLOCK_N S tile at key k0 (a multiple
+    of BLOCK_N); q0 a multiple of 16, negative for a shifted first block. Backward
+    (flash_wgmma_bwd): a warpgroup's m64 x BLOCK_M S^T tile, its keys from n0 + 64 wg
+    (the narrow kernel, BLOCK_N = 128) or n0 (the wide one, BLOCK_N = 64), queries from
+    m0, a multiple of BLOCK_M."""
+    out = []
+    for n, q0, c, kb in ((128, 0, 0, 0), (128, 192, 2, 1), (112, -48, 0, 2), (112, 144, 1, 0),
+                         (96, 64, 1, 3), (80, 0, 2, 1), (64, -16, 0, 4), (64, 256, 1, 3)):
+        out.append(("fwd", 1, 2, q0 + 64 * c, kb * n, n))
+    for bm, n0, wg, mb in ((64, 0, 0, 0), (64, 128, 1, 3), (128, 256, 1, 1), (128, 0, 0, 2)):
+        out.append(("bwd", 0, 1, n0 + 64 * wg, mb * bm, bm))   # narrow kernel
+    for n0, mb in ((64, 2), (192, 0)):
+        out.append(("bwd", 1, 0, n0, mb * 64, 64))               # wide kernel
+    return out
+
+
+def test_wgmma_fragments_draw_the_host_mask(tmp_path):
+    """The keep flags the Hopper kernels give each element of their wgmma accumulators
+    (the PTX layout of an m64nN fragment, written out here independently of the
+    kernels) are keep_mask's, bit for bit: fragment_row's bits (the backward's factor
+    of dP^T; transposed there, S^T's keys as rows), pair_mask on P packed as A
+    fragments (the forward's P V, the backward's dV) and the unrolled fragment_bits
+    (flash_mma) alike; every element of each tile is drawn exactly once."""
+    import shutil
+    import subprocess
+
+    from cupy_attention import jit
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src = tmp_path / "wgmma.cpp"
+    src.write_text(_WGMMA_DRIVER)
+    exe = tmp_path / "wgmma"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{jit.kernels_dir()}/common", str(src), "-o",
+                    str(exe)], check=True, capture_output=True)
+    seed, offset, Hq, p = (5 << 36) + 987, 3, 3, 0.4
+    cases = _wgmma_cases()
+    stdin = "".join(f"{k} {b * Hq + h} {r} {c} {n}\n" for k, b, h, r, c, n in cases)
+    out = subprocess.run([str(exe), str(seed), str(offset), str(dropout.threshold(p))],
+                         input=stdin, check=True, capture_output=True, text=True).stdout
+    blocks = out.split("end\n")
+    assert len(blocks) == len(cases) + 1 and blocks[-1] == ""
+    want = dropout.keep_mask(seed, offset, 2, Hq, 512, 1024, p)
+    for (kind, b, h, r, c, n), block in zip(cases, blocks):
+        rows = np.array([[int(x) for x in line.split()] for line in block.splitlines()])
+        q, k = rows[:, 0], rows[:, 1]
+        keep = want[b, h, q, k]
+        assert np.array_equal(rows[:, 2] & 1, keep) and np.array_equal(rows[:, 2] >> 1, keep)
+        if kind == "fwd":   # rows of the 64 x N tile from r, those >= 0
+            tile = {(i, j) for i in range(max(r, 0), r + 64) for j in range(c, c + n)}
+        else:               # keys r .. r + 63, queries c .. c + n - 1
+            tile = {(i, j) for i in range(c, c + n) for j in range(r, r + 64)}
+        assert np.array_equal(rows[:, 3], keep), (kind, r, c, n)
+        assert len(rows) == len(tile) and set(zip(q.tolist(), k.tolist())) == tile
+        assert 0 < keep.mean() < 1
+
+
 def test_device_header_compiles_with_nvrtc():
     from cupy_attention import jit
 
@@ -262,18 +379,66 @@ def test_problem_carries_the_stream_and_the_variant_the_policy():
     assert drawn[1].dropout_offset == drawn[0].dropout_offset + 1
 
 
-def test_dispatch_sends_dropout_to_flash_mma():
+def test_dispatch_sends_dropout_to_the_tensor_core_families():
+    """flash_wgmma (forward and backward) on Hopper, flash_mma elsewhere; the others
+    decline dropout and say which families take it."""
     from cupy_attention import dispatch
 
     p = _problem(dropout_p=0.2, dropout_seed=1, dropout_offset=0)
-    for cc in (80, 90):
-        assert dispatch.choose(p, "auto", cc).name == "flash_mma"
-    for name in ("flash_wgmma", "decode", "flash", "tiled", "naive"):
-        assert "dropout" in (dispatch.FAMILIES[name].check(p, 90) or ""), name
-    bwd = dispatch.choose_backward(p, "auto", 90, 227 * 1024)
-    assert bwd.name == "flash_mma"
-    for name in ("flash_wgmma", "flash"):
-        assert "dropout" in dispatch.BACKWARD_FAMILIES[name].check(p, 90, 227 * 1024)
+    assert dispatch.choose(p, "auto", 80).name == "flash_mma"
+    assert dispatch.choose(p, "auto", 90).name == "flash_wgmma"
+    assert dispatch.FAMILIES["flash_mma"].check(p, 90) is None
+    for name in ("decode", "flash", "tiled", "naive"):
+        assert "dropout (flash_mma and flash_wgmma do)" in (dispatch.FAMILIES[name].check(p, 90)
+                                                           or ""), name
+    assert dispatch.choose_backward(p, "auto", 90, 227 * 1024).name == "flash_wgmma"
+    assert dispatch.choose_backward(p, "auto", 80, 163 * 1024).name == "flash_mma"
+    assert "dropout" in dispatch.BACKWARD_FAMILIES["flash"].check(p, 90, 227 * 1024)
+
+
+def test_wgmma_tiles_with_dropout():
+    """flash_wgmma's rows with dropout: the table's, but three consumers whose acc and P
+    exceed DROPOUT_LIVE_REGS (D = 160) become two; causal query blocks shift by
+    multiples of 16 only (a warp's rows stay one row block of the mask)."""
+    from cupy_attention.families import flash_wgmma
+    from cupy_attention.variant import Variant
+
+    for d in range(64, 257, 8):
+        for causal in (False, True):
+            plain = flash_wgmma.tiles_for(d, causal)
+            cfg = flash_wgmma.tiles_for(d, causal, dropout=True)
+            assert (cfg != plain) == (d == 160), d
+            assert flash_wgmma.dropout_live(d, cfg[0], cfg[1]) <= \
+                flash_wgmma.DROPOUT_LIVE_REGS[cfg[0]]
+            assert flash_wgmma.smem_bytes(d, cfg) <= flash_wgmma.SMEM_LIMIT
+            both = flash_wgmma.tiles_for(d, causal, True, True)
+            assert both[1] <= flash_wgmma.tiles_for(d, causal, True)[1]
+            cands = flash_wgmma.candidates(d, causal, dropout=True)
+            assert cands[0] == cfg
+            assert all(flash_wgmma.config_fits(d, c, dropout=True) for c in cands[1:])
+    assert flash_wgmma.spec(64, "bfloat16", Variant(dropout=True)).name.endswith(",dropout]")
+    for sq, sk in ((200, 200), (130, 700), (1000, 1000), (65, 64), (300, 4000)):
+        for bm, bn in ((192, 128), (128, 128), (128, 64), (192, 96)):
+            shift = flash_wgmma.query_shift(sq, sk, bm, bn, True)
+            assert shift % 16 == 0 and 0 <= shift <= -(-sq // bm) * bm - sq
+    assert flash_wgmma.query_shift(145, 245, 128, 128) == 111   # unaligned without dropout
+    assert flash_wgmma.query_shift(145, 245, 128, 128, True) == 0
+
+
+def test_wgmma_backward_tiles_with_dropout():
+    """The flash_wgmma backward takes 64-query tiles with dropout (D <= 80 had 128),
+    and its deterministic dQ kernel is flash_mma's, which draws the same mask."""
+    from cupy_attention.families import flash_wgmma_bwd
+    from cupy_attention.variant import Variant
+
+    for d in range(64, 257, 8):
+        vt = Variant(True, dropout=True)
+        assert flash_wgmma_bwd.config(d, vt).block_m == 64
+        assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 80 else 64)
+        for deterministic in (False, True):
+            kernels = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16", vt,
+                                            deterministic)
+            assert sum("PhiloxDropout" in s.expr for s in kernels) == 1 + deterministic
 
 
 def test_fwd_params_hold_the_draw():

@@ -168,7 +168,7 @@ class Family:
         if p.varlen and not self.varlen:
             return f"{self.name} takes no packed sequences (flash_mma and flash_wgmma do)"
         if p.dropout_p and not self.dropout:
-            return f"{self.name} takes no dropout (flash_mma does)"
+            return f"{self.name} takes no dropout (flash_mma and flash_wgmma do)"
         if p.dtype not in self.dtypes:
             return f"{self.name} takes {', '.join(self.dtypes)}, not {p.dtype}"
         if p.head_dim > self.max_head_dim:

@@ -162,7 +162,7 @@ def check(p: Problem, cc: int | None) -> str | None:
     if p.varlen:
         return "the flash backward takes no packed sequences (flash_mma and flash_wgmma do)"
     if p.dropout_p:
-        return "the flash backward takes no dropout (flash_mma's does)"
+        return "the flash backward takes no dropout (flash_mma's and flash_wgmma's do)"
     if p.dtype not in DTYPES:
         return f"the flash backward takes {', '.join(DTYPES)}, not {p.dtype}"
     if p.head_dim > 256:

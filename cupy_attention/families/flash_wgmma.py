@@ -81,13 +81,17 @@ def d_pad(head_dim: int) -> int:
     return -(-head_dim // 64) * 64
 
 
-def tiles_for(head_dim: int, causal: bool = False, transforms: bool = False):
+def tiles_for(head_dim: int, causal: bool = False, transforms: bool = False,
+              dropout: bool = False):
     """(consumer warpgroups, BLOCK_N, blocks per SM, STAGES) for this head dim and mask;
-    ``transforms``: the variant transforms the score (softcap, ALiBi: :func:`narrowed`)."""
+    ``transforms``: the variant transforms the score (softcap, ALiBi), ``dropout``: it
+    drops probabilities (:func:`narrowed`)."""
     for bound, plain, causal_cfg, _ in TILES:
         if head_dim <= bound:
             cfg = causal_cfg if causal else plain
-            return narrowed(head_dim, cfg) if transforms else cfg
+            if transforms:
+                cfg = narrowed(head_dim, cfg)
+            return narrowed(head_dim, cfg, DROPOUT_LIVE_REGS, dropout_live) if dropout else cfg
     raise ValueError(f"flash_wgmma has no tile config for D={head_dim}")
 
 
@@ -102,19 +106,34 @@ def payload(head_dim: int, consumers: int, block_n: int) -> int:
 # (benchmarks/results/notes-alibi.md). Those variants take the row narrowed to these.
 TRANSFORM_PAYLOAD_REGS = {3: 116, 2: 168}
 
+def dropout_live(head_dim: int, consumers: int, block_n: int) -> int:
+    """What a consumer holds beside dropout's Philox rounds (after the softmax, P
+    packed): acc D/2 + P BLOCK_N/4."""
+    return block_n // 4 + -(-head_dim // 2)
 
-def narrowed(head_dim: int, cfg) -> tuple:
-    """``cfg`` with BLOCK_N lowered (by 16, to 64 at least) until the payload fits
-    TRANSFORM_PAYLOAD_REGS; three consumers that do not fit at 64 become two (BLOCK_N
-    as wide as payload and shared memory allow), and the stages drop to what the
-    shared memory holds."""
+
+# Dropout clears the dropped halves of P's 16-bit A fragments, one Philox call per 16
+# keys of a warp's rows in a rolled loop (PhiloxDropout::fragment_packed), where acc
+# and P are live. With the table's rows (ptxas of CUDA 13, sm_90a) three consumers
+# spilled 8-56 bytes at D = 160 (acc 80 + P 16 registers) and nothing up to D = 152
+# (92), whatever the band; two consumers nothing up to D = 256 (144) except with
+# packed sequences at D = 248-256 (16-120 bytes; 12 at D = 232 with a window and
+# softcap) and causal ALiBi at D = 248 (16), where no narrower row exists. Dropout
+# takes the rows narrowed to these (at D = 160: two consumers, BLOCK_N = 112).
+DROPOUT_LIVE_REGS = {3: 92, 2: 144}
+
+
+def narrowed(head_dim: int, cfg, cap: dict = TRANSFORM_PAYLOAD_REGS, regs=payload) -> tuple:
+    """``cfg`` with BLOCK_N lowered (by 16, to 64 at least) until ``regs`` (the
+    payload, or :func:`dropout_live`) fits ``cap``; three consumers that do not fit at
+    64 become two (BLOCK_N as wide as ``cap`` and shared memory allow), and the stages
+    drop to what the shared memory holds."""
     consumers, block_n, min_blocks, stages = cfg
-    cap = TRANSFORM_PAYLOAD_REGS
-    while block_n > 64 and payload(head_dim, consumers, block_n) > cap[consumers]:
+    while block_n > 64 and regs(head_dim, consumers, block_n) > cap[consumers]:
         block_n -= 16
-    if consumers == 3 and payload(head_dim, consumers, block_n) > cap[3]:
+    if consumers == 3 and regs(head_dim, consumers, block_n) > cap[3]:
         consumers, block_n = 2, 128
-        while block_n > 64 and (payload(head_dim, consumers, block_n) > cap[2] or smem_bytes(
+        while block_n > 64 and (regs(head_dim, consumers, block_n) > cap[2] or smem_bytes(
                 head_dim, (consumers, block_n, min_blocks, 2)) > SMEM_LIMIT):
             block_n -= 16
     while stages > 2 and smem_bytes(head_dim,
@@ -132,7 +151,8 @@ def smem_bytes(head_dim: int, cfg) -> int:
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
-    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal, vt.transforms)
+    consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal, vt.transforms,
+                                                              vt.dropout)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
     expr = f"flash_wgmma_fwd<{traits}, {vt.cpp()}>"
@@ -153,30 +173,33 @@ SMEM_LIMIT = 227 * 1024
 
 
 def config_fits(head_dim: int, cfg, smem_limit: int = SMEM_LIMIT,
-                transforms: bool = False) -> bool:
+                transforms: bool = False, dropout: bool = False) -> bool:
     """Whether ``cfg`` is one the kernel compiles for ``head_dim`` without spilling (by
     the payload rule above; TRANSFORM_PAYLOAD_REGS for variants that transform the
-    score) and whose shared memory fits ``smem_limit``."""
+    score, and DROPOUT_LIVE_REGS with dropout) and whose shared memory fits
+    ``smem_limit``."""
     consumers, block_n, min_blocks, stages = cfg
     caps = TRANSFORM_PAYLOAD_REGS if transforms else PAYLOAD_REGS
     return (consumers in caps and block_n % 16 == 0 and 64 <= block_n <= 256
             and min_blocks == 1 and stages in (2, 3)
             and payload(head_dim, consumers, block_n) <= caps[consumers]
+            and (not dropout or dropout_live(head_dim, consumers, block_n)
+                 <= DROPOUT_LIVE_REGS[consumers])
             and smem_bytes(head_dim, cfg) <= smem_limit)
 
 
 def candidates(head_dim: int, causal: bool, smem_limit: int = SMEM_LIMIT,
-               transforms: bool = False) -> list[tuple]:
+               transforms: bool = False, dropout: bool = False) -> list[tuple]:
     """The table's config first, then the other mask's row, then its neighbours: the
     same consumers before the other count, the nearest BLOCK_N, the same stages."""
-    table = tiles_for(head_dim, causal, transforms)
+    table = tiles_for(head_dim, causal, transforms, dropout)
     out = [table]
-    other = tiles_for(head_dim, not causal, transforms)
-    if other != table and config_fits(head_dim, other, smem_limit, transforms):
+    other = tiles_for(head_dim, not causal, transforms, dropout)
+    if other != table and config_fits(head_dim, other, smem_limit, transforms, dropout):
         out.append(other)
     pool = [(c, n, 1, st) for c in (3, 2) for n in CANDIDATE_BLOCK_NS for st in (3, 2)]
     pool = [cfg for cfg in pool
-            if cfg not in out and config_fits(head_dim, cfg, smem_limit, transforms)]
+            if cfg not in out and config_fits(head_dim, cfg, smem_limit, transforms, dropout)]
     pool.sort(key=lambda cfg: (cfg[0] != table[0], abs(cfg[1] - table[1]), cfg[3] != table[3],
                                cfg[1]))
     return out + pool[:MAX_CANDIDATES - len(out)]
@@ -197,9 +220,12 @@ def _tile_maps(geometry) -> tma.TileMaps:
 
 
 @functools.lru_cache(maxsize=256)
-def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int:
+def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
+                aligned: bool = False) -> int:
     """Where the causal kernel's query blocks start: block m at row
-    ``m * block_m - shift``, 0 <= shift <= the rows the last block overhangs.
+    ``m * block_m - shift``, 0 <= shift <= the rows the last block overhangs; with
+    ``aligned`` (dropout) a multiple of 16, so that each warp's 16 rows are one row
+    block of the keep mask (``cupy_attention.dropout``).
 
     A shift moves the partial block of a length that is not a multiple of BLOCK_M
     from the end, where the causal mask gives it the most key tiles, to the start,
@@ -216,7 +242,10 @@ def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int) -> int
     excess = m_blocks * block_m - seqlen_q
     if excess == 0:
         return 0
-    shifts = np.array(sorted(set(range(0, excess, 16)) | {excess}))[:, None]
+    shifts = set(range(0, excess, 16)) | {excess}
+    if aligned:
+        shifts = {x for x in shifts if x % 16 == 0}
+    shifts = np.array(sorted(shifts))[:, None]
     q0 = np.arange(m_blocks)[None, :] * block_m - shifts
     k_end = np.clip(np.minimum(q0 + block_m, seqlen_q) + (seqlen_k - seqlen_q), 0, seqlen_k)
     key_tiles = -(-k_end // block_n)
@@ -288,7 +317,6 @@ class FlashWgmma(FlashMma):
     source = "flash_wgmma.cu"
     min_cc = 90
     ci_archs = ("sm_90a",)
-    dropout = False   # its consumers do not draw the keep bits yet: flash_mma runs dropout
 
     def head_dim_range(self) -> str:
         return "multiples of 8 from 64 to 256"
@@ -323,8 +351,8 @@ class FlashWgmma(FlashMma):
             shift = section = np.int32(0)
         else:
             tiles = -(-p.seqlen_q // block_m) * p.heads_q * p.batch
-            shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, block_m, cfg[1])
-                             if p.causal else 0)
+            shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, block_m, cfg[1],
+                                         p.variant.dropout) if p.causal else 0)
             section = np.int32(l2_section(p))
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
 
@@ -342,10 +370,11 @@ class FlashWgmma(FlashMma):
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
     def table_config(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> tuple:
-        return tiles_for(p.head_dim, p.causal, p.variant.transforms)
+        return tiles_for(p.head_dim, p.causal, p.variant.transforms, p.variant.dropout)
 
     def candidates(self, p: Problem, smem_limit: int = SMEM_LIMIT) -> list[tuple]:
-        return candidates(p.head_dim, p.causal, smem_limit, p.variant.transforms)
+        return candidates(p.head_dim, p.causal, smem_limit, p.variant.transforms,
+                          p.variant.dropout)
 
     def ci_specs(self) -> list[jit.KernelSpec]:
         out = []
@@ -367,5 +396,15 @@ class FlashWgmma(FlashMma):
                       (160, Variant(True, softcap=30.0, dense="alibi")),
                       (192, Variant(dense="alibi")), (256, Variant(True, dense="alibi")),
                       (128, Variant(True, dense="alibi", ragged=True))):
+            out.append(spec(d, "bfloat16", vt))
+        # dropout (DROPOUT_LIVE_REGS: D = 160 on two consumers), alone and with the others
+        for d, causal in ((64, False), (64, True), (128, False), (128, True), (160, False),
+                          (192, True), (256, True)):
+            out.append(spec(d, "float16" if causal else "bfloat16", Variant(causal, dropout=True)))
+        for d, vt in ((80, Variant(True, (64, 0), dropout=True)),
+                      (128, Variant(True, softcap=30.0, dropout=True)),
+                      (128, Variant(True, ragged=True, dropout=True)),
+                      (192, Variant(True, ragged=True, dropout=True)),
+                      (256, Variant(True, dense="alibi", dropout=True))):
             out.append(spec(d, "bfloat16", vt))
         return out

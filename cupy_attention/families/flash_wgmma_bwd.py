@@ -114,9 +114,12 @@ class Config:
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
 # dP^T): ptxas (CUDA 13) spilled 512-600 bytes at D = 64-80, and still 116-216 once
 # its division became a multiplication, so softcap takes the 64-row tiles of the next
-# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles.
+# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout too
+# takes the 64-row tiles: with its keep flags (drawn per tile, live until dS^T) the
+# 128-row tiles spilled 450-760 bytes at D = 64-80; the 64-row ones spill nothing up to
+# D = 256, with softcap, ALiBi, windows and packed sequences too.
 def _narrow_rows(vt: Variant | None) -> bool:
-    return vt is not None and bool(vt.softcap)
+    return vt is not None and (bool(vt.softcap) or vt.dropout)
 
 
 def config(head_dim: int, vt: Variant | None = None) -> Config | None:
@@ -189,8 +192,6 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
                 f"device has {cc / 10:.1f}")
     if p.dtype not in ("float16", "bfloat16"):
         return f"the flash_wgmma backward takes float16, bfloat16, not {p.dtype}"
-    if p.dropout_p:
-        return "the flash_wgmma backward takes no dropout (flash_mma's does)"
     c = config(p.head_dim, p.variant)
     if c is None:
         return (f"the flash_wgmma backward takes head dims that are multiples of 8 from 64 "
@@ -267,4 +268,13 @@ def ci_specs() -> list[jit.KernelSpec]:
         out.append(dkdv_spec(config(d), dtype, Variant(causal), True, True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt), "bfloat16", vt, True, True))
+    # dropout, on its rows (_narrow_rows), both dQ modes
+    for d, causal in ((64, True), (80, False), (128, True), (136, False), (256, True)):
+        vt = Variant(causal, dropout=True)
+        for atomic in (True, False):
+            out.append(dkdv_spec(config(d, vt), "float16" if causal else "bfloat16", vt, atomic))
+    for d, vt in ((128, Variant(True, softcap=30.0, dropout=True)),
+                  (128, Variant(True, (32, 0), 30.0, ragged=True, dropout=True)),
+                  (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
     return out

@@ -13,7 +13,9 @@
 //   key     = (seed low word, seed high word)
 // with ib = i / 16, jb = j / 16; the element takes half (i % 16 / 8) * 4 + (j % 16 / 8)
 // * 2 + j % 2 of the four output words (word w: half 2w in its low 16 bits, 2w + 1
-// in its high ones).
+// in its high ones). A warp's 16 rows of a wgmma m64nN accumulator are laid out as
+// an mma C fragment, so flash_wgmma draws the same way (fragment_row: the blocks one
+// after the other, for its register budget; transposed for the backward's S^T).
 #pragma once
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 #include "types.cuh"
@@ -105,5 +107,47 @@ struct DropoutDraw {
           bits |= u32(kept(x, nt * 4 + r * 2 + g % 2, threshold)) << (nt * 4 + 2 * r + e);
     }
     return bits;
+  }
+  // fragment()'s flags of the n <= 8 blocks (rb, cb0 + m), m < n, of a block row, block
+  // m's in bits 8 m .. 8 m + 7; TRANSPOSED: fragment_transposed()'s of the blocks
+  // (query block cb0 + m, key block rb) of a key block row. One block after the other
+  // in a rolled loop, which keeps one block's Philox registers live (flash_wgmma's
+  // consumers, whose accumulators leave few).
+  template <bool TRANSPOSED, class Word = u64>
+  CA_HD Word fragment_row(u32 bh, u32 rb, u32 cb0, int n, int g, int t) const {
+    Word bits = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+    for (int m = 0; m < n; ++m) {
+      const u32 cb = cb0 + u32(m);
+      const u32 x = TRANSPOSED ? fragment_transposed(bh, cb, rb, g, t) : fragment(bh, rb, cb, g, t);
+      bits |= Word(x) << (8 * m);
+    }
+    return bits;
+  }
+  // The AND mask that clears the dropped halves of a 16-bit pair holding flat elements x
+  // (low half) and x + 1 (high half) of a fragment_row() (x even): P packed as an A
+  // fragment (flash_wgmma).
+  CA_HD static u32 pair_mask(u64 bits, int x) {
+    const u32 b = u32(bits >> x);
+    return (b & 1u ? 0x0000ffffu : 0u) | (b & 2u ? 0xffff0000u : 0u);
+  }
+  // A thread's keep flags over an accumulator of N_TILES n8 groups in the m16n8 C
+  // layout: an mma.sync C fragment, or one warp's 16 rows of a wgmma m64nN
+  // accumulator (the same layout per warp). Flat element x = nt * 4 + 2 r + e is row
+  // r0 + g + 8 r, column c0 + 8 nt + 2 t + e (r0, c0 multiples of 16); its flag is bit
+  // x % 8 of bits[x / 8], one word per 16 x 16 block. TRANSPOSED: rows are keys and
+  // columns queries (the backward's S^T).
+  template <bool TRANSPOSED, int N_TILES>
+  CA_HD void fragment_bits(u32 bh, int r0, int c0, int g, int t,
+                           u32 (&bits)[N_TILES / 2]) const {
+    static_assert(N_TILES % 2 == 0, "whole 16 x 16 blocks");
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int m = 0; m < N_TILES / 2; ++m)
+      bits[m] = TRANSPOSED ? fragment_transposed(bh, u32(c0 / 16 + m), u32(r0 / 16), g, t)
+                           : fragment(bh, u32(r0 / 16), u32(c0 / 16 + m), g, t);
   }
 };

@@ -1,9 +1,9 @@
 // Attention variants: which keys a query row sees, and what becomes of its logits.
 //
-// A variant is one type, Variant<BandT, LogitsT, DenseT, SeqsT>, chosen on the host
-// and instantiated into every kernel family; nothing of it exists at run time when
-// it is off. Coordinates are those of one (batch, head): query row i in [0, Sq), key
-// j in [0, Sk). Four independent parts:
+// A variant is one type, Variant<BandT, LogitsT, DenseT, SeqsT, DropT>, chosen on the
+// host and instantiated into every kernel family; nothing of it exists at run time
+// when it is off. Coordinates are those of one (batch, head): query row i in [0, Sq),
+// key j in [0, Sk). Five independent parts:
 //   band     row i sees the keys [row_begin(i), row_end(i)): one interval per row,
 //            clipped to [0, Sk). Band<LO, HI> with each bound present or not; the
 //            host folds the causal alignment and a window (left, right) into two
@@ -21,6 +21,9 @@
 //            sequences of different lengths: seqs.cuh). A kernel binds the params to
 //            its tile's sequence (Seqs::bind) and everything above reads the bound
 //            params, so band, logits and masks work per sequence unchanged.
+//   drop     NoDropout, or PhiloxDropout: P times keep / (1 - p) after the softmax's
+//            row sums, keep drawn per 16 x 16 block of an mma (or wgmma) accumulator
+//            (dropout.cuh); the tensor-core families only.
 //
 // What a kernel asks of a variant (all warp-uniform unless it names a row):
 //   kv_begin(p, q_first), kv_end(p, q_last)   the keys any row of [q_first, q_last]
@@ -174,25 +177,48 @@ struct PhiloxDropout {
 #pragma unroll
     for (int x = 0; x < N_TILES * 4; ++x) s[x] = factor(p, bits, x) * s[x];
   }
+  // The same for P already rounded to 16-bit A fragments (m16n8k16 / wgmma A from
+  // registers: word e of k16 step m holds flat elements 8 m + 2 e in its low half and
+  // 8 m + 2 e + 1 in its high half): dropped halves cleared, kept ones left as they are,
+  // so the caller scales the product P V by dropout_scale (flash_wgmma: with 1 / l_i).
+  template <int N_TILES>
+  __device__ __forceinline__ static void fragment_packed(const FwdParams& p, int bh, int i0,
+                                                         int j0, int lane,
+                                                         u32 (&a)[N_TILES / 2][4]) {
+    const u64 bits = keep_row<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4);
+#pragma unroll
+    for (int m = 0; m < N_TILES / 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[m][e] &= DropoutDraw::pair_mask(bits, 8 * m + 2 * e);
+  }
   // The keep flags of a thread's C fragment over N_TILES n8 tiles (16 x 16 blocks of
   // 8 flags, bit x % 8 of bits[x / 8] for flat element x), rows g and g + 8 from row
   // corner r0, columns from c0 (multiples of 16); TRANSPOSED: rows are keys.
   template <bool TRANSPOSED, int N_TILES>
   __device__ __forceinline__ static void keep_bits(const FwdParams& p, int bh, int r0, int c0,
                                                    int g, int t, u32 (&bits)[N_TILES / 2]) {
-    static_assert(N_TILES % 2 == 0, "whole 16 x 16 blocks");
-    const DropoutDraw d = draw(p);
-#pragma unroll
-    for (int m = 0; m < N_TILES / 2; ++m)
-      bits[m] = TRANSPOSED
-                    ? d.fragment_transposed(u32(bh), u32(c0 / 16 + m), u32(r0 / 16), g, t)
-                    : d.fragment(u32(bh), u32(r0 / 16), u32(c0 / 16 + m), g, t);
+    draw(p).template fragment_bits<TRANSPOSED, N_TILES>(u32(bh), r0, c0, g, t, bits);
+  }
+  // keep_bits' flags in one Word, flat element x's at bit x (N_TILES <= 16; <= 8 for
+  // u32), drawn one 16 x 16 block after the other (DropoutDraw::fragment_row): for
+  // kernels whose accumulators leave few registers beside the Philox rounds
+  // (flash_wgmma).
+  template <bool TRANSPOSED, int N_TILES, class Word = u64>
+  __device__ __forceinline__ static Word keep_row(const FwdParams& p, int bh, int r0, int c0,
+                                                  int g, int t) {
+    static_assert(N_TILES % 2 == 0 && N_TILES * 4 <= 8 * int(sizeof(Word)),
+                  "whole 16 x 16 blocks, as many flags as the word holds");
+    return draw(p).template fragment_row<TRANSPOSED, Word>(
+        u32(bh), u32(r0 / 16), u32(c0 / 16), N_TILES / 2, g, t);
   }
   // Flat element x's factor: the scale where kept, 0 where dropped (selected, so a
   // dropped inf or NaN stays out).
   template <int B>
   __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&bits)[B], int x) {
     return (bits[x / 8] >> (x % 8)) & 1u ? p.dropout_scale : 0.f;
+  }
+  __device__ __forceinline__ static float factor(const FwdParams& p, u64 bits, int x) {
+    return (bits >> x) & 1u ? p.dropout_scale : 0.f;
   }
 };
 
