@@ -1,6 +1,6 @@
 """Attention dropout's random stream, on the host: Philox4x32-10 and the keep mask.
 
-The kernels (kernels/common/dropout.cuh, to come) and this module must draw the same
+The kernels (kernels/common/dropout.cuh) and this module must draw the same
 bits, so tests can rebuild a kernel's mask here. Element (b, h, i, j) (b the batch or
 packed-sequence index, h the query head, i the query row, j the key) is kept iff its
 16-bit value u >= T, T = round(p * 65536): p is quantized to 1/65536 and the kept

@@ -272,7 +272,8 @@ def test_device_header_compiles_with_nvrtc():
     src = ('#include "common/dropout.cuh"\n'
            'extern "C" __global__ void k(DropoutDraw d, unsigned* out) {\n'
            '  out[threadIdx.x] = d.fragment(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4) |\n'
-           '                     (d.keep(1, threadIdx.x, 5) << 8);\n}\n')
+           '                     (d.fragment_transposed(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4) << 8) |\n'
+           '                     (d.keep(1, threadIdx.x, 5) << 16);\n}\n')
     for arch in ("sm_80", "sm_90a"):
         ok, log = nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", f"-arch={arch}"])
         assert ok, log

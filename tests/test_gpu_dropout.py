@@ -280,3 +280,43 @@ def test_packed_sequences(kernel, device_cc):
     for g, r in zip(grads, refs):
         scale = max(1.0, float(abs(r).max()))
         assert float(abs(g.get().astype(np.float64) - r).max()) <= 1e-2 * scale
+
+
+def test_device_transposed_fragments_match_keep_mask(device_cc):
+    """DropoutDraw::fragment_transposed on the device (each lane draws its forward
+    fragment, the transposed flags come from two other lanes by shuffles) gives
+    keep_mask's bits: warp w of a 16-warp block draws S^T block (query block w // 4,
+    key block w % 4) of head row 3, bit nt * 4 + 2 r + e = key g + 8 r, query 8 nt + 2 t + e."""
+    import cupy
+
+    from cupy_attention import device, jit
+
+    seed, offset, p = (5 << 32) + 123, 9, 0.3
+    src = ('#include "common/dropout.cuh"\n'
+           'extern "C" __global__ void k(u32 k0, u32 k1, u32 offset, u32 thr, u32* out) {\n'
+           '  const DropoutDraw d{k0, k1, offset, thr, 1.f};\n'
+           '  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;\n'
+           '  out[threadIdx.x] = d.fragment_transposed(3, w / 4, w % 4, lane / 4, lane % 4);\n'
+           '}\n')
+    cubin, names, log = jit.compile_source(src, "transposed_probe.cu", ["k"],
+                                           device.device_arch(cupy.cuda.runtime.getDevice()))
+    assert cubin is not None, log
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    out = cupy.zeros(16 * 32, dtype=cupy.uint32)
+    module.get_function(names["k"])(
+        (1, 1, 1), (16 * 32, 1, 1),
+        (np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32), np.uint32(offset),
+         np.uint32(dropout.threshold(p)), out))
+    got = out.get()
+    keep = dropout.keep_mask(seed, offset, 1, 4, 64, 64, p)[0, 3]   # [query, key]
+    want = np.zeros_like(got)
+    for x in range(16 * 32):
+        w, lane = divmod(x, 32)
+        g, t = divmod(lane, 4)
+        for nt in range(2):
+            for r in range(2):
+                for e in range(2):
+                    i, j = 16 * (w // 4) + 8 * nt + 2 * t + e, 16 * (w % 4) + g + 8 * r
+                    want[x] |= np.uint32(int(keep[i, j])) << np.uint32(nt * 4 + 2 * r + e)
+    assert np.array_equal(got, want), f"{int((got != want).sum())} of {got.size} lanes differ"

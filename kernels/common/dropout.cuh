@@ -96,16 +96,33 @@ struct DropoutDraw {
   }
   // The same for a transposed fragment (the backward's S^T: rows are keys, columns
   // queries): bit nt * 4 + 2 r + e is key g + 8 r, query 8 nt + 2 t + e of block (ib,
-  // jb). Its elements sit in two threads' draws of the forward's order (query rows 2t
-  // and 2t + 1 modulo 8), so two Philox calls.
+  // jb). Its elements sit in two threads' draws of the forward's order: lanes (2t + e)
+  // * 4 + g / 2, e = 0, 1 (query rows 2t + e modulo 8, keys g / 2 * 2 .. + 1 modulo 8),
+  // their bits r * 4 + 2 nt + g % 2. On the device the whole warp calls it for one
+  // block, g = lane / 4 and t = lane % 4: each lane draws its own forward fragment (one
+  // Philox call) and takes its flags from those two lanes (two shuffles). The host
+  // (the references and the bit-exactness test) draws both itself.
   CA_HD u32 fragment_transposed(u32 bh, u32 ib, u32 jb, int g, int t) const {
     u32 bits = 0;
+#if defined(__CUDA_ARCH__)
+    const u32 own = fragment(bh, ib, jb, g, t);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const u32 x = __shfl_sync(0xffffffffu, own, (2 * t + e) * 4 + g / 2) >> (g % 2);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          bits |= ((x >> (r * 4 + 2 * nt)) & 1u) << (nt * 4 + 2 * r + e);
+    }
+#else
     for (int e = 0; e < 2; ++e) {
       const Philox4 x = block(bh, ib, jb, u32(2 * t + e), u32(g / 2));
       for (int nt = 0; nt < 2; ++nt)
         for (int r = 0; r < 2; ++r)
           bits |= u32(kept(x, nt * 4 + r * 2 + g % 2, threshold)) << (nt * 4 + 2 * r + e);
     }
+#endif
     return bits;
   }
   // fragment()'s flags of the n <= 8 blocks (rb, cb0 + m), m < n, of a block row, block
