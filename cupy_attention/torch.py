@@ -58,6 +58,13 @@ def _stream(dropout_p: float, dropout_seed: int, dropout_offset: int) -> torch.T
     return torch.tensor([seed, offset], dtype=torch.int64)
 
 
+def _check_dropout(dropout_p, dropout_seed, dropout_offset) -> None:
+    check_args(dropout_p, dropout_seed, dropout_offset)
+    if dropout_seed is not None and dropout_seed >= 1 << 63:
+        raise ShapeError(f"dropout_seed must be below 2^63 through torch's operators, got "
+                         f"{dropout_seed}")
+
+
 def _dropout_args(dropout_p: float, stream: torch.Tensor) -> dict:
     if not dropout_p:
         return {}
@@ -189,10 +196,7 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)  # typed errors, no clipping
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
-    check_args(dropout_p, dropout_seed, dropout_offset)
-    if dropout_seed is not None and dropout_seed >= 1 << 63:
-        raise ShapeError(f"dropout_seed must be below 2^63 through torch's operators, got "
-                         f"{dropout_seed}")
+    _check_dropout(dropout_p, dropout_seed, dropout_offset)
     args = (q, k, v, mask, alibi_slopes, bool(causal), None if scale is None else float(scale),
             layout, window_left, window_right, softcap, kernel, bool(deterministic),
             float(dropout_p), -1 if dropout_seed is None else int(dropout_seed),
@@ -207,13 +211,18 @@ def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          alibi_slopes: Optional[torch.Tensor], causal: bool,
                          scale: Optional[float], window_left: int, window_right: int,
                          softcap: Optional[float], kernel: str, deterministic: bool,
-                         check: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of :func:`cupy_attention.attention_varlen` as a torch operator."""
+                         check: bool, dropout_p: float, dropout_seed: int,
+                         dropout_offset: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, stream)`` of :func:`cupy_attention.attention_varlen` as a torch
+    operator (``stream``: the dropout stream, as :func:`attention`'s)."""
     from .varlen import attention_varlen as _varlen
 
-    return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
-                   window=_window(window_left, window_right), softcap=softcap,
-                   alibi_slopes=alibi_slopes, return_lse=True, kernel=kernel, check=check)
+    stream = _stream(dropout_p, dropout_seed, dropout_offset)
+    out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                       window=_window(window_left, window_right), softcap=softcap,
+                       alibi_slopes=alibi_slopes, return_lse=True, kernel=kernel, check=check,
+                       **_dropout_args(dropout_p, stream))
+    return out, lse, stream
 
 
 attention_varlen_fwd = torch.library.custom_op("cupy_attention::attention_varlen_fwd",
@@ -222,8 +231,10 @@ attention_varlen_fwd = torch.library.custom_op("cupy_attention::attention_varlen
 
 @attention_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale, window_left,
-      window_right, softcap, kernel, deterministic, check):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+      window_right, softcap, kernel, deterministic, check, dropout_p, dropout_seed,
+      dropout_offset):
+    return (q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32),
+            torch.empty(2, dtype=torch.int64))
 
 
 def _attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -231,9 +242,10 @@ def _attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                          cu_seqlens_k: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
                          causal: bool, scale: Optional[float],
                          window_left: int, window_right: int, softcap: Optional[float],
-                         deterministic: bool, kernel: str,
-                         check: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` of :func:`cupy_attention.attention_varlen_backward`."""
+                         deterministic: bool, kernel: str, check: bool, dropout_p: float,
+                         stream: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` of :func:`cupy_attention.attention_varlen_backward` (``stream``:
+    the forward's dropout stream)."""
     from .varlen import attention_varlen_backward as _varlen_backward
 
     if dout.stride(-1) != 1 or 0 in dout.stride():
@@ -241,7 +253,8 @@ def _attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     grads = _varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, causal=causal,
                              scale=scale, window=_window(window_left, window_right),
                              softcap=softcap, alibi_slopes=alibi_slopes,
-                             deterministic=deterministic, kernel=kernel, check=check)
+                             deterministic=deterministic, kernel=kernel, check=check,
+                             **_dropout_args(dropout_p, stream))
     return tuple(g if g.is_contiguous() else g.contiguous() for g in grads)
 
 
@@ -251,22 +264,23 @@ attention_varlen_bwd = torch.library.custom_op("cupy_attention::attention_varlen
 
 @attention_varlen_bwd.register_fake
 def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale,
-      window_left, window_right, softcap, deterministic, kernel, check):
+      window_left, window_right, softcap, deterministic, kernel, check, dropout_p, stream):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, alibi_slopes, causal, scale, window_left, window_right, softcap, kernel,
-     deterministic, check) = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k, alibi_slopes)
+     deterministic, check, dropout_p, _, _) = inputs
+    out, lse, stream = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, stream)
     ctx.options = (causal, scale, window_left, window_right, softcap, deterministic,
-                   "reference" if kernel == "reference" else "auto", False)
+                   "reference" if kernel == "reference" else "auto", False, dropout_p)
 
 
-def _varlen_backward(ctx, dout, dlse, bwd=attention_varlen_bwd):
-    q, k, v, out, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes, *ctx.options)
-    return (dq, dk, dv) + (None,) * 11
+def _varlen_backward(ctx, dout, dlse, dstream, bwd=attention_varlen_bwd):
+    q, k, v, out, lse, cu_q, cu_k, alibi_slopes, stream = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, alibi_slopes, *ctx.options, stream)
+    return (dq, dk, dv) + (None,) * 14
 
 
 torch.library.register_autograd("cupy_attention::attention_varlen_fwd", _varlen_backward,
@@ -275,17 +289,21 @@ torch.library.register_autograd("cupy_attention::attention_varlen_fwd", _varlen_
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      *, causal=False, scale=None, deterministic=False, kernel="auto", window=None,
-                     softcap=None, alibi_slopes=None, check=True):
+                     softcap=None, alibi_slopes=None, check=True, dropout_p=0.0,
+                     dropout_seed=None, dropout_offset=None):
     """Differentiable :func:`cupy_attention.attention_varlen`: packed sequences q
     [total_q, Hq, D], k, v [total_k, Hkv, D], int32 ``cu_seqlens_q/k`` [B + 1] on the
     same device. ``check`` reads the lengths on the host once in the forward (the
-    backward trusts them). Traceable by ``torch.compile`` (custom operators)."""
+    backward trusts them). Dropout as in :func:`attention` (packed sequence b draws
+    batch entry b's mask). Traceable by ``torch.compile`` (custom operators)."""
     window = check_window(window, bool(causal), 1 << 62, 1 << 62)
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
+    _check_dropout(dropout_p, dropout_seed, dropout_offset)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, bool(causal),
             None if scale is None else float(scale), window_left, window_right, softcap, kernel,
-            bool(deterministic), bool(check))
+            bool(deterministic), bool(check), float(dropout_p),
+            -1 if dropout_seed is None else int(dropout_seed), int(dropout_offset or 0))
     if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
         return _Eager.apply(_attention_varlen_fwd, _attention_varlen_bwd, _varlen_setup_context,
                             _varlen_backward, *args)[0]

@@ -182,7 +182,8 @@ def test_varlen_empty_keys_and_errors():
         ca.attention_varlen(q, q, q, cu_q, cupy.asarray(np.array([0, 2, 4], np.int32)))
 
 
-def test_varlen_torch_autograd():
+@pytest.mark.parametrize("dropout", [None, (0.2, 31, 4)])
+def test_varlen_torch_autograd(dropout):
     torch = pytest.importorskip("torch")
     import cupy_attention.torch as cat
 
@@ -191,12 +192,15 @@ def test_varlen_torch_autograd():
     gen = torch.Generator(device="cuda").manual_seed(3)
     q, k, v = (torch.randn(sum(lq), h, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
                .requires_grad_() for h in (4, 2, 2))
-    out = cat.attention_varlen(q, k, v, cu, cu, causal=True)
+    drop = {} if dropout is None else dict(zip(("dropout_p", "dropout_seed", "dropout_offset"),
+                                               dropout))
+    out = cat.attention_varlen(q, k, v, cu, cu, causal=True, **drop)
     dout = torch.randn_like(out)
     out.backward(dout)
-    ref = attention_varlen_reference(q.detach(), k.detach(), v.detach(), cu, cu, causal=True)[0]
+    ref = attention_varlen_reference(q.detach(), k.detach(), v.detach(), cu, cu, causal=True,
+                                     dropout=dropout)[0]
     grads = attention_varlen_backward_reference(dout, q.detach(), k.detach(), v.detach(), cu, cu,
-                                                causal=True)
+                                                causal=True, dropout=dropout)
     err = np.abs(out.detach().double().cpu().numpy() - ref).max()
     assert err < 3e-2, err
     for g, r in zip((q.grad, k.grad, v.grad), grads):

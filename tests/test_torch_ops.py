@@ -67,9 +67,9 @@ def test_eager_function_matches_the_operators(varlen):
         cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 9],
                                                                            dtype=torch.int32)
         out = cat.attention_varlen(q, k, v, cu_q, cu_k, causal=True, kernel="reference")
-        ref, _ = torch.ops.cupy_attention.attention_varlen_fwd(
+        ref, _, _ = torch.ops.cupy_attention.attention_varlen_fwd(
             q, k, v, cu_q, cu_k, None, True, None, cat.NO_WINDOW, 0, None, "reference", False,
-            True)
+            True, 0.0, -1, 0)
     else:
         out = cat.attention(q, k, v, causal=True, layout="bshd", softcap=20.0,
                             kernel="reference")
@@ -147,6 +147,48 @@ def test_dropout_through_autograd_and_compile():
     step = torch.compile(lambda x, y, z: cat.attention(x, y, z, **drawn), fullgraph=True,
                          backend="aot_eager")
     assert not torch.equal(step(q, k, v), step(q, k, v))
+
+
+def test_varlen_dropout_through_autograd_and_compile():
+    """Packed sequences with dropout: the operators' schema (opcheck, fixed stream),
+    autograd's gradients against the float64 varlen reference with the same masks, a
+    fullgraph compile equal to eager, and drawn streams that differ call to call."""
+    import numpy as np
+
+    from cupy_attention.varlen import attention_varlen_backward_reference
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(n, h, 16, generator=g, requires_grad=True)
+               for n, h in ((10, 4), (13, 2), (13, 2)))
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32) for c in ([0, 3, 3, 10], [0, 5, 6, 13]))
+    args = (q, k, v, cu_q, cu_k, None, True, None, cat.NO_WINDOW, 0, None, "reference", False,
+            True, 0.25, 99, 2)
+    torch.library.opcheck(torch.ops.cupy_attention.attention_varlen_fwd.default, args)
+    out, lse, stream = torch.ops.cupy_attention.attention_varlen_fwd(*args)
+    assert stream.tolist() == [99, 2]
+    dout = torch.randn(out.shape, generator=g)
+    bargs = (dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), cu_q, cu_k,
+             None, True, None, cat.NO_WINDOW, 0, None, False, "reference", True, 0.25, stream)
+    torch.library.opcheck(torch.ops.cupy_attention.attention_varlen_bwd.default, bargs)
+
+    kw = dict(causal=True, kernel="reference", dropout_p=0.25, dropout_seed=99,
+              dropout_offset=2)
+    out = cat.attention_varlen(q, k, v, cu_q, cu_k, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    host = [x.detach().double().numpy() for x in (dout, q, k, v)] + [cu_q.numpy(), cu_k.numpy()]
+    refs = attention_varlen_backward_reference(*host, causal=True, dropout=(0.25, 99, 2))
+    for got, ref in zip(grads, refs):
+        np.testing.assert_allclose(got.double().numpy(), ref, rtol=1e-4, atol=1e-5)
+    plain = cat.attention_varlen(q, k, v, cu_q, cu_k, causal=True, kernel="reference")
+    assert not torch.equal(out, plain)
+    compiled = torch.compile(lambda a, b, c: cat.attention_varlen(a, b, c, cu_q, cu_k, **kw),
+                             fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), out)
+    drawn = dict(causal=True, kernel="reference", dropout_p=0.25)
+    assert not torch.equal(cat.attention_varlen(q, k, v, cu_q, cu_k, **drawn),
+                           cat.attention_varlen(q, k, v, cu_q, cu_k, **drawn))
+    with pytest.raises(ShapeError, match="dropout_seed"):
+        cat.attention_varlen(q, k, v, cu_q, cu_k, dropout_p=0.1, dropout_seed=1 << 63)
 
 
 def test_module_dropout_only_in_training():
