@@ -1,6 +1,7 @@
 """Attention variants against the plain kernel, on one GPU, in one process.
 
     python scripts/variant_bench.py [--json out.json] [--quick] [--no-flex] [--part P]
+                                    [--variants dropout,softcap] [--dims 64,128]
 
 1. Score transforms: softcap (c = 30), ALiBi (the standard slopes 2^(-8h/H)) and both,
    and dropout (p = 0.1, a fixed seed), forward and backward, beside the plain kernel at the same shape (B*S = 16k,
@@ -33,7 +34,7 @@ def alibi_slopes(heads: int):
                         dtype=torch.float32, device="cuda")
 
 
-def transforms(dims, seqs, rows):
+def transforms(dims, seqs, rows, variants=frozenset()):
     import torch
 
     import cupy_attention as ca
@@ -54,6 +55,8 @@ def transforms(dims, seqs, rows):
                                  ("softcap+alibi", dict(softcap=30.0, alibi_slopes=slopes)),
                                  ("dropout", dict(dropout_p=0.1, dropout_seed=7,
                                                   dropout_offset=0))):
+                    if name != "plain" and variants and name not in variants:
+                        continue
                     row = dict(part="transform", variant=name, d=d, s=s, b=b, h=heads,
                                causal=causal)
                     fwd = time_ms(lambda: ca.attention(q, k, v, causal=causal, **kw))
@@ -119,12 +122,17 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--part", choices=("transform", "window"), help="one part only")
+    ap.add_argument("--variants", help="comma-separated transforms to time beside plain "
+                    "(softcap, alibi, softcap+alibi, dropout; default all)")
+    ap.add_argument("--dims", default="64,128,256", help="head dims of the transforms")
     args = ap.parse_args()
     import torch
 
     rows: list = []
     if args.part in (None, "transform"):
-        transforms((64, 128, 256), (4096,) if args.quick else (4096, 16384), rows)
+        transforms(tuple(int(x) for x in args.dims.split(",")),
+                   (4096,) if args.quick else (4096, 16384), rows,
+                   set(args.variants.split(",")) if args.variants else set())
     if args.part in (None, "window"):
         windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
     if args.json:
