@@ -19,6 +19,15 @@ views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures
     python scripts/decode_bench.py --grid --json decode.json
     python scripts/decode_bench.py --shape 1,32,8,1,32768,128 --pages 0,1,16,64
     python scripts/decode_bench.py --layouts nhd,hnd --no-torch
+    python scripts/decode_bench.py --peers fa4,flashinfer --json decode-peers.json
+
+``--peers``: FlashAttention-4's Hopper kernels (``flash_attn.cute``: ``flash_attn_func``
+on contiguous [B, Sk, Hkv, D] caches, ``flash_attn_varlen_func`` with ``page_table`` and
+``seqused_k`` on paged ones; split heuristic on, ``num_splits=0``) and FlashInfer
+(``BatchDecodeWithPagedKVCacheWrapper``, tensor cores, NHD pages [pages, 2, page, Hkv, D];
+its plan is made once, outside the timing; paged only), where installed
+(``../shared/tools/peers.md``). Their rows read the same bytes as ours, from caches
+allocated the same way; a peer that declines a shape records its error.
 """
 
 from __future__ import annotations
@@ -160,6 +169,72 @@ def bench_torch(torch, shape, backend, dtype, reps, l2):
     return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
 
 
+def _peer_set(torch, shape, page, tdt):
+    """(q [B, Sq, Hq, D], k, v, table or None, lens) as torch tensors: [B, Sk, Hkv, D]
+    caches, or [pages, page, Hkv, D] with a shuffled page table [B, pages per seq]."""
+    b, hq, hkv, sq, sk, d = shape
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=tdt)
+    lens = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    if not page:
+        return (q, torch.randn(b, sk, hkv, d, device="cuda", dtype=tdt),
+                torch.randn(b, sk, hkv, d, device="cuda", dtype=tdt), None, lens)
+    per = -(-sk // page)
+    table = torch.randperm(b * per, device="cuda", dtype=torch.int64).to(torch.int32)
+    return (q, torch.randn(b * per, page, hkv, d, device="cuda", dtype=tdt),
+            torch.randn(b * per, page, hkv, d, device="cuda", dtype=tdt),
+            table.reshape(b, per), lens)
+
+
+def bench_fa4(torch, shape, page, dtype, reps, l2):
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+
+    b, hq, hkv, sq, sk, d = shape
+    tdt = getattr(torch, dtype)
+    per_set = kv_bytes(b, hkv, sk, d)
+    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
+    sets = [_peer_set(torch, shape, page, tdt) for _ in range(n)]
+
+    def call(q, k, v, table, lens):
+        if table is None:
+            return flash_attn_func(q, k, v, causal=True, num_splits=0)
+        return flash_attn_varlen_func(q, k, v, page_table=table, seqused_k=lens,
+                                      max_seqlen_q=sq, max_seqlen_k=sk, causal=True,
+                                      num_splits=0)
+
+    cupy = device.require_cupy()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with torch.no_grad():
+        secs, spread = time_calls(cupy, call, sets, reps, stream)
+    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+
+
+def bench_flashinfer(torch, shape, page, dtype, reps, l2):
+    import flashinfer
+
+    b, hq, hkv, sq, sk, d = shape
+    if not page:
+        raise ValueError("FlashInfer's decode reads paged caches only")
+    if sq != 1:
+        raise ValueError("FlashInfer's batch decode wrapper: one query token per request")
+    tdt = getattr(torch, dtype)
+    per_set = kv_bytes(b, hkv, sk, d)
+    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
+    per = -(-sk // page)
+    table = torch.randperm(b * per, device="cuda", dtype=torch.int64).to(torch.int32)
+    sets = [(torch.randn(b, hq, d, device="cuda", dtype=tdt),
+             torch.randn(b * per, 2, page, hkv, d, device="cuda", dtype=tdt)) for _ in range(n)]
+    workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                            use_tensor_cores=True)
+    indptr = torch.arange(0, b * per + 1, per, dtype=torch.int32, device="cuda")
+    last = torch.full((b,), sk - (per - 1) * page, dtype=torch.int32, device="cuda")
+    wrapper.plan(indptr, table, last, hq, hkv, d, page, q_data_type=tdt, kv_data_type=tdt)
+    cupy = device.require_cupy()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    secs, spread = time_calls(cupy, lambda q, cache: wrapper.run(q, cache), sets, reps, stream)
+    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", action="store_true", help="the issue's full grid (long)")
@@ -175,6 +250,9 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--peers", default="",
+                    help="comma-separated: fa4, flashinfer (installed separately; see the "
+                         "module docstring)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -215,10 +293,16 @@ def main() -> int:
                  for lay in layouts for p in pages]
         if torch is not None:
             impls += [(f"torch {bk}", bk, None, "hnd") for bk in ("cudnn", "flash")]
+            impls += [((f"{peer} page={p}" if p else f"{peer} contig"), peer, p, "nhd")
+                      for peer in filter(None, a.peers.split(",")) for p in pages]
         for label, impl, page, layout in impls:
             try:
                 if impl == "ours":
                     r = bench_ours(cupy, shape, page, a.dtype, a.reps, l2, a.splits, layout)
+                elif impl == "fa4":
+                    r = bench_fa4(torch, shape, page, a.dtype, a.reps, l2)
+                elif impl == "flashinfer":
+                    r = bench_flashinfer(torch, shape, page, a.dtype, a.reps, l2)
                 else:
                     r = bench_torch(torch, shape, impl, a.dtype, a.reps, l2)
             except Exception as exc:  # an unsupported shape in one backend

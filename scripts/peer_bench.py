@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Training attention beside the strongest peers, in one process on one GPU: our
+forward and backward against torch SDPA's cuDNN and FlashAttention-2 backends and
+FlashAttention-4's Hopper kernels (``flash_attn.cute``, the FlashAttention-3 design),
+the last where installed (``../shared/tools/peers.md``: the wheels travel in parts).
+
+BENCHMARKS.md's grid and protocol: B*S = 16k tokens, H*D = 2048 (MHA; ``--gqa 4``
+gives Hq / Hkv = 4), bf16 by default, causal off and on; TFLOPs on the true D
+(backward: 2.5x the forward's FLOPs). Each implementation takes its own layout: ours
+and SDPA [B, H, S, D], FA4 [B, S, H, D]. Timing: CUDA events around ``--reps``
+back-to-back calls on torch's stream behind a spin kernel (scripts/decode_bench.py's
+``time_calls``), the faster of two rounds, the spread beside it. Backwards: ours is
+``attention_backward`` itself; SDPA's and FA4's are ``torch.autograd.grad`` through
+one retained forward graph (their own backward kernels, no forward).
+
+    python scripts/peer_bench.py --json peers-train.json
+    python scripts/peer_bench.py --dims 64,128 --seqs 4096,16384 --no-fa4
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import cupy_attention as ca  # noqa: E402
+from cupy_attention import device  # noqa: E402
+
+from decode_bench import time_calls  # noqa: E402  (scripts/ is sys.path[0])
+
+IMPLS = ("ours", "cudnn", "flash2", "fa4")
+
+
+def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g)
+                   for h in (hq, hkv, hkv, hq))
+    return q, k, v, do
+
+
+def _ours(torch, q, k, v, do, causal):
+    out, lse = ca.attention(q, k, v, causal=causal, return_lse=True)
+    return (lambda: ca.attention(q, k, v, causal=causal),
+            lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal))
+
+
+def _sdpa(torch, backend, q, k, v, do, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash2": SDPBackend.FLASH_ATTENTION}[backend]
+    gqa = q.shape[1] != k.shape[1]
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+    def fwd():
+        with sdpa_kernel(which), torch.no_grad():
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+    with sdpa_kernel(which):
+        out = sdpa(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+
+    def bwd():
+        return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+
+    return fwd, bwd
+
+
+def _fa4(torch, q, k, v, do, causal):
+    from flash_attn.cute import flash_attn_func
+
+    qs, ks, vs, dos = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+    qg, kg, vg = (x.detach().requires_grad_() for x in (qs, ks, vs))
+
+    def fwd():
+        with torch.no_grad():
+            return flash_attn_func(qs, ks, vs, causal=causal)
+
+    out = flash_attn_func(qg, kg, vg, causal=causal)[0]
+
+    def bwd():
+        return torch.autograd.grad(out, (qg, kg, vg), dos, retain_graph=True)
+
+    return fwd, bwd
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqs", default="1024,2048,4096,8192,16384")
+    ap.add_argument("--causal", default="0,1", help="0, 1 or both")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument("--gqa", type=int, default=1, help="Hq / Hkv")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--no-fa4", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    import torch
+
+    cupy = device.require_cupy()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    dtype = getattr(torch, a.dtype)
+    impls = [x for x in a.impls.split(",") if not (a.no_fa4 and x == "fa4")]
+    from cupy_attention.bench import _git_commit
+
+    commit, dirty = _git_commit()
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
+        "dtype": a.dtype, "gqa": a.gqa, "reps": a.reps, "torch": torch.__version__,
+        "method": "CUDA events around reps back-to-back calls behind a spin kernel, faster of "
+                  "two rounds; backward 2.5x the forward FLOPs", "rows": []}
+    print(f"{report['device']}  commit {commit}{'+dirty' if dirty else ''}  {a.dtype}  "
+          f"Hq/Hkv {a.gqa}  {report['date']}")
+    print(f"{'D':>4} {'S':>6} {'causal':>6} {'impl':>7} {'fwd TF':>7} {'bwd TF':>7} {'spread':>7}")
+    for d in (int(x) for x in a.dims.split(",")):
+        hq = 2048 // d
+        hkv = max(1, hq // a.gqa)
+        for s in (int(x) for x in a.seqs.split(",")):
+            b = max(1, 16384 // s)
+            q, k, v, do = _inputs(torch, b, hq, hkv, s, d, dtype, d + s)
+            for causal in (bool(int(x)) for x in a.causal.split(",")):
+                flops = 4.0 * b * hq * s * s * d * (0.5 if causal else 1.0)
+                for impl in impls:
+                    row = dict(D=d, S=s, B=b, Hq=hq, Hkv=hkv, causal=causal, impl=impl)
+                    try:
+                        fwd, bwd = (_ours(torch, q, k, v, do, causal) if impl == "ours" else
+                                    _fa4(torch, q, k, v, do, causal) if impl == "fa4" else
+                                    _sdpa(torch, impl, q, k, v, do, causal))
+                        f_s, f_spread = time_calls(cupy, fwd, [()], a.reps, stream)
+                        b_s, b_spread = time_calls(cupy, bwd, [()], max(5, a.reps // 2), stream)
+                        row.update(fwd_tflops=flops / f_s / 1e12,
+                                   bwd_tflops=2.5 * flops / b_s / 1e12,
+                                   spread_pct=max(f_spread, b_spread))
+                        print(f"{d:>4} {s:>6} {causal!s:>6} {impl:>7} {row['fwd_tflops']:7.0f}"
+                              f" {row['bwd_tflops']:7.0f} {row['spread_pct']:6.1f}%", flush=True)
+                    except Exception as exc:  # noqa: BLE001 - a peer that cannot run is recorded
+                        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                        print(f"{d:>4} {s:>6} {causal!s:>6} {impl:>7}  {row['error']}", flush=True)
+                    report["rows"].append(row)
+                    torch.cuda.empty_cache()
+            del q, k, v, do
+            cupy.get_default_memory_pool().free_all_blocks()
+    _summary(report["rows"])
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _summary(rows) -> None:
+    """Ours over the faster peer, per cell (what the training issue's targets compare)."""
+    print(f"\n{'D':>4} {'S':>6} {'causal':>6} {'fwd x best peer':>16} {'bwd x best peer':>16}")
+    cells = {}
+    for r in rows:
+        if "error" not in r:
+            cells.setdefault((r["D"], r["S"], r["causal"]), {})[r["impl"]] = r
+    for (d, s, causal), got in cells.items():
+        ours = got.get("ours")
+        peers = [r for name, r in got.items() if name != "ours"]
+        if ours is None or not peers:
+            continue
+        f = ours["fwd_tflops"] / max(r["fwd_tflops"] for r in peers)
+        b = ours["bwd_tflops"] / max(r["bwd_tflops"] for r in peers)
+        print(f"{d:>4} {s:>6} {causal!s:>6} {f:16.2f} {b:16.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
