@@ -133,12 +133,25 @@ def time_calls(cupy, fn, sets, reps, stream=None):
     return best, 100.0 * abs(rounds[0] - rounds[1]) / best
 
 
+def n_sets(per_set: int, l2: int) -> int:
+    """Rotating input sets: enough that together they exceed twice the L2 cache."""
+    return min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
+
+
+def time_torch(torch, fn, sets, reps, per_set):
+    """time_calls on torch's current stream, as a result row."""
+    cupy = device.require_cupy()
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    secs, spread = time_calls(cupy, fn, sets, reps, stream)
+    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12,
+            "sets": len(sets)}
+
+
 def bench_ours(cupy, shape, page, dtype, reps, l2, splits, layout="nhd"):
     b, hq, hkv, sq, sk, d = shape
     rng = np.random.default_rng(0)
     per_set = kv_bytes(b, hkv, sk, d)
-    sets = [make_set(cupy, rng, shape, page, dtype, layout)
-            for _ in range(min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set))))]
+    sets = [make_set(cupy, rng, shape, page, dtype, layout) for _ in range(n_sets(per_set, l2))]
 
     def call(q, k, v, table, lens):
         ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table, causal=True,
@@ -156,17 +169,14 @@ def bench_torch(torch, shape, backend, dtype, reps, l2):
     b, hq, hkv, sq, sk, d = shape
     tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
-    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
     sets = [(torch.randn(b, hq, sq, d, device="cuda", dtype=tdt),
              torch.randn(b, hkv, sk, d, device="cuda", dtype=tdt),
-             torch.randn(b, hkv, sk, d, device="cuda", dtype=tdt)) for _ in range(n)]
+             torch.randn(b, hkv, sk, d, device="cuda", dtype=tdt))
+            for _ in range(n_sets(per_set, l2))]
     which = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
-    cupy = device.require_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     with sdpa_kernel(which):
-        secs, spread = time_calls(cupy, lambda q, k, v: sdpa(q, k, v, enable_gqa=hq != hkv),
-                                  sets, reps, stream)
-    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+        return time_torch(torch, lambda q, k, v: sdpa(q, k, v, enable_gqa=hq != hkv), sets, reps,
+                          per_set)
 
 
 def _peer_set(torch, shape, page, tdt):
@@ -189,10 +199,9 @@ def bench_fa4(torch, shape, page, dtype, reps, l2):
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
 
     b, hq, hkv, sq, sk, d = shape
-    tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
-    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
-    sets = [_peer_set(torch, shape, page, tdt) for _ in range(n)]
+    sets = [_peer_set(torch, shape, page, getattr(torch, dtype))
+            for _ in range(n_sets(per_set, l2))]
 
     def call(q, k, v, table, lens):
         if table is None:
@@ -201,11 +210,8 @@ def bench_fa4(torch, shape, page, dtype, reps, l2):
                                       max_seqlen_q=sq, max_seqlen_k=sk, causal=True,
                                       num_splits=0)
 
-    cupy = device.require_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     with torch.no_grad():
-        secs, spread = time_calls(cupy, call, sets, reps, stream)
-    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+        return time_torch(torch, call, sets, reps, per_set)
 
 
 def bench_flashinfer(torch, shape, page, dtype, reps, l2):
@@ -218,21 +224,29 @@ def bench_flashinfer(torch, shape, page, dtype, reps, l2):
         raise ValueError("FlashInfer's batch decode wrapper: one query token per request")
     tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
-    n = min(MAX_SETS, max(1, math.ceil(2 * l2 / per_set)))
     per = -(-sk // page)
     table = torch.randperm(b * per, device="cuda", dtype=torch.int64).to(torch.int32)
     sets = [(torch.randn(b, hq, d, device="cuda", dtype=tdt),
-             torch.randn(b * per, 2, page, hkv, d, device="cuda", dtype=tdt)) for _ in range(n)]
+             torch.randn(b * per, 2, page, hkv, d, device="cuda", dtype=tdt))
+            for _ in range(n_sets(per_set, l2))]
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                             use_tensor_cores=True)
     indptr = torch.arange(0, b * per + 1, per, dtype=torch.int32, device="cuda")
     last = torch.full((b,), sk - (per - 1) * page, dtype=torch.int32, device="cuda")
     wrapper.plan(indptr, table, last, hq, hkv, d, page, q_data_type=tdt, kv_data_type=tdt)
-    cupy = device.require_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    secs, spread = time_calls(cupy, lambda q, cache: wrapper.run(q, cache), sets, reps, stream)
-    return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12, "sets": n}
+    return time_torch(torch, lambda q, cache: wrapper.run(q, cache), sets, reps, per_set)
+
+
+PEERS = ("fa4", "flashinfer")
+
+
+def _peer_list(text: str) -> list:
+    peers = [x for x in text.split(",") if x]
+    unknown = [x for x in peers if x not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; choose from {PEERS}")
+    return peers
 
 
 def main() -> int:
@@ -250,7 +264,7 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--peers", default="",
+    ap.add_argument("--peers", default="", type=_peer_list,
                     help="comma-separated: fa4, flashinfer (installed separately; see the "
                          "module docstring)")
     ap.add_argument("--json", help="write the results here")
@@ -294,7 +308,7 @@ def main() -> int:
         if torch is not None:
             impls += [(f"torch {bk}", bk, None, "hnd") for bk in ("cudnn", "flash")]
             impls += [((f"{peer} page={p}" if p else f"{peer} contig"), peer, p, "nhd")
-                      for peer in filter(None, a.peers.split(",")) for p in pages]
+                      for peer in a.peers for p in pages]
         for label, impl, page, layout in impls:
             try:
                 if impl == "ours":

@@ -14,7 +14,7 @@ back-to-back calls on torch's stream behind a spin kernel (scripts/decode_bench.
 one retained forward graph (their own backward kernels, no forward).
 
     python scripts/peer_bench.py --json peers-train.json
-    python scripts/peer_bench.py --dims 64,128 --seqs 4096,16384 --no-fa4
+    python scripts/peer_bench.py --dims 64,128 --seqs 4096,16384 --impls ours,cudnn,flash2
 """
 
 from __future__ import annotations
@@ -32,9 +32,6 @@ from cupy_attention import device  # noqa: E402
 
 from decode_bench import time_calls  # noqa: E402  (scripts/ is sys.path[0])
 
-IMPLS = ("ours", "cudnn", "flash2", "fa4")
-
-
 def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=g)
@@ -42,13 +39,14 @@ def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
     return q, k, v, do
 
 
-def _ours(torch, q, k, v, do, causal):
+def _ours(q, k, v, do, causal):
     out, lse = ca.attention(q, k, v, causal=causal, return_lse=True)
     return (lambda: ca.attention(q, k, v, causal=causal),
             lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal))
 
 
-def _sdpa(torch, backend, q, k, v, do, causal):
+def _sdpa(backend, q, k, v, do, causal):
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -69,7 +67,8 @@ def _sdpa(torch, backend, q, k, v, do, causal):
     return fwd, bwd
 
 
-def _fa4(torch, q, k, v, do, causal):
+def _fa4(q, k, v, do, causal):
+    import torch
     from flash_attn.cute import flash_attn_func
 
     qs, ks, vs, dos = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
@@ -87,16 +86,31 @@ def _fa4(torch, q, k, v, do, causal):
     return fwd, bwd
 
 
+# name -> (q, k, v, dout, causal) -> (forward, backward) closures over those inputs
+IMPLS = {"ours": _ours,
+         "cudnn": lambda *a: _sdpa("cudnn", *a),
+         "flash2": lambda *a: _sdpa("flash2", *a),
+         "fa4": _fa4}
+
+
+def _impl_list(text: str) -> list:
+    names = [x for x in text.split(",") if x]
+    unknown = [x for x in names if x not in IMPLS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {list(IMPLS)}")
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqs", default="1024,2048,4096,8192,16384")
-    ap.add_argument("--causal", default="0,1", help="0, 1 or both")
+    ap.add_argument("--causal", default="0,1", help="comma-separated: 0 (off), 1 (on)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--gqa", type=int, default=1, help="Hq / Hkv")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--no-fa4", action="store_true")
+    ap.add_argument("--impls", default=",".join(IMPLS), type=_impl_list,
+                    help="comma-separated, from " + ", ".join(IMPLS))
     ap.add_argument("--json")
     a = ap.parse_args()
 
@@ -105,7 +119,6 @@ def main() -> int:
     cupy = device.require_cupy()
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     dtype = getattr(torch, a.dtype)
-    impls = [x for x in a.impls.split(",") if not (a.no_fa4 and x == "fa4")]
     from cupy_attention.bench import _git_commit
 
     commit, dirty = _git_commit()
@@ -125,12 +138,10 @@ def main() -> int:
             q, k, v, do = _inputs(torch, b, hq, hkv, s, d, dtype, d + s)
             for causal in (bool(int(x)) for x in a.causal.split(",")):
                 flops = 4.0 * b * hq * s * s * d * (0.5 if causal else 1.0)
-                for impl in impls:
+                for impl in a.impls:
                     row = dict(D=d, S=s, B=b, Hq=hq, Hkv=hkv, causal=causal, impl=impl)
                     try:
-                        fwd, bwd = (_ours(torch, q, k, v, do, causal) if impl == "ours" else
-                                    _fa4(torch, q, k, v, do, causal) if impl == "fa4" else
-                                    _sdpa(torch, impl, q, k, v, do, causal))
+                        fwd, bwd = IMPLS[impl](q, k, v, do, causal)
                         f_s, f_spread = time_calls(cupy, fwd, [()], a.reps, stream)
                         b_s, b_spread = time_calls(cupy, bwd, [()], max(5, a.reps // 2), stream)
                         row.update(fwd_tflops=flops / f_s / 1e12,

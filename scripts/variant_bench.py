@@ -34,6 +34,9 @@ def alibi_slopes(heads: int):
                         dtype=torch.float32, device="cuda")
 
 
+TRANSFORMS = ("softcap", "alibi", "softcap+alibi", "dropout")
+
+
 def transforms(dims, seqs, rows, variants=frozenset()):
     import torch
 
@@ -126,13 +129,16 @@ def main():
                     "(softcap, alibi, softcap+alibi, dropout; default all)")
     ap.add_argument("--dims", default="64,128,256", help="head dims of the transforms")
     args = ap.parse_args()
+    variants = set(args.variants.split(",")) if args.variants else set()
+    if variants - set(TRANSFORMS):
+        ap.error(f"--variants: unknown {sorted(variants - set(TRANSFORMS))}; "
+                 f"choose from {', '.join(TRANSFORMS)}")
     import torch
 
     rows: list = []
     if args.part in (None, "transform"):
         transforms(tuple(int(x) for x in args.dims.split(",")),
-                   (4096,) if args.quick else (4096, 16384), rows,
-                   set(args.variants.split(",")) if args.variants else set())
+                   (4096,) if args.quick else (4096, 16384), rows, variants)
     if args.part in (None, "window"):
         windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
     if args.json:
