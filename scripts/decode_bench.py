@@ -241,12 +241,15 @@ def bench_flashinfer(torch, shape, page, dtype, reps, l2):
 PEERS = ("fa4", "flashinfer")
 
 
-def _peer_list(text: str) -> list:
-    peers = [x for x in text.split(",") if x]
-    unknown = [x for x in peers if x not in PEERS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peer(s) {unknown}; choose from {PEERS}")
-    return peers
+def choice_list(choices):
+    """An argparse ``type``: a comma-separated list of names from ``choices``."""
+    def parse(text: str) -> list:
+        names = [x for x in text.split(",") if x]
+        unknown = [x for x in names if x not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {list(choices)}")
+        return names
+    return parse
 
 
 def main() -> int:
@@ -264,7 +267,7 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--peers", default="", type=_peer_list,
+    ap.add_argument("--peers", default="", type=choice_list(PEERS),
                     help="comma-separated: fa4, flashinfer (installed separately; see the "
                          "module docstring)")
     ap.add_argument("--json", help="write the results here")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cupy_attention as ca  # noqa: E402
 from cupy_attention import device  # noqa: E402
 
-from decode_bench import time_calls  # noqa: E402  (scripts/ is sys.path[0])
+from decode_bench import choice_list, time_calls  # noqa: E402  (scripts/ is sys.path[0])
 
 def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -93,14 +93,6 @@ IMPLS = {"ours": _ours,
          "fa4": _fa4}
 
 
-def _impl_list(text: str) -> list:
-    names = [x for x in text.split(",") if x]
-    unknown = [x for x in names if x not in IMPLS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {list(IMPLS)}")
-    return names
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dims", default="64,128,256")
@@ -109,7 +101,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--gqa", type=int, default=1, help="Hq / Hkv")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--impls", default=",".join(IMPLS), type=_impl_list,
+    ap.add_argument("--impls", default=",".join(IMPLS), type=choice_list(IMPLS),
                     help="comma-separated, from " + ", ".join(IMPLS))
     ap.add_argument("--json")
     a = ap.parse_args()
