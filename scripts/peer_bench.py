@@ -39,13 +39,14 @@ def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
     return q, k, v, do
 
 
-def _ours(q, k, v, do, causal):
-    out, lse = ca.attention(q, k, v, causal=causal, return_lse=True)
-    return (lambda: ca.attention(q, k, v, causal=causal),
-            lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal))
+def _ours(q, k, v, do, causal, dropout_p=0.0):
+    drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
+    out, lse = ca.attention(q, k, v, causal=causal, return_lse=True, **drop)
+    return (lambda: ca.attention(q, k, v, causal=causal, **drop),
+            lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal, **drop))
 
 
-def _sdpa(backend, q, k, v, do, causal):
+def _sdpa(backend, q, k, v, do, causal, dropout_p=0.0):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -56,10 +57,10 @@ def _sdpa(backend, q, k, v, do, causal):
 
     def fwd():
         with sdpa_kernel(which), torch.no_grad():
-            return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=gqa, dropout_p=dropout_p)
 
     with sdpa_kernel(which):
-        out = sdpa(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+        out = sdpa(qg, kg, vg, is_causal=causal, enable_gqa=gqa, dropout_p=dropout_p)
 
     def bwd():
         return torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
@@ -67,9 +68,12 @@ def _sdpa(backend, q, k, v, do, causal):
     return fwd, bwd
 
 
-def _fa4(q, k, v, do, causal):
+def _fa4(q, k, v, do, causal, dropout_p=0.0):
     import torch
     from flash_attn.cute import flash_attn_func
+
+    if dropout_p:
+        raise NotImplementedError("FlashAttention-4 has no dropout")
 
     qs, ks, vs, dos = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
     qg, kg, vg = (x.detach().requires_grad_() for x in (qs, ks, vs))
@@ -86,7 +90,8 @@ def _fa4(q, k, v, do, causal):
     return fwd, bwd
 
 
-# name -> (q, k, v, dout, causal) -> (forward, backward) closures over those inputs
+# name -> (q, k, v, dout, causal, dropout_p) -> (forward, backward) closures over those
+# inputs
 IMPLS = {"ours": _ours,
          "cudnn": lambda *a: _sdpa("cudnn", *a),
          "flash2": lambda *a: _sdpa("flash2", *a),
@@ -101,6 +106,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--gqa", type=int, default=1, help="Hq / Hkv")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout_p for every implementation that has dropout (FA4 has none)")
     ap.add_argument("--impls", default=",".join(IMPLS), type=choice_list(IMPLS),
                     help="comma-separated, from " + ", ".join(IMPLS))
     ap.add_argument("--json")
@@ -116,11 +123,11 @@ def main() -> int:
     commit, dirty = _git_commit()
     report = {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
-        "dtype": a.dtype, "gqa": a.gqa, "reps": a.reps, "torch": torch.__version__,
+        "dtype": a.dtype, "gqa": a.gqa, "dropout_p": a.dropout, "reps": a.reps, "torch": torch.__version__,
         "method": "CUDA events around reps back-to-back calls behind a spin kernel, faster of "
                   "two rounds; backward 2.5x the forward FLOPs", "rows": []}
     print(f"{report['device']}  commit {commit}{'+dirty' if dirty else ''}  {a.dtype}  "
-          f"Hq/Hkv {a.gqa}  {report['date']}")
+          f"Hq/Hkv {a.gqa}  dropout {a.dropout}  {report['date']}")
     print(f"{'D':>4} {'S':>6} {'causal':>6} {'impl':>7} {'fwd TF':>7} {'bwd TF':>7} {'spread':>7}")
     for d in (int(x) for x in a.dims.split(",")):
         hq = 2048 // d
@@ -133,7 +140,7 @@ def main() -> int:
                 for impl in a.impls:
                     row = dict(D=d, S=s, B=b, Hq=hq, Hkv=hkv, causal=causal, impl=impl)
                     try:
-                        fwd, bwd = IMPLS[impl](q, k, v, do, causal)
+                        fwd, bwd = IMPLS[impl](q, k, v, do, causal, a.dropout)
                         f_s, f_spread = time_calls(cupy, fwd, [()], a.reps, stream)
                         b_s, b_spread = time_calls(cupy, bwd, [()], max(5, a.reps // 2), stream)
                         row.update(fwd_tflops=flops / f_s / 1e12,
@@ -145,6 +152,8 @@ def main() -> int:
                         row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                         print(f"{d:>4} {s:>6} {causal!s:>6} {impl:>7}  {row['error']}", flush=True)
                     report["rows"].append(row)
+                    if a.json:   # after every row: a run cut off by a time limit keeps its rows
+                        Path(a.json).write_text(json.dumps(report, indent=1))
                     torch.cuda.empty_cache()
             del q, k, v, do
             cupy.get_default_memory_pool().free_all_blocks()

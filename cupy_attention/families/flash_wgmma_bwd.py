@@ -114,12 +114,17 @@ class Config:
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
 # dP^T): ptxas (CUDA 13) spilled 512-600 bytes at D = 64-80, and still 116-216 once
 # its division became a multiplication, so softcap takes the 64-row tiles of the next
-# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout too
-# takes the 64-row tiles: with its keep flags (drawn per tile, live until dS^T) the
-# 128-row tiles spilled 450-760 bytes at D = 64-80; the 64-row ones spill nothing up to
-# D = 256, with softcap, ALiBi, windows and packed sequences too.
-def _narrow_rows(vt: Variant | None) -> bool:
-    return vt is not None and (bool(vt.softcap) or vt.dropout)
+# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout's keep
+# flags (one 64-bit word per thread, live until dS^T) fit them at D <= 72 (242-254
+# registers, no spills, every variant and dQ mode); at D = 80 they spilled 32-60 bytes,
+# so dropout takes the 64-row tiles there, which spill nothing up to D = 256.
+DROPOUT_WIDE_ROWS_MAX_D = 72
+
+
+def _narrow_rows(vt: Variant | None, head_dim: int) -> bool:
+    if vt is None:
+        return False
+    return bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
 
 
 def config(head_dim: int, vt: Variant | None = None) -> Config | None:
@@ -128,7 +133,7 @@ def config(head_dim: int, vt: Variant | None = None) -> Config | None:
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
-            return Config(head_dim, 64 if bm == 128 and _narrow_rows(vt) else bm)
+            return Config(head_dim, 64 if bm == 128 and _narrow_rows(vt, head_dim) else bm)
     return None
 
 
@@ -269,11 +274,14 @@ def ci_specs() -> list[jit.KernelSpec]:
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt), "bfloat16", vt, True, True))
     # dropout, on its rows (_narrow_rows), both dQ modes
-    for d, causal in ((64, True), (80, False), (128, True), (136, False), (256, True)):
+    for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
+                      (256, True)):
         vt = Variant(causal, dropout=True)
         for atomic in (True, False):
             out.append(dkdv_spec(config(d, vt), "float16" if causal else "bfloat16", vt, atomic))
     for d, vt in ((128, Variant(True, softcap=30.0, dropout=True)),
+                  (64, Variant(True, (32, 0), ragged=True, dropout=True)),
+                  (72, Variant(True, dense="alibi", dropout=True)),
                   (128, Variant(True, (32, 0), 30.0, ragged=True, dropout=True)),
                   (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
         out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
