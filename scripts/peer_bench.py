@@ -39,11 +39,12 @@ def _inputs(torch, b, hq, hkv, s, d, dtype, seed):
     return q, k, v, do
 
 
-def _ours(q, k, v, do, causal, dropout_p=0.0):
+def _ours(q, k, v, do, causal, dropout_p=0.0, kernel="auto", deterministic=False):
     drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
-    out, lse = ca.attention(q, k, v, causal=causal, return_lse=True, **drop)
-    return (lambda: ca.attention(q, k, v, causal=causal, **drop),
-            lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal, **drop))
+    out, lse = ca.attention(q, k, v, causal=causal, return_lse=True, kernel=kernel, **drop)
+    return (lambda: ca.attention(q, k, v, causal=causal, kernel=kernel, **drop),
+            lambda: ca.attention_backward(do, q, k, v, out, lse, causal=causal, kernel=kernel,
+                                          deterministic=deterministic, **drop))
 
 
 def _sdpa(backend, q, k, v, do, causal, dropout_p=0.0):
@@ -93,6 +94,8 @@ def _fa4(q, k, v, do, causal, dropout_p=0.0):
 # name -> (q, k, v, dout, causal, dropout_p) -> (forward, backward) closures over those
 # inputs
 IMPLS = {"ours": _ours,
+         "ours_det": lambda *a: _ours(*a, deterministic=True),   # bitwise reproducible dQ
+         "ours_mma": lambda *a: _ours(*a, kernel="flash_mma"),   # the sm_80 path (vs flash2)
          "cudnn": lambda *a: _sdpa("cudnn", *a),
          "flash2": lambda *a: _sdpa("flash2", *a),
          "fa4": _fa4}
@@ -108,7 +111,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="dropout_p for every implementation that has dropout (FA4 has none)")
-    ap.add_argument("--impls", default=",".join(IMPLS), type=choice_list(IMPLS),
+    ap.add_argument("--impls", default="ours,cudnn,flash2,fa4", type=choice_list(IMPLS),
                     help="comma-separated, from " + ", ".join(IMPLS))
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -164,20 +167,28 @@ def main() -> int:
 
 
 def _summary(rows) -> None:
-    """Ours over the faster peer, per cell (what the training issue's targets compare)."""
-    print(f"\n{'D':>4} {'S':>6} {'causal':>6} {'fwd x best peer':>16} {'bwd x best peer':>16}")
+    """Per cell: ours over the faster peer (the training issue's targets), and where
+    timed, the sm_80 path over FA2 and the deterministic backward over the atomic one."""
     cells = {}
     for r in rows:
         if "error" not in r:
             cells.setdefault((r["D"], r["S"], r["causal"]), {})[r["impl"]] = r
+
+    def ratio(a, b, key):
+        return f"{a[key] / b[key]:.2f}" if a and b else "-"
+
+    print(f"\n{'D':>4} {'S':>6} {'causal':>6} {'fwd x best peer':>16} {'bwd x best peer':>16}"
+          f" {'mma/FA2 fwd':>12} {'mma/FA2 bwd':>12} {'det/atomic':>11}")
     for (d, s, causal), got in cells.items():
         ours = got.get("ours")
-        peers = [r for name, r in got.items() if name != "ours"]
-        if ours is None or not peers:
-            continue
-        f = ours["fwd_tflops"] / max(r["fwd_tflops"] for r in peers)
-        b = ours["bwd_tflops"] / max(r["bwd_tflops"] for r in peers)
-        print(f"{d:>4} {s:>6} {causal!s:>6} {f:16.2f} {b:16.2f}")
+        peers = [r for name, r in got.items() if not name.startswith("ours")]
+        best = {k: max(peers, key=lambda r: r[k]) for k in ("fwd_tflops", "bwd_tflops")} \
+            if peers else {}
+        mma, fa2 = got.get("ours_mma"), got.get("flash2")
+        print(f"{d:>4} {s:>6} {causal!s:>6} {ratio(ours, best.get('fwd_tflops'), 'fwd_tflops'):>16}"
+              f" {ratio(ours, best.get('bwd_tflops'), 'bwd_tflops'):>16}"
+              f" {ratio(mma, fa2, 'fwd_tflops'):>12} {ratio(mma, fa2, 'bwd_tflops'):>12}"
+              f" {ratio(got.get('ours_det'), ours, 'bwd_tflops'):>11}")
 
 
 if __name__ == "__main__":
