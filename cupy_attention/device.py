@@ -47,6 +47,11 @@ def arch_for_cc(cc: int) -> str:
     return f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
 
 
+def arch_cc(arch: str) -> int:
+    """The compute capability of an NVRTC target: ``sm_90a`` -> 90."""
+    return int(arch[3:].rstrip("af"))
+
+
 @functools.lru_cache(maxsize=None)
 def device_arch(device_id: int) -> str:
     return arch_for_cc(compute_capability(device_id))

@@ -33,6 +33,12 @@
 //      bits as A fragments, acc += P V (ldmatrix.trans + mma).
 //   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and
 //      merge; o = acc / l_i and lse, or the split's partials.
+//   Launches (sm_90+, common/pdl.cuh): the decode is the programmatic dependent of
+//   the kernel before it on the stream (it waits for that kernel before its first
+//   memory access, so only its launch overlaps), and with splits merge.cu's launch is
+//   the decode's dependent: every block lets it be scheduled from its start, so its
+//   launch and block start overlap the last splits' work; it waits for this grid's
+//   end before reading the partials.
 //
 // Constraints: D <= 256 (padded to a multiple of 16 in shared memory and registers
 // only; pad columns are zero-filled, so they add exact zeros). VEC (16-byte aligned
@@ -45,6 +51,7 @@
 #include "common/copy.cuh"
 #include "common/mma.cuh"
 #include "common/paged.cuh"
+#include "common/pdl.cuh"
 #include "common/softmax.cuh"
 #include "common/tma.cuh"
 #include "common/variant.cuh"
@@ -369,6 +376,11 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
   extern __shared__ __align__(16) unsigned char smem[];
   auto& st = *reinterpret_cast<typename KT::Storage*>(smem);
 
+  // sm_90+: launched as the programmatic dependent of the kernel before it (the host's
+  // DecodeLaunch), so nothing is read or written before that kernel has finished;
+  // and the merge of the splits, its own dependent, may be scheduled from here.
+  grid_dependency_wait();
+  launch_dependents();
   const int b = blockIdx.z, hk = blockIdx.y;
   const int row_block = blockIdx.x / dp.num_splits, split = blockIdx.x % dp.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -19,6 +19,9 @@
 //
 // Threads: one warp per row (N0 * N1 * N2 rows), lanes over D (and over states for
 // the LSEs); fp32 arithmetic.
+// Split-KV launches it as decode.cu's programmatic dependent (common/pdl.cuh): its
+// blocks may be resident before the decode ends and wait for it before any load.
+#include "common/pdl.cuh"
 #include "common/softmax.cuh"
 
 struct StateView {
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_states(const MergePara
   const int lane = threadIdx.x % 32;
   const i64 row = i64(blockIdx.x) * MERGE_WARPS + threadIdx.x / 32;
   if (row >= i64(p.n0) * p.n1 * p.n2) return;
+  grid_dependency_wait();  // the states' writer, when launched as its dependent
   const int x2 = int(row % p.n2), x1 = int((row / p.n2) % p.n1), x0 = int(row / (i64(p.n2) * p.n1));
 
   float m = view_max(p.a, x0, x1, x2, lane, -CA_INF);

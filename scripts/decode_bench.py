@@ -23,7 +23,8 @@ views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures
 
 ``--peers``: FlashAttention-4's Hopper kernels (``flash_attn.cute``: ``flash_attn_func``
 on contiguous [B, Sk, Hkv, D] caches, ``flash_attn_varlen_func`` with ``page_table`` and
-``seqused_k`` on paged ones; split heuristic on, ``num_splits=0``) and FlashInfer
+``seqused_k`` on paged ones; its split heuristic, ``num_splits=0``, except on sm_90, where
+it asserts "SplitKV not supported on SM 9.0" and runs one split) and FlashInfer
 (``BatchDecodeWithPagedKVCacheWrapper``, tensor cores, NHD pages [pages, 2, page, Hkv, D];
 its plan is made once, outside the timing; paged only), where installed
 (``../shared/tools/peers.md``). Their rows read the same bytes as ours, from caches
@@ -203,12 +204,14 @@ def bench_fa4(torch, shape, page, dtype, reps, l2):
     sets = [_peer_set(torch, shape, page, getattr(torch, dtype))
             for _ in range(n_sets(per_set, l2))]
 
+    splits = 1 if torch.cuda.get_device_capability()[0] == 9 else 0
+
     def call(q, k, v, table, lens):
         if table is None:
-            return flash_attn_func(q, k, v, causal=True, num_splits=0)
+            return flash_attn_func(q, k, v, causal=True, num_splits=splits)
         return flash_attn_varlen_func(q, k, v, page_table=table, seqused_k=lens,
                                       max_seqlen_q=sq, max_seqlen_k=sk, causal=True,
-                                      num_splits=0)
+                                      num_splits=splits)
 
     with torch.no_grad():
         return time_torch(torch, call, sets, reps, per_set)
@@ -267,12 +270,19 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch the split merge as an ordinary kernel, not as the decode's "
+                         "programmatic dependent (the A/B of that launch)")
     ap.add_argument("--peers", default="", type=choice_list(PEERS),
                     help="comma-separated: fa4, flashinfer (installed separately; see the "
                          "module docstring)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
+    if a.no_pdl:
+        from cupy_attention import jit
+
+        jit._launch_ex_fn[:] = [None]   # every dependent launch falls back to cuLaunchKernel
     cupy = device.require_cupy()
     dev = cupy.cuda.runtime.getDevice()
     props = cupy.cuda.runtime.getDeviceProperties(dev)
@@ -291,7 +301,7 @@ def main() -> int:
     commit, dirty = _git_commit()
     report = {"device": device.device_name(dev), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
-        "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2,
+        "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2, "pdl": not a.no_pdl,
         "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
                   "K+V bytes read once per call; rotating input sets > 2x L2",
         "rows": []}

@@ -206,6 +206,49 @@ def test_results_do_not_depend_on_the_split_count(page):
             1e-5 * max(1.0, float(abs(base_l[fin]).max()))
 
 
+@pytest.mark.parametrize("splits", [1, 16])
+def test_dependent_launches_wait_for_the_kernel_before(splits, monkeypatch):
+    """sm_90+: the decode is launched as the programmatic dependent of the kernel before
+    it and the merge as the decode's (kernels/common/pdl.cuh). Each call here follows
+    an in-place rewrite of q and of the lengths by an ordinary kernel, and writes the
+    same output buffer, so a decode that read before that kernel finished, or a merge
+    that read the partials before the decode wrote them, would differ from the same
+    calls launched in order: they must agree bit for bit."""
+    import cupy
+
+    from cupy_attention import device, jit
+
+    if device.arch_cc(device.device_arch(cupy.cuda.runtime.getDevice())) < 90:
+        pytest.skip("programmatic dependent launch is sm_90+")
+    q, k, v, table, lens, _, _ = make_cache(seed_for("pdl", splits), B=4, Hq=32, Hkv=8, D=128,
+                                            Sq=1, lengths=(3000, 1, 4096, 700), page=16,
+                                            dtype="bfloat16")
+    qs = [normal(cupy, seed_for("pdl-q", i), q.shape).astype(q.dtype) for i in range(12)]
+    # each at most the sequence's length in make_cache (rows past it are NaN)
+    lengths = [cupy.asarray(np.array([3000 - 97 * i, i % 2, 4096 - 300 * i, 700 - 5 * i],
+                                     dtype=np.int32)) for i in range(12)]
+
+    def run():
+        out = cupy.empty(q.shape, dtype=q.dtype)   # [B, Sq, Hq, D], reused
+        got = []
+        for qi, li in zip(qs, lengths):
+            q[...] = qi
+            lens[...] = li
+            out[...] = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                           num_splits=splits)
+            got.append(out.copy())
+        cupy.cuda.get_current_stream().synchronize()
+        return got
+
+    dependent = run()
+    assert jit._launch_kernel_ex() is not None, "this driver has cuLaunchKernelEx"
+    monkeypatch.setattr(jit, "_launch_ex_fn", [None])   # ordinary launches
+    ordered = run()
+    for a, b in zip(dependent, ordered):
+        assert bool(cupy.array_equal(a.view(cupy.uint16), b.view(cupy.uint16)))
+    assert not bool(cupy.array_equal(ordered[0], ordered[1]))   # the inputs did change
+
+
 @pytest.mark.parametrize("max_seqlen", [0, 100])
 def test_a_short_max_seqlen_costs_speed_not_correctness(max_seqlen):
     """The split plan made for 0 or 100 keys; the last split runs to each end."""

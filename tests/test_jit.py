@@ -240,3 +240,28 @@ def test_resources_parse_spills():
     r = jit.parse_resources(log)
     assert (r.registers, r.spill_stores, r.spill_loads, r.stack_frame, r.static_smem) == (96, 16, 8, 24, 1024)
     assert r.spills == 24
+
+
+def test_launch_config_mirrors_cuda_h():
+    """The ctypes CUlaunchAttribute / CUlaunchConfig of the programmatic launches
+    (jit.launch_packed(dependent=True)) have cuda.h's layout (CUDA 12 and 13: checked
+    against /usr/local/cuda-13.0/include/cuda.h with gcc, 2026-11-27), and the one
+    attribute is programmatic stream serialization (6) with the int value 1."""
+    import ctypes
+    import struct as st
+
+    assert ctypes.sizeof(jit._LaunchAttribute) == 72
+    assert jit._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(jit._LaunchConfig) == 56
+    assert (jit._LaunchConfig.stream.offset, jit._LaunchConfig.attrs.offset,
+            jit._LaunchConfig.num_attrs.offset) == (32, 40, 48)
+    attr = jit._PROGRAMMATIC_SERIALIZATION
+    raw = ctypes.string_at(ctypes.addressof(attr), ctypes.sizeof(attr))
+    assert st.unpack_from("<i", raw, 0)[0] == 6 and st.unpack_from("<i", raw, 8)[0] == 1
+
+
+def test_arch_cc():
+    from cupy_attention.device import arch_cc
+
+    assert [arch_cc(a) for a in ("sm_80", "sm_86", "sm_90a", "sm_100a", "sm_120")] == \
+        [80, 86, 90, 100, 120]

@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from .. import jit
+from .. import device, jit
 from ..params import FWD_DTYPE, make_struct
 from ..problem import Problem
 from ..variant import Variant
@@ -329,6 +329,10 @@ class DecodeLaunch:
                                       lse_strides=lse_strides, p=p, **tensors).tobytes()
         self.kernel = jit.get_function(p.spec, arch, device_id)
         self.grid = p.grid(s)
+        # sm_90+: the decode is the programmatic dependent of the kernel before it and
+        # the merge the decode's (kernels/common/pdl.cuh): their launches overlap the
+        # kernel before them, each waits for it before touching memory
+        self.dependent = device.arch_cc(arch) >= 90
         if p.num_splits > 1:
             rows = s.batch * s.heads_q * s.seqlen_q
             o4 = (rows * s.head_dim, s.heads_q * s.seqlen_q * s.head_dim,
@@ -355,7 +359,8 @@ class DecodeLaunch:
         if lengths is not None:
             struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
         if p.num_splits == 1:
-            self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
+            self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
+                                      dependent=self.dependent)
             return
         with stream:   # the partials live on the launch stream (stream-ordered reuse)
             o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
@@ -363,11 +368,13 @@ class DecodeLaunch:
             lse_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q),
                                   dtype=cupy.float32)
         _PARTS.pack_into(buf, _PARTS_AT, o_part.data.ptr, lse_part.data.ptr)
-        self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr)
+        self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
+                                  dependent=self.dependent)
         mbuf = bytearray(self.merge_template)
         for at, ptr in zip(_MERGE_AT, (o_part.data.ptr, lse_part.data.ptr, o, lse)):
             struct.pack_into("<Q", mbuf, at, ptr)
-        self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr)
+        self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr,
+                                        dependent=self.dependent)
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
