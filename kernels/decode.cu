@@ -26,7 +26,12 @@
 //   2. producer (every thread): cp.async tile t (K and V, 16-byte chunks) into ring
 //      buffer t % STAGES, STAGES - 1 tiles ahead. Paged caches: the tile's page ids
 //      were copied into shared memory (one 4-byte cp.async per key) in the commit
-//      group STAGES - 1 tiles earlier, so no copy waits on a block-table load.
+//      group STAGES - 1 tiles earlier, so no copy waits on a block-table load. On
+//      sm_90, paged rows of 256 bytes or more go by one bulk copy each, and contiguous
+//      caches (TMA traits, the host's use_tma) by one thread's tensor-map copies, a
+//      64-column box of the tile each, into the swizzled layout of wgmma.cuh's
+//      SwizzledTile (ldmatrix reads it through kv_at); both complete on a stage's
+//      mbarrier.
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
@@ -53,11 +58,13 @@
 #include "common/paged.cuh"
 #include "common/pdl.cuh"
 #include "common/softmax.cuh"
+#include "common/storage.cuh"
 #include "common/tma.cuh"
 #include "common/variant.cuh"
+#include "common/wgmma.cuh"
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
-          bool VEC_, bool PAGED_>
+          bool VEC_, bool PAGED_, bool TMA_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -80,12 +87,37 @@ struct DecodeTraits {
   static constexpr bool VEC = VEC_;
   using Pages = PageRing<PAGED_, BLOCK_N, STAGES>;
   static constexpr int MROW = D_PAD + 4;                // merge row stride (floats)
+  // TMA (sm_90, contiguous caches): the ring's tiles are SwizzledTile<BLOCK_N, D_PAD>
+  // (wgmma.cuh: 64-column blocks of 128-byte rows, the 128-byte swizzle), each 64
+  // columns of a tile one tensor-map box; otherwise rows of SROW elements.
+  static constexpr bool TMA = TMA_;
+  using KVTile = SwizzledTile<BLOCK_N, D_PAD>;
+  static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
+  static constexpr int D_BOXES = (D_PAD + 63) / 64;
+  // Byte offset in a ring tile of 16-byte chunk c (columns 8c..8c+7) of key row r.
+  __device__ __forceinline__ static u32 kv_offset(int r, int c) {
+    if constexpr (TMA) return KVTile::offset(r, c);
+    return (r * SROW + c * 8) * 2;
+  }
+  // A lane's ldmatrix rows: row r0 + x, chunk c0 + y of a tile (c0 < 2; x a multiple of
+  // 8 and y even, both compile-time in the loops) is at kv_at(lane, kv_key(r0, c0), x,
+  // y), lane the address of (r0, c0) (TMA: of (r0, 0)): padded rows are linear in x and
+  // y; the swizzle XORs the chunk within its 64-column block with the row's low three
+  // bits, which x keeps.
+  __device__ __forceinline__ static u32 kv_key(int r0, int c0) {
+    return TMA ? u32((c0 ^ (r0 % 8)) << 4) : 0u;
+  }
+  __device__ __forceinline__ static u32 kv_at(u32 lane, u32 key, int x, int y) {
+    if constexpr (TMA)
+      return lane + x * 128 + (y / 8) * KVTile::BLOCK_BYTES + (key ^ ((y % 8) << 4));
+    return lane + (x * SROW + y * 8) * 2;
+  }
 
   struct Storage {
     union {
       struct {
-        T k[STAGES][BLOCK_N * SROW];
-        T v[STAGES][BLOCK_N * SROW];
+        T k[STAGES][BLOCK_N * KV_ROW];
+        T v[STAGES][BLOCK_N * KV_ROW];
       } ring;
       struct {
         float acc[KEY_WARPS][ROWS][MROW];
@@ -97,7 +129,8 @@ struct DecodeTraits {
     typename Pages::Ids ids;
     alignas(8) u64 full[STAGES];   // sm_90 bulk copies: tile landed (one phase per use)
   };
-  static constexpr int SMEM_BYTES = sizeof(Storage);
+  // TMA: Storage is placed at the first 1024-byte boundary (storage.cuh).
+  static constexpr int SMEM_BYTES = sizeof(Storage) + (TMA ? SMEM_SLACK : 0);
 
   static_assert(sizeof(T) == 2, "decode takes 16-bit inputs");
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
@@ -105,6 +138,7 @@ struct DecodeTraits {
   static_assert(WARP_KEYS % 16 == 0, "a warp's keys are whole k16 steps of P V");
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
+  static_assert(!TMA || (VEC && !PAGED_ && BLOCK_N <= 256), "TMA: contiguous, aligned, box rows");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -170,7 +204,8 @@ __device__ __forceinline__ void load_q(typename KT::Storage& st, const FwdParams
 
 // Producer (every thread): the keys [j0, j0 + BLOCK_N) of K and V, below kv_hi, into
 // ring buffer `stage` (cp.async with VEC, element copies otherwise; zeros past kv_hi
-// and past D). Paged rows are located through the page ids of ring slot `ids`.
+// and past D), in the ring's layout (KT::kv_offset; TMA traits below sm_90 too).
+// Paged rows are located through the page ids of ring slot `ids`.
 template <class KT>
 __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParams& p,
                                         const CacheParams& cache, int b, int hk, int stage,
@@ -186,6 +221,12 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
     const KVRow at = ok ? KT::Pages::row(st.ids, p, cache, b, hk, ids, row, j) : KVRow{0, 0};
     T* sk = &st.ring.k[stage][row * KT::SROW + cc];
     T* sv = &st.ring.v[stage][row * KT::SROW + cc];
+    if constexpr (KT::TMA) {
+      sk = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.k[stage][0]) +
+                                KT::kv_offset(row, cc / 8));
+      sv = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.v[stage][0]) +
+                                KT::kv_offset(row, cc / 8));
+    }
     if constexpr (KT::VEC) {
       const bool in = ok && cc < KT::D;
       cp_async_16_l2_256(smem_addr(sk), k + at.k + (in ? cc : 0), in);
@@ -236,6 +277,23 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
   }
 }
 
+// Producer on sm_90 for contiguous caches (thread 0): the keys [j0, j0 + BLOCK_N) of K
+// and V of (batch b, KV head hk), D_BOXES boxes of 64 columns each, by the copy engine
+// through the caches' tensor maps, completing on mbarrier `bar`. Rows past the map's
+// (the cache's capacity) and columns past D arrive as zeros; rows from kv_hi on are
+// copied as they are (the caller zeroes V's there).
+template <class KT>
+__device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& k_map,
+                                            const TmaMap& v_map, int b, int hk, int j0, u32 bar) {
+  constexpr u32 BOX = KT::KVTile::BLOCK_BYTES;
+  mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);
+#pragma unroll
+  for (int x = 0; x < KT::D_BOXES; ++x) {
+    tma_load_4d(k_dst + x * BOX, k_map, 64 * x, j0, hk, b, bar);
+    tma_load_4d(v_dst + x * BOX, v_map, 64 * x, j0, hk, b, bar);
+  }
+}
+
 // Consumer step of one warp: its WARP_KEYS keys (first key k0) of the tile in ring
 // buffer `stage` against its 16 packed rows. s = Q K^T; the variant's scores where
 // the tile is partial or the variant transforms them (otherwise the scale joins the
@@ -243,8 +301,8 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
 template <class KT, class VT>
 __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRows<KT>& rows,
                                              const u32 (&qf)[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
-                                             u32 q_addr, u32 k_addr, u32 v_addr, int b, int k0,
-                                             bool partial, int lane,
+                                             u32 q_addr, u32 k_lane, u32 k_key, u32 v_lane,
+                                             u32 v_key, int b, int k0, bool partial, int lane,
                                              FragSoftmax<KT::N_TILES>& sm,
                                              float (&acc)[KT::D_TILES * 4]) {
   using T = typename KT::T;
@@ -263,7 +321,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
     for (int nt = 0; nt < KT::N_TILES; nt += 2) {
       u32 bk[4];
-      ldmatrix_x4(bk, k_addr + (nt * 8 * KT::SROW + ks * 16) * 2);
+      ldmatrix_x4(bk, KT::kv_at(k_lane, k_key, nt * 8, 2 * ks));
       mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
       mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
     }
@@ -298,7 +356,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
     for (int dt = 0; dt < KT::D_TILES; dt += 2) {
       u32 bv[4];
-      ldmatrix_x4_trans(bv, v_addr + (ks * 16 * KT::SROW + dt * 8) * 2);
+      ldmatrix_x4_trans(bv, KT::kv_at(v_lane, v_key, ks * 16, dt));
       mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4]), a, bv[0], bv[1], T{});
       mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4 + 4]), a, bv[2], bv[3], T{});
     }
@@ -369,12 +427,16 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
 
 // One block: ROWS packed rows of KV head hk (y), batch b (z), keys of split
 // x % num_splits; x / num_splits is the row block.
+// k_map, v_map: the caches' tensor maps (KT::TMA; ignored otherwise).
 template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp) {
+__global__ void __launch_bounds__(KT::THREADS)
+    decode_fwd(const DecodeParams dp, const __grid_constant__ TmaMap k_map,
+               const __grid_constant__ TmaMap v_map) {
   constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N;
   using Pages = typename KT::Pages;
   extern __shared__ __align__(16) unsigned char smem[];
-  auto& st = *reinterpret_cast<typename KT::Storage*>(smem);
+  auto& st = *reinterpret_cast<typename KT::Storage*>(
+      KT::TMA ? shared_ptr<unsigned char>(smem, storage_base(smem)) : smem);
 
   // sm_90+: launched as the programmatic dependent of the kernel before it (the host's
   // DecodeLaunch), so nothing is read or written before that kernel has finished;
@@ -417,13 +479,22 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
 #if __CUDA_ARCH__ >= 900
   constexpr bool BULK = KT::VEC && Pages::kPaged && KT::D * sizeof(typename KT::T) >= 256 &&
                         BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
+  constexpr bool TMA = KT::TMA;
 #else
-  constexpr bool BULK = false;
+  constexpr bool BULK = false, TMA = false;   // TMA traits: cp.async into the same layout
 #endif
   const u32 full = smem_addr(&st.full[0]);
+  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2;
   auto issue = [&](int t) {
     if (t < n_tiles) {
-      if constexpr (BULK)
+      if constexpr (TMA) {
+        if (threadIdx.x == 0) {
+          fence_proxy_async();   // this thread's reads of the buffer come first
+          load_kv_tma<KT>(smem_addr(&st.ring.k[0][0]) + (t % STAGES) * STAGE_BYTES,
+                          smem_addr(&st.ring.v[0][0]) + (t % STAGES) * STAGE_BYTES, k_map, v_map,
+                          b, hk, kv_lo + t * BLOCK_N, full + 8 * (t % STAGES));
+        }
+      } else if constexpr (BULK)
         load_kv_bulk<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS,
                          kv_lo + t * BLOCK_N, kv_hi, full + 8 * (t % STAGES));
       else
@@ -444,13 +515,16 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
     }
     if (threadIdx.x < STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
   }
+  if constexpr (TMA) {
+    if (threadIdx.x < STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
+  }
   if constexpr (Pages::kPaged) {
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) ids_of(t);
     cp_async_commit();
   }
   load_q<KT>(st, p, rows, b, hk);
-  if constexpr (Pages::kPaged || BULK) {
+  if constexpr (Pages::kPaged || BULK || TMA) {
     cp_async_wait<0>();
     __syncthreads();   // the first tiles' page ids are in; the mbarriers are initialized
   }
@@ -468,13 +542,31 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
   const int lm = lane / 8, lr = lane % 8;
   const u32 q_addr = smem_addr(&st.q[(16 * rw + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
   const int key0 = kw * KT::WARP_KEYS;   // the warp's first key row in a tile
-  const u32 k_addr = smem_addr(&st.ring.k[0][(key0 + lr + 8 * (lm >> 1)) * KT::SROW + 8 * (lm & 1)]);
-  const u32 v_addr = smem_addr(&st.ring.v[0][(key0 + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
-  constexpr u32 STAGE_BYTES = BLOCK_N * KT::SROW * 2;
+  // this lane's rows and chunks of K (B of Q K^T) and V (B of P V, transposed)
+  const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
+  const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
+  const u32 k_lane = KT::TMA ? smem_addr(&st.ring.k[0][0]) + k_r0 * 128
+                             : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
+  const u32 v_lane = KT::TMA ? smem_addr(&st.ring.v[0][0]) + v_r0 * 128
+                             : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
+  const u32 k_key = KT::kv_key(k_r0, k_c0), v_key = KT::kv_key(v_r0, v_c0);
 
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<STAGES - 2>();
-    if constexpr (BULK) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+    if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+    if constexpr (TMA) {
+      // The copy brought V's rows from kv_hi on as the cache holds them (the next
+      // split's keys, or rows past the sequence that may hold anything): zeros, so
+      // that P = 0 there adds exact zeros. K's rows there are masked by select.
+      const int valid = kv_hi - (kv_lo + t * BLOCK_N);
+      if (valid < BLOCK_N) {
+        unsigned char* v_tile = reinterpret_cast<unsigned char*>(&st.ring.v[t % STAGES][0]);
+        for (int x = threadIdx.x; x < (BLOCK_N - valid) * KT::D_BOXES * 8; x += KT::THREADS) {
+          const int row = valid + x / (KT::D_BOXES * 8), c = x % (KT::D_BOXES * 8);
+          *reinterpret_cast<uint4*>(v_tile + KT::kv_offset(row, c)) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
     __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
     issue(t + STAGES - 1);
     if constexpr (KT::Q_IN_REGS) {
@@ -486,8 +578,8 @@ __global__ void __launch_bounds__(KT::THREADS) decode_fwd(const DecodeParams dp)
     const int k0 = kv_lo + t * BLOCK_N + key0;
     const bool partial = VT::partial(p, i_first, i_last, k0, k0 + KT::WARP_KEYS - 1);
     const u32 buf = (t % STAGES) * STAGE_BYTES;
-    consume_tile<KT, VT>(p, rows, qf, q_addr, k_addr + buf, v_addr + buf, b, k0, partial, lane,
-                         sm, acc);
+    consume_tile<KT, VT>(p, rows, qf, q_addr, k_lane + buf, k_key, v_lane + buf, v_key, b, k0,
+                         partial, lane, sm, acc);
   }
 
   cp_async_wait<0>();

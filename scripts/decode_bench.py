@@ -270,6 +270,8 @@ def main() -> int:
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-tma", action="store_true",
+                    help="contiguous caches by cp.async, not tensor maps (the A/B of use_tma)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="launch the split merge as an ordinary kernel, not as the decode's "
                          "programmatic dependent (the A/B of that launch)")
@@ -279,6 +281,10 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
+    if a.no_tma:
+        from cupy_attention.families import decode as decode_family
+
+        decode_family.use_tma = lambda *args: False
     if a.no_pdl:
         from cupy_attention import jit
 
@@ -302,6 +308,7 @@ def main() -> int:
     report = {"device": device.device_name(dev), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
         "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2, "pdl": not a.no_pdl,
+        "tma": not a.no_tma,
         "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
                   "K+V bytes read once per call; rotating input sets > 2x L2",
         "rows": []}

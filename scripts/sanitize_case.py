@@ -17,6 +17,9 @@ result is wrong. Then each backward kernel
 (flash_mma, flash), both dQ modes, on the unmasked cases, against the float64
 reference backward.
 
+--decode runs attention_decode instead: contiguous caches (on sm_90 through tensor maps),
+paged ones, lengths off every tile, forced split counts (the merge), GQA with Sq > 1.
+
 --no-pool turns CuPy's memory pool off (cupy.cuda.set_allocator(None)), so
 memcheck sees every allocation's real bounds.
 """
@@ -48,6 +51,14 @@ PERSISTENT_CASES = (
     (3, 40, 8, 300, 300, 128, False, None),
 )
 BACKWARD_KERNELS = ("flash_wgmma", "flash_mma", "flash")
+# attention_decode: (B, Hq, Hkv, Sq, capacity, D, lengths, page size or 0, splits)
+DECODE_CASES = (
+    (3, 8, 2, 1, 300, 128, (1, 77, 300), 0, None),
+    (2, 8, 2, 4, 520, 128, (519, 130), 0, 3),
+    (2, 4, 1, 2, 400, 64, (400, 33), 0, 2),
+    (1, 4, 4, 1, 700, 256, (650,), 0, 4),
+    (2, 8, 2, 1, 300, 128, (299, 64), 16, 2),
+)
 
 
 def host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D):
@@ -65,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pool", action="store_true", help="disable CuPy's memory pool")
     ap.add_argument("--families", nargs="*", help="default: every family in dispatch.FAMILIES")
     ap.add_argument("--no-backward", action="store_true", help="skip the backward kernels")
+    ap.add_argument("--decode", action="store_true", help="attention_decode cases only")
     ap.add_argument("--backward-kernels", nargs="*", default=list(BACKWARD_KERNELS),
                     help=f"default: {' '.join(BACKWARD_KERNELS)}")
     args = ap.parse_args(argv)
@@ -82,6 +94,10 @@ def main(argv=None) -> int:
 
     cc = device.compute_capability(cupy.cuda.runtime.getDevice())
     rng = np.random.default_rng(0)
+    if args.decode:
+        bad = decode_cases(cupy, ca, rng)
+        print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
+        return 1 if bad else 0
     bad = 0
     for name in args.families or list(FAMILIES):
         family = FAMILIES[name]
@@ -126,6 +142,56 @@ def main(argv=None) -> int:
         bad += backward_cases(cupy, ca, rng, args.backward_kernels)
     print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
     return 1 if bad else 0
+
+
+def decode_cases(cupy, ca, rng) -> int:
+    """attention_decode on DECODE_CASES (bf16) against the float64 reference; cache
+    rows past each length hold NaN, so a read of one shows; returns the wrong count."""
+    from cupy_attention.reference import attention_decode_reference
+
+    bad = 0
+    for B, Hq, Hkv, Sq, cap, D, lengths, page, splits in DECODE_CASES:
+        q, k, v = (x.transpose(0, 2, 1, 3) for x in host_inputs(rng, "bfloat16", B, Hq, Hkv,
+                                                                 Sq, cap, D))
+        k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)   # [B, cap, Hkv, D]
+        for b, n in enumerate(lengths):
+            k[b, n:] = np.nan
+            v[b, n:] = np.nan
+        lens = np.asarray(lengths, dtype=np.int32)
+        table = None
+        kc, vc = k, v
+        if page:   # pages in reverse order
+            per = -(-cap // page)
+            table = (B * per - 1 - np.arange(B * per, dtype=np.int32)).reshape(B, per)
+            kc = np.empty((B * per, page, Hkv, D), k.dtype)
+            vc = np.empty_like(kc)
+            for b in range(B):
+                for j in range(per):
+                    rows = slice(j * page, min((j + 1) * page, cap))
+                    n = rows.stop - rows.start
+                    kc[table[b, j], :n], vc[table[b, j], :n] = k[b, rows], v[b, rows]
+                    kc[table[b, j], n:] = vc[table[b, j], n:] = np.nan
+        label = (f"decode B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} D={D} lengths={lengths} "
+                 f"{'page ' + str(page) if page else 'contiguous'} splits={splits}")
+        t0 = time.perf_counter()
+        out, lse = ca.attention_decode(
+            cupy.asarray(np.ascontiguousarray(q)), cupy.asarray(kc), cupy.asarray(vc),
+            cache_seqlens=cupy.asarray(lens), return_lse=True, num_splits=splits,
+            block_table=None if table is None else cupy.asarray(table))
+        cupy.cuda.Device().synchronize()
+        ref, ref_lse = attention_decode_reference(
+            q, kc, vc, cache_seqlens=lens, block_table=table)
+        got = cupy.asnumpy(out).astype(np.float64)
+        err = float(np.abs(got - ref).max())
+        fin = np.isfinite(ref_lse)
+        got_lse = cupy.asnumpy(lse)
+        ok = (bool(np.isfinite(got).all()) and err < 2e-2
+              and np.array_equal(np.isfinite(got_lse), fin)
+              and float(np.abs(got_lse[fin] - ref_lse[fin]).max()) < 1e-3)
+        bad += not ok
+        print(f"{'ok   ' if ok else 'WRONG'} {label}: max err {err:.2e} "
+              f"({time.perf_counter() - t0:.1f}s)", flush=True)
+    return bad
 
 
 def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS) -> int:

@@ -42,7 +42,8 @@ MHA_MAX_PAIRS = 64
 # the ring takes as many stages (2 to MAX_STAGES) as fit BLOCK_SMEM, so that two
 # blocks share an SM on Hopper (228 KB per SM, 1 KB reserved per block). A device
 # whose per-block limit is lower (99 KB on consumer parts) gets fewer stages, then
-# fewer key warps.
+# fewer key warps. Contiguous caches on sm_90 load through tensor maps (use_tma): the
+# ring's rows then take whole 64-column blocks and 1 KB of alignment slack.
 BLOCK_SMEM = 113 * 1024
 MAX_STAGES = 6
 # Keys per warp and tile: 64 left ptxas at 128 registers with spills (sm_90a, D = 64,
@@ -109,20 +110,23 @@ class Tile:
         return 32 * self.row_warps * self.key_warps
 
 
-def smem_bytes(head_dim: int, t: Tile, paged: bool) -> int:
-    """``sizeof(DecodeTraits::Storage)``: the K/V ring (or the key warps' merge area),
-    Q's packed rows, the page ids, the ring's mbarriers."""
+def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
+    """``DecodeTraits::SMEM_BYTES``: sizeof(Storage) (the K/V ring or the key warps'
+    merge area, Q's packed rows, the page ids, the ring's mbarriers), and with TMA the
+    slack that places it on a 1024-byte boundary (its ring rows then take whole
+    64-column blocks of the swizzled layout)."""
     d_pad = -(-head_dim // 16) * 16
     srow = d_pad + 8
-    ring = 2 * t.stages * t.block_n * srow * 2
+    kv_row = -(-d_pad // 64) * 64 if tma else srow
+    ring = 2 * t.stages * t.block_n * kv_row * 2
     merge = t.key_warps * t.rows * (d_pad + 4) * 4 + 2 * t.key_warps * t.rows * 4
     ids = 4 * (2 * (t.stages - 1) * t.block_n if paged else 1)
     head = max(ring, merge) + t.rows * srow * 2 + ids
-    return -(-head // 8) * 8 + 8 * t.stages
+    return -(-head // 8) * 8 + 8 * t.stages + (1024 if tma else 0)
 
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
-         smem_limit: int = DEFAULT_SMEM_LIMIT) -> Tile:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False) -> Tile:
     """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
     order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
     warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
@@ -140,7 +144,7 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
     for budget in (min(BLOCK_SMEM, smem_limit), smem_limit):
         for kw, wk in shapes:
             fits = [st for st in range(2, MAX_STAGES + 1)
-                    if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged) <= budget]
+                    if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged, tma) <= budget]
             if fits:
                 return Tile(rw, kw, wk, max(fits))
     return Tile(rw, 1, 16, 2)
@@ -185,6 +189,7 @@ class Plan:
     num_splits: int
     split_keys: int
     smem: int
+    tma: bool = False   # K and V tiles through tensor maps (use_tma)
 
     @property
     def rows(self) -> int:
@@ -199,13 +204,13 @@ class Plan:
 
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
-         vec: bool) -> jit.KernelSpec:
+         vec: bool, tma: bool = False) -> jit.KernelSpec:
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
-              f"{'true' if paged else 'false'}>")
+              f"{'true' if paged else 'false'}{', true' if tma else ''}>")
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
-            f"{'' if vec else ',unaligned'}]")
+            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -224,21 +229,38 @@ def append_spec(dtype: str, vec: bool, paged: bool) -> jit.KernelSpec:
     return jit.KernelSpec("append.cu", expr, name)
 
 
+def use_tma(s: DecodeShape, vec: bool, arch: str, kv_rows: int, k_strides, v_strides) -> bool:
+    """Whether K and V tiles load through tensor maps (cp.async.bulk.tensor; sm_90+):
+    contiguous 16-byte aligned caches whose [B, Hkv, rows, D] views have a tensor map
+    (tma.tileable) with no broadcast (stride 0) head or batch axis, D >= 64. ``*_strides``:
+    (batch, head, row) in elements."""
+    from .. import tma
+
+    if s.paged or not vec or s.head_dim < 64 or device.arch_cc(arch) < 90:
+        return False
+    for b_stride, h_stride, r_stride in (k_strides, v_strides):
+        if not tma.tileable(s.batch, s.heads_kv, kv_rows, (b_stride, h_stride, r_stride)):
+            return False
+        if (h_stride == 0 and s.heads_kv > 1) or (b_stride == 0 and s.batch > 1):
+            return False
+    return True
+
+
 @functools.lru_cache(maxsize=4096)
 def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
-         smem_limit: int = DEFAULT_SMEM_LIMIT) -> Plan:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False) -> Plan:
     """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
-    tests and benchmarks)."""
+    tests and benchmarks; ``tma``: use_tma's answer)."""
     rows_total = s.group * s.seqlen_q
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit)
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
-    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec), t, row_blocks,
-                num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged))
+    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, tma), t, row_blocks,
+                num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, tma), tma)
 
 
 def _ptr(x) -> int:
@@ -303,6 +325,10 @@ def launch_merge(params: np.void, rows: int, kspec: jit.KernelSpec, stream, devi
 _POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of DecodeParams.fwd
 _PARTS = struct.Struct("<2Q")      # o_part, lse_part
 _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
+# decode_fwd's parameters: DecodeParams, then the K and V tensor maps (TmaMap, 64-byte
+# aligned, 128 bytes each; zeros where the launch takes no maps)
+_MAPS_AT = -(-DECODE_DTYPE.itemsize // 64) * 64
+_PARAM_BYTES = _MAPS_AT + 256
 _CACHE_AT = DECODE_DTYPE.fields["cache"][1]
 _TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
 _LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
@@ -322,11 +348,19 @@ class DecodeLaunch:
     block table and lengths, which stay fixed)."""
 
     def __init__(self, s: DecodeShape, scale: float, p: Plan, o_strides, lse_strides,
-                 device_id: int, arch: str, **tensors):
+                 device_id: int, arch: str, kv_rows: int = 0, **tensors):
         self.s, self.p = s, p
-        self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
-                                      tensors.pop("v"), None, None, o_strides=o_strides,
-                                      lse_strides=lse_strides, p=p, **tensors).tobytes()
+        self.maps = None
+        if p.tma:   # kv_rows: the rows of the caches' [B, Hkv, rows, D] views
+            from .. import tma
+
+            self.maps = tuple(tma.TileMaps(tma.map_geometry(
+                s.batch, s.heads_kv, kv_rows, s.head_dim, tensors[f"{x}_strides"],
+                p.tile.block_n)) for x in ("k", "v"))
+        params = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"), tensors.pop("v"),
+                               None, None, o_strides=o_strides, lse_strides=lse_strides, p=p,
+                               **tensors).tobytes()
+        self.template = params + bytes(_PARAM_BYTES - len(params))
         self.kernel = jit.get_function(p.spec, arch, device_id)
         self.grid = p.grid(s)
         # sm_90+: the decode is the programmatic dependent of the kernel before it and
@@ -358,6 +392,9 @@ class DecodeLaunch:
             struct.pack_into("<Q", buf, _TABLE_AT, table)
         if lengths is not None:
             struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
+        if self.maps is not None:
+            buf[_MAPS_AT:_MAPS_AT + 128] = self.maps[0](k).tobytes()
+            buf[_MAPS_AT + 128:_PARAM_BYTES] = self.maps[1](v).tobytes()
         if p.num_splits == 1:
             self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
                                       dependent=self.dependent)
@@ -378,13 +415,15 @@ class DecodeLaunch:
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
-                  device_id: int, arch: str, **tensors) -> DecodeLaunch:
+                  device_id: int, arch: str, kv_rows: int = 0, **tensors) -> DecodeLaunch:
     """Decode (and, with splits, the merge of its partials) on ``stream``.
-    ``tensors``: decode_params' keyword arguments. Returns the launch, which a hot
+    ``tensors``: decode_params' keyword arguments; ``kv_rows``: the rows of a
+    contiguous cache (its tensor maps, ``p.tma``). Returns the launch, which a hot
     call repeats on new pointers."""
     lse_strides = (0, 0, 0) if lse is None else (*_strides(lse)[:2], 1)
     q, k, v = (tensors[n].data.ptr for n in ("q", "k", "v"))
-    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, **tensors)
+    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, kv_rows,
+                          **tensors)
     launch.run(q, k, v, out.data.ptr, _ptr(lse), stream)
     return launch
 
@@ -474,8 +513,10 @@ class Decode(Family):
                        v_strides=bhs_strides(t.v, p.layout))
 
         def make(vec: bool) -> DecodeLaunch:
-            return DecodeLaunch(s, p.scale, plan(s, vec, sms, None, smem_limit), o_strides,
-                                lse_strides, device_id, arch, q=None, k=None, v=None, **strides)
+            tma = use_tma(s, vec, arch, p.seqlen_k, strides["k_strides"], strides["v_strides"])
+            return DecodeLaunch(s, p.scale, plan(s, vec, sms, None, smem_limit, tma), o_strides,
+                                lse_strides, device_id, arch, p.seqlen_k, q=None, k=None,
+                                v=None, **strides)
 
         return HotDecode(make, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)))
 
@@ -496,6 +537,10 @@ class Decode(Family):
             # a consumer part's 99 KB per block
             out.append(spec(d, "bfloat16", tile(16, d, True, 99 * 1024), Variant(causal=True),
                             True, True))
+            # contiguous caches through tensor maps (use_tma): packed rows 4, 16, 64
+            for rows in (4, 16, 64):
+                out.append(spec(d, dtype, tile(rows, d, False, tma=True), Variant(causal=True),
+                                False, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):

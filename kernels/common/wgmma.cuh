@@ -70,12 +70,14 @@ struct SwizzledTile {
   __device__ __forceinline__ static u64 kmajor(u32 tile, int row0, int ks) {
     return smem_desc(tile + row0 * 128 + kmajor_offset(ks), 16, 1024);
   }
-  static constexpr u32 kmajor_offset(int ks) { return (ks / 4) * BLOCK_BYTES + (ks % 4) * 32; }
+  __host__ __device__ static constexpr u32 kmajor_offset(int ks) {
+    return (ks / 4) * BLOCK_BYTES + (ks % 4) * 32;
+  }
   // MN-major B operand: K-rows 16ks..16ks+15, N columns from column 0.
   __device__ __forceinline__ static u64 mnmajor(u32 tile, int ks) {
     return smem_desc(tile + mnmajor_offset(ks), BLOCK_BYTES, 1024);
   }
-  static constexpr u32 mnmajor_offset(int ks) { return ks * 16 * 128; }
+  __host__ __device__ static constexpr u32 mnmajor_offset(int ks) { return ks * 16 * 128; }
 };
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
