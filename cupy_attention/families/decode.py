@@ -325,10 +325,9 @@ def launch_merge(params: np.void, rows: int, kspec: jit.KernelSpec, stream, devi
 _POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of DecodeParams.fwd
 _PARTS = struct.Struct("<2Q")      # o_part, lse_part
 _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
-# decode_fwd's parameters: DecodeParams, then the K and V tensor maps (TmaMap, 64-byte
-# aligned, 128 bytes each; zeros where the launch takes no maps)
-_MAPS_AT = -(-DECODE_DTYPE.itemsize // 64) * 64
-_PARAM_BYTES = _MAPS_AT + 256
+# decode_fwd's arguments after DecodeParams: the K and V tensor maps (TmaMap, 128 bytes
+# each; zeros where the launch takes no maps)
+_NO_MAPS = (bytes(128), bytes(128))
 _CACHE_AT = DECODE_DTYPE.fields["cache"][1]
 _TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
 _LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
@@ -357,10 +356,9 @@ class DecodeLaunch:
             self.maps = tuple(tma.TileMaps(tma.map_geometry(
                 s.batch, s.heads_kv, kv_rows, s.head_dim, tensors[f"{x}_strides"],
                 p.tile.block_n)) for x in ("k", "v"))
-        params = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"), tensors.pop("v"),
-                               None, None, o_strides=o_strides, lse_strides=lse_strides, p=p,
-                               **tensors).tobytes()
-        self.template = params + bytes(_PARAM_BYTES - len(params))
+        self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
+                                      tensors.pop("v"), None, None, o_strides=o_strides,
+                                      lse_strides=lse_strides, p=p, **tensors).tobytes()
         self.kernel = jit.get_function(p.spec, arch, device_id)
         self.grid = p.grid(s)
         # sm_90+: the decode is the programmatic dependent of the kernel before it and
@@ -392,12 +390,10 @@ class DecodeLaunch:
             struct.pack_into("<Q", buf, _TABLE_AT, table)
         if lengths is not None:
             struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
-        if self.maps is not None:
-            buf[_MAPS_AT:_MAPS_AT + 128] = self.maps[0](k).tobytes()
-            buf[_MAPS_AT + 128:_PARAM_BYTES] = self.maps[1](v).tobytes()
+        maps = _NO_MAPS if self.maps is None else (self.maps[0](k), self.maps[1](v))
         if p.num_splits == 1:
             self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
-                                      dependent=self.dependent)
+                                      dependent=self.dependent, tail=maps)
             return
         with stream:   # the partials live on the launch stream (stream-ordered reuse)
             o_part = cupy.empty((p.num_splits, s.batch, s.heads_q, s.seqlen_q, s.head_dim),
@@ -406,7 +402,7 @@ class DecodeLaunch:
                                   dtype=cupy.float32)
         _PARTS.pack_into(buf, _PARTS_AT, o_part.data.ptr, lse_part.data.ptr)
         self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
-                                  dependent=self.dependent)
+                                  dependent=self.dependent, tail=maps)
         mbuf = bytearray(self.merge_template)
         for at, ptr in zip(_MERGE_AT, (o_part.data.ptr, lse_part.data.ptr, o, lse)):
             struct.pack_into("<Q", mbuf, at, ptr)
