@@ -27,11 +27,11 @@
 //      buffer t % STAGES, STAGES - 1 tiles ahead. Paged caches: the tile's page ids
 //      were copied into shared memory (one 4-byte cp.async per key) in the commit
 //      group STAGES - 1 tiles earlier, so no copy waits on a block-table load. On
-//      sm_90, paged rows of 256 bytes or more go by one bulk copy each, and contiguous
-//      caches (TMA traits, the host's use_tma) by one thread's tensor-map copies, a
-//      64-column box of the tile each, into the swizzled layout of wgmma.cuh's
-//      SwizzledTile (ldmatrix reads it through kv_at); both complete on a stage's
-//      mbarrier.
+//      sm_90, with TMA traits (the host's use_tma: contiguous caches, and paged ones
+//      whose pages hold a multiple of 16 rows), one thread's tensor-map copies, boxes
+//      of 64 columns, into the swizzled layout of wgmma.cuh's SwizzledTile (ldmatrix
+//      reads it through kv_at); otherwise paged rows of 256 bytes or more by one bulk
+//      copy each. Both complete on a stage's mbarrier.
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
@@ -87,13 +87,16 @@ struct DecodeTraits {
   static constexpr bool VEC = VEC_;
   using Pages = PageRing<PAGED_, BLOCK_N, STAGES>;
   static constexpr int MROW = D_PAD + 4;                // merge row stride (floats)
-  // TMA (sm_90, contiguous caches): the ring's tiles are SwizzledTile<BLOCK_N, D_PAD>
-  // (wgmma.cuh: 64-column blocks of 128-byte rows, the 128-byte swizzle), each 64
-  // columns of a tile one tensor-map box; otherwise rows of SROW elements.
+  // TMA (sm_90): the ring's tiles are SwizzledTile<BLOCK_N, D_PAD> (wgmma.cuh: 64-column
+  // blocks of 128-byte rows, the 128-byte swizzle), loaded by tensor-map boxes of 64
+  // columns x BOX_ROWS rows: the whole tile's rows (contiguous caches) or 16 (paged
+  // caches: pages of a multiple of 16 rows, tiles starting on a multiple of 16, so a
+  // box never straddles pages); otherwise rows of SROW elements.
   static constexpr bool TMA = TMA_;
   using KVTile = SwizzledTile<BLOCK_N, D_PAD>;
   static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
+  static constexpr int BOX_ROWS = PAGED_ ? 16 : BLOCK_N;
   // Byte offset in a ring tile of 16-byte chunk c (columns 8c..8c+7) of key row r.
   __device__ __forceinline__ static u32 kv_offset(int r, int c) {
     if constexpr (TMA) return KVTile::offset(r, c);
@@ -138,7 +141,7 @@ struct DecodeTraits {
   static_assert(WARP_KEYS % 16 == 0, "a warp's keys are whole k16 steps of P V");
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
-  static_assert(!TMA || (VEC && !PAGED_ && BLOCK_N <= 256), "TMA: contiguous, aligned, box rows");
+  static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -277,20 +280,39 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
   }
 }
 
-// Producer on sm_90 for contiguous caches (thread 0): the keys [j0, j0 + BLOCK_N) of K
-// and V of (batch b, KV head hk), D_BOXES boxes of 64 columns each, by the copy engine
-// through the caches' tensor maps, completing on mbarrier `bar`. Rows past the map's
-// (the cache's capacity) and columns past D arrive as zeros; rows from kv_hi on are
-// copied as they are (the caller zeroes V's there).
+// Producer on sm_90 (thread 0): the keys [j0, j0 + BLOCK_N) of K and V of (batch b,
+// KV head hk) by the copy engine through the caches' tensor maps, completing on
+// mbarrier `bar`: D_BOXES boxes of 64 columns per BOX_ROWS rows. Contiguous: maps over
+// [B, Hkv, Sk_max, D], one box row range per tile. Paged: maps over the page pool
+// [pages, Hkv, page_size, D], a box per 16 keys at (page id from ring slot `slot`, row
+// in the page), only those with a key below kv_hi. Rows past a map's extent and
+// columns past D arrive as zeros; other rows from kv_hi on as the cache holds them
+// (the caller zeroes V's there).
 template <class KT>
 __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& k_map,
-                                            const TmaMap& v_map, int b, int hk, int j0, u32 bar) {
-  constexpr u32 BOX = KT::KVTile::BLOCK_BYTES;
-  mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);
+                                            const TmaMap& v_map,
+                                            const typename KT::Pages::Ids& ids,
+                                            const CacheParams& cache, int b, int hk, int slot,
+                                            int j0, int kv_hi, u32 bar) {
+  constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES, BOX = KT::BOX_ROWS * 128;
+  if constexpr (!KT::Pages::kPaged) {
+    mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);
 #pragma unroll
-  for (int x = 0; x < KT::D_BOXES; ++x) {
-    tma_load_4d(k_dst + x * BOX, k_map, 64 * x, j0, hk, b, bar);
-    tma_load_4d(v_dst + x * BOX, v_map, 64 * x, j0, hk, b, bar);
+    for (int c = 0; c < KT::D_BOXES; ++c) {
+      tma_load_4d(k_dst + c * BLOCK, k_map, 64 * c, j0, hk, b, bar);
+      tma_load_4d(v_dst + c * BLOCK, v_map, 64 * c, j0, hk, b, bar);
+    }
+  } else {
+    const int boxes = ceil_div(cmin(KT::BLOCK_N, kv_hi - j0), KT::BOX_ROWS);
+    mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * boxes * BOX);
+    for (int x = 0; x < boxes * KT::BOX_ROWS; x += KT::BOX_ROWS) {
+      const int page = ids.id[slot * KT::BLOCK_N + x], row = (j0 + x) % cache.page_size;
+#pragma unroll
+      for (int c = 0; c < KT::D_BOXES; ++c) {
+        tma_load_4d(k_dst + c * BLOCK + x * 128, k_map, 64 * c, row, hk, page, bar);
+        tma_load_4d(v_dst + c * BLOCK + x * 128, v_map, 64 * c, row, hk, page, bar);
+      }
+    }
   }
 }
 
@@ -459,7 +481,10 @@ __global__ void __launch_bounds__(KT::THREADS)
 
   // The block's key range: the band of its rows within the split (the last split runs
   // to the sequence's end, whatever length the host planned for).
-  const int kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys);
+  // (Paged tensor-map tiles start on a multiple of 16 keys, so that no box straddles
+  // pages: the keys below the band that adds are masked, and a split starts on one.)
+  constexpr int KV_ALIGN = KT::TMA && Pages::kPaged ? 16 : 1;
+  const int kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys) / KV_ALIGN * KV_ALIGN;
   const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
   const int kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);
   p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
@@ -471,15 +496,16 @@ __global__ void __launch_bounds__(KT::THREADS)
   auto ids_of = [&](int t) {
     if (t < n_tiles) Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
   };
-  // Paged caches on sm_90 copy aligned rows of 256 bytes or more with the copy engine
-  // (load_kv_bulk) where cp.async would take each thread 16 copies or more per tile;
-  // elsewhere cp.async. H100, bf16, Hq/Hkv 32/8, B = 8, Sk = 8k, page 16, TB/s: D = 256
+  // Without TMA traits, paged caches on sm_90 copy aligned rows of 256 bytes or more
+  // with the copy engine (load_kv_bulk) where cp.async would take each thread 16 copies
+  // or more per tile; elsewhere cp.async. H100, bf16, Hq/Hkv 32/8, B = 8, Sk = 8k, page 16, TB/s: D = 256
   // 2.16 -> 2.59, D = 128 2.48 -> 2.52; contiguous caches gained nothing and 64-row
   // tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
 #if __CUDA_ARCH__ >= 900
-  constexpr bool BULK = KT::VEC && Pages::kPaged && KT::D * sizeof(typename KT::T) >= 256 &&
-                        BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
   constexpr bool TMA = KT::TMA;
+  constexpr bool BULK = !TMA && KT::VEC && Pages::kPaged &&
+                        KT::D * sizeof(typename KT::T) >= 256 &&
+                        BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
 #else
   constexpr bool BULK = false, TMA = false;   // TMA traits: cp.async into the same layout
 #endif
@@ -492,7 +518,8 @@ __global__ void __launch_bounds__(KT::THREADS)
           fence_proxy_async();   // this thread's reads of the buffer come first
           load_kv_tma<KT>(smem_addr(&st.ring.k[0][0]) + (t % STAGES) * STAGE_BYTES,
                           smem_addr(&st.ring.v[0][0]) + (t % STAGES) * STAGE_BYTES, k_map, v_map,
-                          b, hk, kv_lo + t * BLOCK_N, full + 8 * (t % STAGES));
+                          st.ids, dp.cache, b, hk, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi,
+                          full + 8 * (t % STAGES));
         }
       } else if constexpr (BULK)
         load_kv_bulk<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS,

@@ -72,7 +72,8 @@ TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
 
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
 @pytest.mark.parametrize("tile", TILES, ids=str)
-@pytest.mark.parametrize("paged,tma", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("paged,tma", [(False, False), (True, False), (False, True),
+                                      (True, True)])
 def test_smem_formula_is_sizeof_storage(head_dim, tile, paged, tma):
     vec = "true" if tma else "false"   # tensor maps take the aligned path only
     if tma and head_dim % 8:
@@ -452,22 +453,25 @@ def test_hot_signature_only_for_device_arrays():
                           None) is None   # CPU tensors
 
 
-def test_tensor_maps_for_contiguous_aligned_caches_on_hopper():
-    """use_tma: contiguous, 16-byte aligned caches with D >= 64 on sm_90+, whose views
-    have tensor maps without a broadcast head or batch axis; paged caches, sm_80,
-    unaligned launches and small head dims keep cp.async. The planned shared memory
-    holds the 1024-byte alignment slack."""
+def test_tensor_maps_for_aligned_caches_on_hopper():
+    """use_tma: 16-byte aligned caches with D >= 64 on sm_90+, contiguous or paged
+    with pages of a multiple of 16 rows, whose views have tensor maps without a
+    broadcast head or outer axis; sm_80, unaligned launches, small head dims and
+    other page sizes keep cp.async. The planned shared memory holds the 1024-byte
+    alignment slack."""
     s = shape(B=8, Hq=32, Hkv=8, cap=8192, D=128)
     nhd = (8192 * 8 * 128, 128, 8 * 128)          # [B, Sk, Hkv, D]: (batch, head, row)
-    assert fam.use_tma(s, True, "sm_90a", 8192, nhd, nhd)
-    assert fam.use_tma(s, True, "sm_100a", 8192, nhd, nhd)
-    assert not fam.use_tma(s, True, "sm_80", 8192, nhd, nhd)
-    assert not fam.use_tma(s, False, "sm_90a", 8192, nhd, nhd)
-    assert not fam.use_tma(shape(B=8, cap=8192, D=128, paged=True), True, "sm_90a", 8192,
-                           nhd, nhd)
-    assert not fam.use_tma(shape(B=8, cap=8192, D=32), True, "sm_90a", 8192, nhd, nhd)
+    assert fam.use_tma(s, True, "sm_90a", (8, 8192), nhd, nhd)
+    assert fam.use_tma(s, True, "sm_100a", (8, 8192), nhd, nhd)
+    assert not fam.use_tma(s, True, "sm_80", (8, 8192), nhd, nhd)
+    assert not fam.use_tma(s, False, "sm_90a", (8, 8192), nhd, nhd)
+    assert not fam.use_tma(shape(B=8, cap=8192, D=32), True, "sm_90a", (8, 8192), nhd, nhd)
     broadcast = (8192 * 128, 0, 128)              # one KV head viewed as eight
-    assert not fam.use_tma(s, True, "sm_90a", 8192, nhd, broadcast)
+    assert not fam.use_tma(s, True, "sm_90a", (8, 8192), nhd, broadcast)
+    paged = shape(B=8, cap=8192, D=128, paged=True)
+    for page, ok in ((16, True), (48, True), (256, True), (1, False), (8, False), (40, False)):
+        pool = (page * 8 * 128, 128, 8 * 128)     # [pages, page, Hkv, D]: (page, head, row)
+        assert fam.use_tma(paged, True, "sm_90a", (4096, page), pool, pool) == ok, page
     p, q = fam.plan(s, True, 132, tma=True), fam.plan(s, True, 132)
     assert p.tma and not q.tma and ",tma]" in p.spec.name and "tma" not in q.spec.name
     assert p.smem == fam.smem_bytes(128, p.tile, False, True) <= fam.BLOCK_SMEM

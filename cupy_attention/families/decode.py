@@ -42,8 +42,8 @@ MHA_MAX_PAIRS = 64
 # the ring takes as many stages (2 to MAX_STAGES) as fit BLOCK_SMEM, so that two
 # blocks share an SM on Hopper (228 KB per SM, 1 KB reserved per block). A device
 # whose per-block limit is lower (99 KB on consumer parts) gets fewer stages, then
-# fewer key warps. Contiguous caches on sm_90 load through tensor maps (use_tma): the
-# ring's rows then take whole 64-column blocks and 1 KB of alignment slack.
+# fewer key warps. On sm_90 caches load through tensor maps where they can (use_tma):
+# the ring's rows then take whole 64-column blocks and 1 KB of alignment slack.
 BLOCK_SMEM = 113 * 1024
 MAX_STAGES = 6
 # Keys per warp and tile: 64 left ptxas at 128 registers with spills (sm_90a, D = 64,
@@ -229,19 +229,22 @@ def append_spec(dtype: str, vec: bool, paged: bool) -> jit.KernelSpec:
     return jit.KernelSpec("append.cu", expr, name)
 
 
-def use_tma(s: DecodeShape, vec: bool, arch: str, kv_rows: int, k_strides, v_strides) -> bool:
+def use_tma(s: DecodeShape, vec: bool, arch: str, kv_dims, k_strides, v_strides) -> bool:
     """Whether K and V tiles load through tensor maps (cp.async.bulk.tensor; sm_90+):
-    contiguous 16-byte aligned caches whose [B, Hkv, rows, D] views have a tensor map
-    (tma.tileable) with no broadcast (stride 0) head or batch axis, D >= 64. ``*_strides``:
-    (batch, head, row) in elements."""
+    16-byte aligned caches, D >= 64, whose [outer, Hkv, rows, D] views have a tensor
+    map (tma.tileable) with no broadcast (stride 0) head or outer axis; paged caches
+    whose pages hold a multiple of 16 rows. ``kv_dims``: (outer, rows), (B, Sk_max)
+    of a contiguous cache, (pages, page_size) of a paged one; ``*_strides``: (outer,
+    head, row) in elements."""
     from .. import tma
 
-    if s.paged or not vec or s.head_dim < 64 or device.arch_cc(arch) < 90:
+    outer, rows = kv_dims
+    if not vec or s.head_dim < 64 or device.arch_cc(arch) < 90 or (s.paged and rows % 16):
         return False
-    for b_stride, h_stride, r_stride in (k_strides, v_strides):
-        if not tma.tileable(s.batch, s.heads_kv, kv_rows, (b_stride, h_stride, r_stride)):
+    for o_stride, h_stride, r_stride in (k_strides, v_strides):
+        if not tma.tileable(outer, s.heads_kv, rows, (o_stride, h_stride, r_stride)):
             return False
-        if (h_stride == 0 and s.heads_kv > 1) or (b_stride == 0 and s.batch > 1):
+        if (h_stride == 0 and s.heads_kv > 1) or (o_stride == 0 and outer > 1):
             return False
     return True
 
@@ -347,15 +350,16 @@ class DecodeLaunch:
     block table and lengths, which stay fixed)."""
 
     def __init__(self, s: DecodeShape, scale: float, p: Plan, o_strides, lse_strides,
-                 device_id: int, arch: str, kv_rows: int = 0, **tensors):
+                 device_id: int, arch: str, kv_dims=(0, 0), **tensors):
         self.s, self.p = s, p
         self.maps = None
-        if p.tma:   # kv_rows: the rows of the caches' [B, Hkv, rows, D] views
+        if p.tma:   # kv_dims: use_tma's (outer, rows) of the caches
             from .. import tma
 
+            box_rows = 16 if s.paged else p.tile.block_n
             self.maps = tuple(tma.TileMaps(tma.map_geometry(
-                s.batch, s.heads_kv, kv_rows, s.head_dim, tensors[f"{x}_strides"],
-                p.tile.block_n)) for x in ("k", "v"))
+                kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, tensors[f"{x}_strides"],
+                box_rows)) for x in ("k", "v"))
         self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
                                       tensors.pop("v"), None, None, o_strides=o_strides,
                                       lse_strides=lse_strides, p=p, **tensors).tobytes()
@@ -411,14 +415,14 @@ class DecodeLaunch:
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
-                  device_id: int, arch: str, kv_rows: int = 0, **tensors) -> DecodeLaunch:
+                  device_id: int, arch: str, kv_dims=(0, 0), **tensors) -> DecodeLaunch:
     """Decode (and, with splits, the merge of its partials) on ``stream``.
-    ``tensors``: decode_params' keyword arguments; ``kv_rows``: the rows of a
-    contiguous cache (its tensor maps, ``p.tma``). Returns the launch, which a hot
-    call repeats on new pointers."""
+    ``tensors``: decode_params' keyword arguments; ``kv_dims``: use_tma's (outer, rows)
+    of the caches (their tensor maps, ``p.tma``). Returns the launch, which a hot call
+    repeats on new pointers."""
     lse_strides = (0, 0, 0) if lse is None else (*_strides(lse)[:2], 1)
     q, k, v = (tensors[n].data.ptr for n in ("q", "k", "v"))
-    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, kv_rows,
+    launch = DecodeLaunch(s, scale, p, o_strides, lse_strides, device_id, arch, kv_dims,
                           **tensors)
     launch.run(q, k, v, out.data.ptr, _ptr(lse), stream)
     return launch
@@ -509,10 +513,11 @@ class Decode(Family):
                        v_strides=bhs_strides(t.v, p.layout))
 
         def make(vec: bool) -> DecodeLaunch:
-            tma = use_tma(s, vec, arch, p.seqlen_k, strides["k_strides"], strides["v_strides"])
+            dims = (p.batch, p.seqlen_k)
+            tma = use_tma(s, vec, arch, dims, strides["k_strides"], strides["v_strides"])
             return DecodeLaunch(s, p.scale, plan(s, vec, sms, None, smem_limit, tma), o_strides,
-                                lse_strides, device_id, arch, p.seqlen_k, q=None, k=None,
-                                v=None, **strides)
+                                lse_strides, device_id, arch, dims, q=None, k=None, v=None,
+                                **strides)
 
         return HotDecode(make, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)))
 
@@ -533,10 +538,11 @@ class Decode(Family):
             # a consumer part's 99 KB per block
             out.append(spec(d, "bfloat16", tile(16, d, True, 99 * 1024), Variant(causal=True),
                             True, True))
-            # contiguous caches through tensor maps (use_tma): packed rows 4, 16, 64
+            # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged
             for rows in (4, 16, 64):
-                out.append(spec(d, dtype, tile(rows, d, False, tma=True), Variant(causal=True),
-                                False, True, True))
+                for paged in (False, True):
+                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True),
+                                    Variant(causal=True), paged, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):
