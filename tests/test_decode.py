@@ -475,3 +475,13 @@ def test_tensor_maps_for_aligned_caches_on_hopper():
     p, q = fam.plan(s, True, 132, tma=True), fam.plan(s, True, 132)
     assert p.tma and not q.tma and ",tma]" in p.spec.name and "tma" not in q.spec.name
     assert p.smem == fam.smem_bytes(128, p.tile, False, True) <= fam.BLOCK_SMEM
+
+
+def test_contiguous_tensor_map_plans_fill_one_block_per_sm():
+    """Contiguous caches through tensor maps split for one block per SM, paged ones
+    (and cp.async) for two (SPLIT_BLOCKS_PER_SM_TMA)."""
+    for B, cap, one, two in ((1, 32768, 16, 33), (8, 8192, 2, 4), (2, 16384, 8, 16)):
+        assert fam.plan(shape(B=B, cap=cap), True, 132, tma=True).num_splits == one
+        assert fam.plan(shape(B=B, cap=cap), True, 132).num_splits in (two, two - 1)
+        paged = fam.plan(shape(B=B, cap=cap, paged=True), True, 132, tma=True)
+        assert paged.num_splits in (two, two - 1)

@@ -55,6 +55,11 @@ MAX_WARP_KEYS = 32
 # MIN_SPLIT_KEYS keys (its partial costs D fp32 per row to write and merge, against
 # 4 D bytes per key read) and there are at most MAX_SPLITS.
 SPLIT_BLOCKS_PER_SM = 2
+# Contiguous caches through tensor maps stream at full rate from one block per SM, and
+# fewer splits merge less: H100, bf16, Hq/Hkv 32/8, D = 128, TB/s one / two blocks per
+# SM: B = 1, Sk = 32k 2.59 / 2.49; B = 8, Sk = 8k 2.86 / 2.81; B = 8, Sq = 4 2.72 /
+# 2.64 (paged ones, 16 boxes a tile from one thread, keep two: notes-decode.md).
+SPLIT_BLOCKS_PER_SM_TMA = 1
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
@@ -150,12 +155,14 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
     return Tile(rw, 1, 16, 2)
 
 
-def split_count(blocks: int, capacity: int, sms: int) -> int:
+def split_count(blocks: int, capacity: int, sms: int,
+                per_sm: int = SPLIT_BLOCKS_PER_SM) -> int:
     """Key splits per sequence for ``blocks`` blocks of ``capacity`` keys each: as
-    many as one wave of SPLIT_BLOCKS_PER_SM blocks per SM holds (rounding up ran a
-    second, mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots
+    many as one wave of ``per_sm`` blocks per SM holds (SPLIT_BLOCKS_PER_SM, or
+    SPLIT_BLOCKS_PER_SM_TMA for contiguous caches through tensor maps; rounding up ran
+    a second, mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots
     on an H100)."""
-    want = SPLIT_BLOCKS_PER_SM * sms // max(blocks, 1)
+    want = per_sm * sms // max(blocks, 1)
     most = max(1, capacity // MIN_SPLIT_KEYS)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -259,7 +266,8 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
-        num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms)
+        per_sm = SPLIT_BLOCKS_PER_SM_TMA if tma and not s.paged else SPLIT_BLOCKS_PER_SM
+        num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, tma), t, row_blocks,
