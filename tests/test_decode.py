@@ -67,7 +67,8 @@ def test_struct_probe_catches_a_wrong_offset():
 
 
 TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
-         fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6)]
+         fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6),
+         fam.Tile(1, 8, 16, 3)]
 
 
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
@@ -474,14 +475,18 @@ def test_tensor_maps_for_aligned_caches_on_hopper():
         assert fam.use_tma(paged, True, "sm_90a", (4096, page), pool, pool) == ok, page
     p, q = fam.plan(s, True, 132, tma=True), fam.plan(s, True, 132)
     assert p.tma and not q.tma and ",tma]" in p.spec.name and "tma" not in q.spec.name
-    assert p.smem == fam.smem_bytes(128, p.tile, False, True) <= fam.BLOCK_SMEM
+    assert p.smem == fam.smem_bytes(128, p.tile, False, True) <= fam.DEFAULT_SMEM_LIMIT
+    paged_plan = fam.plan(paged, True, 132, tma=True)   # two blocks per SM
+    assert paged_plan.smem == fam.smem_bytes(128, paged_plan.tile, True, True) <= fam.BLOCK_SMEM
 
 
 def test_contiguous_tensor_map_plans_fill_one_block_per_sm():
     """Contiguous caches through tensor maps split for one block per SM, paged ones
     (and cp.async) for two (SPLIT_BLOCKS_PER_SM_TMA)."""
     for B, cap, one, two in ((1, 32768, 16, 33), (8, 8192, 2, 4), (2, 16384, 8, 16)):
-        assert fam.plan(shape(B=B, cap=cap), True, 132, tma=True).num_splits == one
+        wide = fam.plan(shape(B=B, cap=cap), True, 132, tma=True)
+        assert wide.num_splits == one and wide.tile.threads == 256    # KEY_WARPS_WIDE
+        assert wide.smem <= fam.DEFAULT_SMEM_LIMIT
         assert fam.plan(shape(B=B, cap=cap), True, 132).num_splits in (two, two - 1)
         paged = fam.plan(shape(B=B, cap=cap, paged=True), True, 132, tma=True)
         assert paged.num_splits in (two, two - 1)

@@ -25,8 +25,11 @@ from ..variant import Variant
 from .base import CPP_DTYPE, LOG2E, SHORT_DTYPE, Family, Tensors, bhs_strides
 from .flash_mma import strides_aligned, vectorizable_arrays
 
-# Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows).
+# Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows); twice as many
+# where a plan runs one block per SM (contiguous caches through tensor maps, whose copies
+# one thread issues: every warp computes).
 KEY_WARPS = {1: 4, 2: 2, 4: 1}
+KEY_WARPS_WIDE = {1: 8, 2: 4, 4: 2}
 MAX_THREADS = 256
 # ca.attention(kernel="auto") sends problems with at most this many query rows here
 # (GQA/MQA; MHA where B x H <= MHA_MAX_PAIRS: Decode.auto_takes).
@@ -131,22 +134,23 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
 
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
-         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False) -> Tile:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False) -> Tile:
     """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
     order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
     warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
-    fit; failing that, the first whose two stages fit the device."""
+    fit; failing that, the first whose two stages fit the device. ``wide``: one block
+    per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget)."""
     rw = 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
-    block_n = 128 if head_dim <= 64 else 64
+    block_n = 128 if head_dim <= 64 or wide else 64
     shapes = []
-    kw = KEY_WARPS[rw]
+    kw = (KEY_WARPS_WIDE if wide else KEY_WARPS)[rw]
     while kw >= 1:
         wk = min(MAX_WARP_KEYS, max(16, block_n // kw))
         while wk >= 16:
             shapes.append((kw, wk))
             wk //= 2
         kw //= 2
-    for budget in (min(BLOCK_SMEM, smem_limit), smem_limit):
+    for budget in ((smem_limit,) if wide else (min(BLOCK_SMEM, smem_limit), smem_limit)):
         for kw, wk in shapes:
             fits = [st for st in range(2, MAX_STAGES + 1)
                     if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged, tma) <= budget]
@@ -263,10 +267,11 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
     tests and benchmarks; ``tma``: use_tma's answer)."""
     rows_total = s.group * s.seqlen_q
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma)
+    one_block = tma and not s.paged   # SPLIT_BLOCKS_PER_SM_TMA
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=one_block)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
-        per_sm = SPLIT_BLOCKS_PER_SM_TMA if tma and not s.paged else SPLIT_BLOCKS_PER_SM
+        per_sm = SPLIT_BLOCKS_PER_SM_TMA if one_block else SPLIT_BLOCKS_PER_SM
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
@@ -549,7 +554,7 @@ class Decode(Family):
             # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged
             for rows in (4, 16, 64):
                 for paged in (False, True):
-                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True),
+                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=not paged),
                                     Variant(causal=True), paged, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
