@@ -484,9 +484,19 @@ def test_contiguous_tensor_map_plans_fill_one_block_per_sm():
     """Contiguous caches through tensor maps split for one block per SM, paged ones
     (and cp.async) for two (SPLIT_BLOCKS_PER_SM_TMA)."""
     for B, cap, one, two in ((1, 32768, 16, 33), (8, 8192, 2, 4), (2, 16384, 8, 16)):
-        wide = fam.plan(shape(B=B, cap=cap), True, 132, tma=True)
-        assert wide.num_splits == one and wide.tile.threads == 256    # KEY_WARPS_WIDE
-        assert wide.smem <= fam.DEFAULT_SMEM_LIMIT
+        assert fam.plan(shape(B=B, cap=cap), True, 132, tma=True).num_splits == one
         assert fam.plan(shape(B=B, cap=cap), True, 132).num_splits in (two, two - 1)
         paged = fam.plan(shape(B=B, cap=cap, paged=True), True, 132, tma=True)
         assert paged.num_splits in (two, two - 1)
+
+
+def test_one_block_plans_of_64_rows_take_twice_the_key_warps():
+    """KEY_WARPS_WIDE: contiguous tensor-map plans of 64 packed rows run 8 warps in the
+    device's whole budget; 16-row tiles and paged plans keep KEY_WARPS."""
+    wide = fam.plan(shape(B=8, Sq=16, cap=8192), True, 132, tma=True)
+    assert (wide.tile.row_warps, wide.tile.key_warps) == (4, 2) and wide.tile.threads == 256
+    assert fam.BLOCK_SMEM < wide.smem <= fam.DEFAULT_SMEM_LIMIT
+    assert fam.plan(shape(B=8, Sq=16, cap=8192), True, 132).tile.key_warps == 1
+    paged = fam.plan(shape(B=8, Sq=16, cap=8192, paged=True), True, 132, tma=True)
+    assert paged.tile.key_warps == 1
+    assert fam.plan(shape(B=8, Sq=4, cap=8192), True, 132, tma=True).tile.key_warps == 4

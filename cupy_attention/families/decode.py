@@ -25,9 +25,12 @@ from ..variant import Variant
 from .base import CPP_DTYPE, LOG2E, SHORT_DTYPE, Family, Tensors, bhs_strides
 from .flash_mma import strides_aligned, vectorizable_arrays
 
-# Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows); twice as many
-# where a plan runs one block per SM (contiguous caches through tensor maps, whose copies
-# one thread issues: every warp computes).
+# Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows). A plan of one
+# block per SM with 64-row tiles (contiguous caches through tensor maps, whose copies
+# one thread issues, so every warp computes) takes KEY_WARPS_WIDE and the device's
+# whole per-block budget: H100, bf16, Hq/Hkv 32/8, D = 128, B = 8, Sq = 16, TB/s 2.05 ->
+# 2.35. The same for 16-row tiles (8 key warps, 128-key tiles) measured 0.95-1.01x
+# (D = 64 0.95x), so they keep KEY_WARPS (notes-decode.md).
 KEY_WARPS = {1: 4, 2: 2, 4: 1}
 KEY_WARPS_WIDE = {1: 8, 2: 4, 4: 2}
 MAX_THREADS = 256
@@ -268,7 +271,8 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     tests and benchmarks; ``tma``: use_tma's answer)."""
     rows_total = s.group * s.seqlen_q
     one_block = tma and not s.paged   # SPLIT_BLOCKS_PER_SM_TMA
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=one_block)
+    wide = one_block and rows_total > 32         # KEY_WARPS_WIDE
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         per_sm = SPLIT_BLOCKS_PER_SM_TMA if one_block else SPLIT_BLOCKS_PER_SM
@@ -554,7 +558,8 @@ class Decode(Family):
             # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged
             for rows in (4, 16, 64):
                 for paged in (False, True):
-                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=not paged),
+                    wide = not paged and rows > 32
+                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide),
                                     Variant(causal=True), paged, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
