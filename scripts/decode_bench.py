@@ -272,6 +272,8 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-tma", action="store_true",
                     help="contiguous caches by cp.async, not tensor maps (the A/B of use_tma)")
+    ap.add_argument("--no-deep", action="store_true",
+                    help="one-block-per-SM plans keep the two-block ring depth")
     ap.add_argument("--no-wide", action="store_true",
                     help="one-block-per-SM plans keep the two-block tiles (the A/B of "
                          "KEY_WARPS_WIDE)")
@@ -288,11 +290,14 @@ def main() -> int:
         from cupy_attention.families import decode as decode_family
 
         decode_family.use_tma = lambda *args: False
-    if a.no_wide:
+    if a.no_wide or a.no_deep:
         from cupy_attention.families import decode as decode_family
 
         narrow = decode_family.tile
-        decode_family.tile = lambda *args, wide=False, **kw: narrow(*args, **kw)
+
+        def tile(*args, wide=False, deep=False, **kw):
+            return narrow(*args, wide=wide and not a.no_wide, deep=deep and not a.no_deep, **kw)
+        decode_family.tile = tile
     if a.no_pdl:
         from cupy_attention import jit
 
