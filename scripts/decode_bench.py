@@ -272,8 +272,6 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-tma", action="store_true",
                     help="contiguous caches by cp.async, not tensor maps (the A/B of use_tma)")
-    ap.add_argument("--no-deep", action="store_true",
-                    help="one-block-per-SM plans keep the two-block ring depth")
     ap.add_argument("--no-wide", action="store_true",
                     help="one-block-per-SM plans keep the two-block tiles (the A/B of "
                          "KEY_WARPS_WIDE)")
@@ -290,14 +288,11 @@ def main() -> int:
         from cupy_attention.families import decode as decode_family
 
         decode_family.use_tma = lambda *args: False
-    if a.no_wide or a.no_deep:
+    if a.no_wide:
         from cupy_attention.families import decode as decode_family
 
         narrow = decode_family.tile
-
-        def tile(*args, wide=False, deep=False, **kw):
-            return narrow(*args, wide=wide and not a.no_wide, deep=deep and not a.no_deep, **kw)
-        decode_family.tile = tile
+        decode_family.tile = lambda *args, wide=False, **kw: narrow(*args, **kw)
     if a.no_pdl:
         from cupy_attention import jit
 

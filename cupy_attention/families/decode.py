@@ -137,15 +137,12 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
 
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
-         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False,
-         deep: bool = False) -> Tile:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False) -> Tile:
     """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
     order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
     warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
     fit; failing that, the first whose two stages fit the device. ``wide``: one block
-    per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget);
-    ``deep``: one block per SM, the usual warps, as many stages as the device's whole
-    budget holds."""
+    per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget)."""
     rw = 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
     block_n = 128 if head_dim <= 64 or wide else 64
     shapes = []
@@ -156,7 +153,7 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
             shapes.append((kw, wk))
             wk //= 2
         kw //= 2
-    for budget in ((smem_limit,) if wide or deep else (min(BLOCK_SMEM, smem_limit), smem_limit)):
+    for budget in ((smem_limit,) if wide else (min(BLOCK_SMEM, smem_limit), smem_limit)):
         for kw, wk in shapes:
             fits = [st for st in range(2, MAX_STAGES + 1)
                     if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged, tma) <= budget]
@@ -275,7 +272,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     rows_total = s.group * s.seqlen_q
     one_block = tma and not s.paged   # SPLIT_BLOCKS_PER_SM_TMA
     wide = one_block and rows_total > 32         # KEY_WARPS_WIDE
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide, deep=one_block)
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         per_sm = SPLIT_BLOCKS_PER_SM_TMA if one_block else SPLIT_BLOCKS_PER_SM
@@ -561,9 +558,9 @@ class Decode(Family):
             # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged
             for rows in (4, 16, 64):
                 for paged in (False, True):
-                    wide = not paged and rows > 32   # as plan() for one block per SM
-                    t = tile(rows, d, paged, tma=True, wide=wide, deep=not paged)
-                    out.append(spec(d, dtype, t, Variant(causal=True), paged, True, True))
+                    wide = not paged and rows > 32
+                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide),
+                                    Variant(causal=True), paged, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):
