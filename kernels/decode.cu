@@ -64,7 +64,7 @@
 #include "common/wgmma.cuh"
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
-          bool VEC_, bool PAGED_, bool TMA_ = false, int QK_CHAINS_ = 2>
+          bool VEC_, bool PAGED_, bool TMA_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -82,12 +82,6 @@ struct DecodeTraits {
   static constexpr int N_TILES = WARP_KEYS / 8;         // n8 tiles of S per warp
   static constexpr int D_TILES = D_PAD / 8;             // n8 tiles of O per warp
   static constexpr int QK_STEPS = D_PAD / 16;
-  // S = Q K^T accumulates its k16 steps in QK_CHAINS independent chains of MMAs (even
-  // and odd steps), added at the end: half the dependent MMA latency per tile, which
-  // a block of four warps cannot hide (ncu: "wait" stalls 2.6 of 5.9 cycles per
-  // instruction at one block per SM). 16-row tiles only (up to QK_CHAINS_): the 32-
-  // and 64-row ones run at ptxas' 168-register cap and spilled with a second chain.
-  static constexpr int QK_CHAINS = ROW_WARPS == 1 && QK_STEPS > 1 ? QK_CHAINS_ : 1;
   static constexpr int PV_STEPS = WARP_KEYS / 16;
   static constexpr bool Q_IN_REGS = D_PAD <= 128;       // else re-read per tile
   static constexpr bool VEC = VEC_;
@@ -146,7 +140,6 @@ struct DecodeTraits {
   static_assert(ROW_WARPS >= 1 && KEY_WARPS >= 1 && WARPS <= 8, "1..8 warps");
   static_assert(WARP_KEYS % 16 == 0, "a warp's keys are whole k16 steps of P V");
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
-  static_assert(QK_CHAINS == 1 || QK_CHAINS == 2, "one or two chains of S's MMAs");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
   static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
 };
@@ -336,11 +329,8 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
                                              float (&acc)[KT::D_TILES * 4]) {
   using T = typename KT::T;
   float s[KT::N_TILES * 4];
-  float s_odd[KT::QK_CHAINS > 1 ? KT::N_TILES * 4 : 1];   // the odd k16 steps' chain
 #pragma unroll
   for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
-#pragma unroll
-  for (int x = 0; x < (KT::QK_CHAINS > 1 ? KT::N_TILES * 4 : 1); ++x) s_odd[x] = 0.f;
 #pragma unroll
   for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
     u32 a[4];
@@ -354,14 +344,9 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
     for (int nt = 0; nt < KT::N_TILES; nt += 2) {
       u32 bk[4];
       ldmatrix_x4(bk, KT::kv_at(k_lane, k_key, nt * 8, 2 * ks));
-      float* c = KT::QK_CHAINS > 1 && ks % 2 ? s_odd : s;
-      mma_16816(*reinterpret_cast<float(*)[4]>(c + nt * 4), a, bk[0], bk[1], T{});
-      mma_16816(*reinterpret_cast<float(*)[4]>(c + nt * 4 + 4), a, bk[2], bk[3], T{});
+      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
+      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
     }
-  }
-  if constexpr (KT::QK_CHAINS > 1) {
-#pragma unroll
-    for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] += s_odd[x];
   }
   if (!partial && !VT::kTransform) {
     sm.online(s, p.scale_log2, false);

@@ -272,8 +272,6 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-tma", action="store_true",
                     help="contiguous caches by cp.async, not tensor maps (the A/B of use_tma)")
-    ap.add_argument("--qk-chains", type=int, choices=(1, 2), default=2,
-                    help="DecodeTraits::QK_CHAINS (the A/B of S's two MMA chains)")
     ap.add_argument("--no-wide", action="store_true",
                     help="one-block-per-SM plans keep the two-block tiles (the A/B of "
                          "KEY_WARPS_WIDE)")
@@ -290,10 +288,6 @@ def main() -> int:
         from cupy_attention.families import decode as decode_family
 
         decode_family.use_tma = lambda *args: False
-    if a.qk_chains != 2:
-        from cupy_attention.families import decode as decode_family
-
-        decode_family.QK_CHAINS = a.qk_chains
     if a.no_wide:
         from cupy_attention.families import decode as decode_family
 
@@ -322,7 +316,7 @@ def main() -> int:
     report = {"device": device.device_name(dev), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
         "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2, "pdl": not a.no_pdl,
-        "tma": not a.no_tma, "wide": not a.no_wide, "qk_chains": a.qk_chains,
+        "tma": not a.no_tma, "wide": not a.no_wide,
         "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
                   "K+V bytes read once per call; rotating input sets > 2x L2",
         "rows": []}

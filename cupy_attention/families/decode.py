@@ -217,20 +217,14 @@ class Plan:
         return (self.row_blocks * self.num_splits, s.heads_kv, s.batch)
 
 
-# DecodeTraits::QK_CHAINS (its default, 2; benchmarks set 1 for the A/B)
-QK_CHAINS = 2
-
-
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
          vec: bool, tma: bool = False) -> jit.KernelSpec:
-    chains = "" if QK_CHAINS == 2 else f", {'true' if tma else 'false'}, {QK_CHAINS}"
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
-              f"{'true' if paged else 'false'}{', true' if tma and not chains else ''}{chains}>")
+              f"{'true' if paged else 'false'}{', true' if tma else ''}>")
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
-            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}"
-            f"{'' if QK_CHAINS == 2 else f',qk{QK_CHAINS}'}]")
+            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
