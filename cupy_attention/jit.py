@@ -477,10 +477,11 @@ class LoadedKernel:
         cuLaunchKernel's ``extra`` buffer, with none of the per-argument conversion of
         :meth:`launch` (about 8 us less per call on an H100 host).
 
-        ``tail``: the raw bytes of the kernel's further arguments (decode's tensor
-        maps). Those go through ``kernelParams``, one pointer per argument, so the
-        driver places each at the offset the cubin gives it (a 64-byte aligned
-        ``__grid_constant__`` map is not where a packed buffer would put it).
+        ``tail``: the kernel's further arguments as ctypes objects holding their bytes
+        (decode's tensor maps). Those go through ``kernelParams``, one pointer per
+        argument, so the driver places each at the offset the cubin gives it (a
+        64-byte aligned ``__grid_constant__`` map is not where a packed buffer would
+        put it).
 
         ``dependent``: launch as the programmatic dependent of the kernel before it on
         the stream (cuLaunchKernelEx, programmatic stream serialization; sm_90+): its
@@ -496,10 +497,8 @@ class LoadedKernel:
         buf = (ctypes.c_char * n).from_buffer(params)
         kernel_params = extra = None
         if tail:
-            tail_bufs = [(ctypes.c_char * memoryview(x).nbytes).from_buffer_copy(x)
-                         for x in tail]
             kernel_params = (ctypes.c_void_p * (1 + len(tail)))(
-                ctypes.addressof(buf), *(ctypes.addressof(x) for x in tail_bufs))
+                ctypes.addressof(buf), *(ctypes.addressof(x) for x in tail))
         else:
             size = ctypes.c_size_t(n)
             extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(buf),
@@ -512,8 +511,7 @@ class LoadedKernel:
             self._allow_smem(shared_mem)
             launch_ex = _launch_kernel_ex() if dependent else None
             if launch_ex is not None:
-                config = _LaunchConfig(*g, *b, shared_mem, stream_ptr,
-                                       ctypes.pointer(_PROGRAMMATIC_SERIALIZATION), 1)
+                config = _LaunchConfig(*g, *b, shared_mem, stream_ptr, _SERIALIZATION_PTR, 1)
                 status = launch_ex(ctypes.addressof(config), self.function.ptr, kp or None,
                                    ex or None)
                 if status:
@@ -550,7 +548,8 @@ _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
 
 
 def _launch_types():
-    """ctypes mirrors of cuda.h's CUlaunchAttribute and CUlaunchConfig (CUDA 12+)."""
+    """ctypes mirrors of cuda.h's CUlaunchAttribute and CUlaunchConfig (CUDA 12+), the
+    one attribute the launches use and a pointer to it."""
     import ctypes
 
     class Attribute(ctypes.Structure):
@@ -567,10 +566,11 @@ def _launch_types():
 
     # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, its int value 1
     serialization = Attribute(6, b"", struct.pack("<i", 1))
-    return Attribute, Config, serialization
+    return Attribute, Config, serialization, ctypes.pointer(serialization)
 
 
-_LaunchAttribute, _LaunchConfig, _PROGRAMMATIC_SERIALIZATION = _launch_types()
+_LaunchAttribute, _LaunchConfig, _PROGRAMMATIC_SERIALIZATION, _SERIALIZATION_PTR = \
+    _launch_types()
 _launch_ex_fn: list = []   # [cuLaunchKernelEx or None], bound on first use
 
 

@@ -500,3 +500,58 @@ def test_one_block_plans_of_64_rows_take_twice_the_key_warps():
     paged = fam.plan(shape(B=8, Sq=16, cap=8192, paged=True), True, 132, tma=True)
     assert paged.tile.key_warps == 1
     assert fam.plan(shape(B=8, Sq=4, cap=8192), True, 132, tma=True).tile.key_warps == 4
+
+
+def test_decode_launch_passes_the_maps_of_its_pointers(monkeypatch):
+    """DecodeLaunch.run hands the kernel DecodeParams with the call's pointers and,
+    after it, the K and V tensor maps of those pointers (zeros without tensor maps),
+    as a dependent launch on sm_90. The driver is replaced by a recorder; the maps by
+    a stand-in that writes the pointer into the map's bytes."""
+    import ctypes
+
+    from cupy_attention import tma
+
+    launches = []
+
+    class Kernel:
+        def launch_packed(self, grid, block, params, smem, stream_ptr, dependent=False,
+                          tail=()):
+            launches.append((bytes(params), [bytes(t) for t in tail], dependent))
+
+    monkeypatch.setattr(fam.jit, "get_function", lambda *a: Kernel())
+
+    class Stream:
+        ptr = 7
+
+    def fake_map(ptr):
+        m = np.zeros((), tma.MAP_DTYPE)
+        m["words"][0] = ptr
+        return m[()]
+
+    s = shape(B=64, cap=4096)                       # one split: no partials to allocate
+    strides = dict(q_strides=(32 * 128, 128, 32 * 128), k_strides=(4096 * 8 * 128, 128, 8 * 128),
+                   v_strides=(4096 * 8 * 128, 128, 8 * 128))
+    for arch, tma_on in (("sm_90a", True), ("sm_90a", False), ("sm_80", False)):
+        launches.clear()
+        p = fam.plan(s, True, 132, tma=tma_on)
+        assert p.num_splits == 1
+        launch = fam.DecodeLaunch(s, 0.1, p, (1, 1, 1), (0, 0, 0), 0, arch, (64, 4096),
+                                  q=None, k=None, v=None, **strides)
+        if tma_on:
+            launch.maps = (fake_map, fake_map)
+        for k, v in ((0x1000, 0x2000), (0x3000, 0x4000), (0x1000, 0x2000)):
+            launch.run(0x10, k, v, 0x20, 0, Stream())
+        assert len(launches) == 3
+        for (params, tail, dependent), (k, v) in zip(launches, ((0x1000, 0x2000),
+                                                                (0x3000, 0x4000),
+                                                                (0x1000, 0x2000))):
+            assert params[8:24] == k.to_bytes(8, "little") + v.to_bytes(8, "little")
+            assert len(tail) == 2 and all(len(t) == 128 for t in tail)
+            want = ([k.to_bytes(8, "little") + bytes(120), v.to_bytes(8, "little") + bytes(120)]
+                    if tma_on else [bytes(128), bytes(128)])
+            assert tail == want
+            assert dependent == (arch == "sm_90a")
+        if tma_on:
+            assert len(launch._map_bufs) == 2                     # kept per pointer pair
+            assert all(isinstance(b, ctypes.Array) for bufs in launch._map_bufs.values()
+                       for b in bufs)

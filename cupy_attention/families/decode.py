@@ -11,6 +11,7 @@ is the paged-cache entry point.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import math
@@ -346,8 +347,10 @@ _POINTERS = struct.Struct("<5Q")   # q, k, v, o, lse: the first fields of Decode
 _PARTS = struct.Struct("<2Q")      # o_part, lse_part
 _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
 # decode_fwd's arguments after DecodeParams: the K and V tensor maps (TmaMap, 128 bytes
-# each; zeros where the launch takes no maps)
-_NO_MAPS = (bytes(128), bytes(128))
+# each, as ctypes buffers for jit.launch_packed's kernelParams; zeros where the launch
+# takes no maps)
+_NO_MAPS = tuple((ctypes.c_char * 128)() for _ in range(2))
+_KEEP_MAPS = 8   # (k, v) pointer pairs whose map buffers a DecodeLaunch keeps
 _CACHE_AT = DECODE_DTYPE.fields["cache"][1]
 _TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
 _LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
@@ -370,6 +373,7 @@ class DecodeLaunch:
                  device_id: int, arch: str, kv_dims=(0, 0), **tensors):
         self.s, self.p = s, p
         self.maps = None
+        self._map_bufs: dict = {}
         if p.tma:   # kv_dims: use_tma's (outer, rows) of the caches
             from .. import tma
 
@@ -411,7 +415,7 @@ class DecodeLaunch:
             struct.pack_into("<Q", buf, _TABLE_AT, table)
         if lengths is not None:
             struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
-        maps = _NO_MAPS if self.maps is None else (self.maps[0](k), self.maps[1](v))
+        maps = _NO_MAPS if self.maps is None else self._maps_for(k, v)
         if p.num_splits == 1:
             self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
                                       dependent=self.dependent, tail=maps)
@@ -429,6 +433,19 @@ class DecodeLaunch:
             struct.pack_into("<Q", mbuf, at, ptr)
         self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr,
                                         dependent=self.dependent)
+
+
+    def _maps_for(self, k: int, v: int) -> tuple:
+        """The K and V maps of these cache pointers as ctypes buffers (kept for up to
+        _KEEP_MAPS pairs: a serving loop reads the same caches every step)."""
+        bufs = self._map_bufs.get((k, v))
+        if bufs is None:
+            bufs = tuple((ctypes.c_char * 128).from_buffer_copy(m(ptr))
+                         for m, ptr in zip(self.maps, (k, v)))
+            if len(self._map_bufs) >= _KEEP_MAPS:
+                self._map_bufs.clear()
+            self._map_bufs[(k, v)] = bufs
+        return bufs
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,
