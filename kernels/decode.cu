@@ -447,6 +447,53 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
   }
 }
 
+// Scheduler: the block's key range [kv_lo, kv_hi) for the split `split` of its rows
+// (i_first .. i_last) in a sequence of `seqlen` keys: the band of its rows within the
+// split; the last split runs to the sequence's end, whatever length the host planned
+// for. (Paged tensor-map tiles start on a multiple of 16 keys, so that no box straddles
+// pages: the keys below the band that adds are masked, and a split starts on one.)
+template <class KT, class VT>
+__device__ __forceinline__ void key_range(const DecodeParams& dp, const FwdParams& p, int split,
+                                          int seqlen, int i_first, int i_last, int& kv_lo,
+                                          int& kv_hi) {
+  constexpr int KV_ALIGN = KT::TMA && KT::Pages::kPaged ? 16 : 1;
+  kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys) / KV_ALIGN * KV_ALIGN;
+  const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
+  kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);
+}
+
+// Producer set-up for the copy engine (BULK: per-row bulk copies; TMA: tensor maps):
+// the ring's mbarriers, and (BULK) the columns past D, which no copy writes, zeroed
+// once in every buffer. The caller's barrier publishes both.
+template <class KT, bool BULK, bool TMA>
+__device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
+  if constexpr (BULK && KT::D != KT::D_PAD) {
+    constexpr int PAD = (KT::D_PAD - KT::D) / 8;
+    for (int x = threadIdx.x; x < 2 * KT::STAGES * KT::BLOCK_N * PAD; x += KT::THREADS) {
+      const int row = x / PAD, c = KT::D / 8 + x % PAD;
+      reinterpret_cast<uint4*>(&st.ring.k[0][0])[(row * KT::SROW) / 8 + c] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  if constexpr (BULK || TMA) {
+    if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
+  }
+}
+
+// After a tensor-map tile landed in ring buffer `stage`: its V rows from `valid` on
+// came as the cache holds them (the next split's keys, or rows past the sequence
+// that may hold anything), so they are zeroed, and P = 0 there adds exact zeros. K's
+// rows there are masked by select. The caller's barrier publishes the zeros.
+template <class KT>
+__device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage, int valid) {
+  if (valid >= KT::BLOCK_N) return;
+  unsigned char* v_tile = reinterpret_cast<unsigned char*>(&st.ring.v[stage][0]);
+  constexpr int CHUNKS = KT::D_BOXES * 8;   // 16-byte chunks of a swizzled row
+  for (int x = threadIdx.x; x < (KT::BLOCK_N - valid) * CHUNKS; x += KT::THREADS) {
+    const int row = valid + x / CHUNKS, c = x % CHUNKS;
+    *reinterpret_cast<uint4*>(v_tile + KT::kv_offset(row, c)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // One block: ROWS packed rows of KV head hk (y), batch b (z), keys of split
 // x % num_splits; x / num_splits is the row block.
 // k_map, v_map: the caches' tensor maps (KT::TMA; ignored otherwise).
@@ -479,14 +526,8 @@ __global__ void __launch_bounds__(KT::THREADS)
   const DecodeRows<KT> rows(p, row_block, hk, rw, lane);
   const int i_first = rows.r0 / p.group, i_last = rows.r_last / p.group;
 
-  // The block's key range: the band of its rows within the split (the last split runs
-  // to the sequence's end, whatever length the host planned for).
-  // (Paged tensor-map tiles start on a multiple of 16 keys, so that no box straddles
-  // pages: the keys below the band that adds are masked, and a split starts on one.)
-  constexpr int KV_ALIGN = KT::TMA && Pages::kPaged ? 16 : 1;
-  const int kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys) / KV_ALIGN * KV_ALIGN;
-  const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
-  const int kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);
+  int kv_lo, kv_hi;
+  key_range<KT, VT>(dp, p, split, seqlen, i_first, i_last, kv_lo, kv_hi);
   p.seqlen_k = kv_hi;   // keys at or past kv_hi belong to the next split: masked by keep
   const int n_tiles = ceil_div(kv_hi - kv_lo, BLOCK_N);
 
@@ -498,9 +539,9 @@ __global__ void __launch_bounds__(KT::THREADS)
   };
   // Without TMA traits, paged caches on sm_90 copy aligned rows of 256 bytes or more
   // with the copy engine (load_kv_bulk) where cp.async would take each thread 16 copies
-  // or more per tile; elsewhere cp.async. H100, bf16, Hq/Hkv 32/8, B = 8, Sk = 8k, page 16, TB/s: D = 256
-  // 2.16 -> 2.59, D = 128 2.48 -> 2.52; contiguous caches gained nothing and 64-row
-  // tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
+  // or more per tile; elsewhere cp.async. H100, bf16, Hq/Hkv 32/8, B = 8, Sk = 8k, page
+  // 16, TB/s: D = 256 2.16 -> 2.59, D = 128 2.48 -> 2.52; contiguous caches gained
+  // nothing and 64-row tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
 #if __CUDA_ARCH__ >= 900
   constexpr bool TMA = KT::TMA;
   constexpr bool BULK = !TMA && KT::VEC && Pages::kPaged &&
@@ -531,20 +572,7 @@ __global__ void __launch_bounds__(KT::THREADS)
     ids_of(t + STAGES - 1);
     cp_async_commit();
   };
-  if constexpr (BULK) {
-    // the columns past D are never copied: zero them once in every buffer
-    if constexpr (KT::D != KT::D_PAD) {
-      constexpr int PAD = (KT::D_PAD - KT::D) / 8;
-      for (int x = threadIdx.x; x < 2 * STAGES * BLOCK_N * PAD; x += KT::THREADS) {
-        const int row = x / PAD, c = KT::D / 8 + x % PAD;
-        reinterpret_cast<uint4*>(&st.ring.k[0][0])[(row * KT::SROW) / 8 + c] = make_uint4(0, 0, 0, 0);
-      }
-    }
-    if (threadIdx.x < STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
-  }
-  if constexpr (TMA) {
-    if (threadIdx.x < STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
-  }
+  init_ring<KT, BULK, TMA>(st, full);
   if constexpr (Pages::kPaged) {
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) ids_of(t);
@@ -581,19 +609,7 @@ __global__ void __launch_bounds__(KT::THREADS)
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<STAGES - 2>();
     if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
-    if constexpr (TMA) {
-      // The copy brought V's rows from kv_hi on as the cache holds them (the next
-      // split's keys, or rows past the sequence that may hold anything): zeros, so
-      // that P = 0 there adds exact zeros. K's rows there are masked by select.
-      const int valid = kv_hi - (kv_lo + t * BLOCK_N);
-      if (valid < BLOCK_N) {
-        unsigned char* v_tile = reinterpret_cast<unsigned char*>(&st.ring.v[t % STAGES][0]);
-        for (int x = threadIdx.x; x < (BLOCK_N - valid) * KT::D_BOXES * 8; x += KT::THREADS) {
-          const int row = valid + x / (KT::D_BOXES * 8), c = x % (KT::D_BOXES * 8);
-          *reinterpret_cast<uint4*>(v_tile + KT::kv_offset(row, c)) = make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
+    if constexpr (TMA) zero_v_tail<KT>(st, t % STAGES, kv_hi - (kv_lo + t * BLOCK_N));
     __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
     issue(t + STAGES - 1);
     if constexpr (KT::Q_IN_REGS) {
