@@ -47,6 +47,16 @@ def arch_for_cc(cc: int) -> str:
     return f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
 
 
+@functools.lru_cache(maxsize=None)
+def driver_library():
+    """The CUDA driver library (``libcuda``, which CuPy loads already) through ctypes,
+    for the entry points CuPy does not bind (tensor maps, cuLaunchKernelEx)."""
+    import ctypes
+    import sys
+
+    return ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+
+
 def arch_cc(arch: str) -> int:
     """The compute capability of an NVRTC target: ``sm_90a`` -> 90."""
     return int(arch[3:].rstrip("af"))

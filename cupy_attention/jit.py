@@ -495,16 +495,16 @@ class LoadedKernel:
 
         n = len(params)
         buf = (ctypes.c_char * n).from_buffer(params)
-        kernel_params = extra = None
+        kp = ex = 0   # kernelParams or extra: one of them
         if tail:
             kernel_params = (ctypes.c_void_p * (1 + len(tail)))(
                 ctypes.addressof(buf), *(ctypes.addressof(x) for x in tail))
+            kp = ctypes.addressof(kernel_params)
         else:
             size = ctypes.c_size_t(n)
             extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(buf),
                                           _PARAM_BUFFER_SIZE, ctypes.addressof(size), _PARAM_END)
-        kp = 0 if kernel_params is None else ctypes.addressof(kernel_params)
-        ex = 0 if extra is None else ctypes.addressof(extra)
+            ex = ctypes.addressof(extra)
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
         try:
@@ -579,16 +579,17 @@ def _launch_kernel_ex():
     if not _launch_ex_fn:
         import ctypes
 
-        fn = None
+        from .device import driver_library
+
         try:
-            lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
-            fn = lib.cuLaunchKernelEx
+            fn = driver_library().cuLaunchKernelEx
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         except (OSError, AttributeError):
             fn = None
         _launch_ex_fn.append(fn)
     return _launch_ex_fn[0]
+
 
 _loaded: dict[tuple[KernelSpec, str, int], LoadedKernel] = {}
 _load_lock = threading.Lock()

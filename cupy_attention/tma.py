@@ -13,7 +13,6 @@ loads already; nothing here needs the CUDA toolkit.
 from __future__ import annotations
 
 import ctypes
-import sys
 
 import numpy as np
 
@@ -79,8 +78,9 @@ def faulty_argument(ptr: int, dims, strides, box, element_strides=(1, 1, 1, 1),
 def _encoder():
     global _encode
     if _encode is None:
-        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-        fn = lib.cuTensorMapEncodeTiled
+        from .device import driver_library
+
+        fn = driver_library().cuTensorMapEncodeTiled
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -434,7 +434,6 @@ class DecodeLaunch:
         self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr,
                                         dependent=self.dependent)
 
-
     def _maps_for(self, k: int, v: int) -> tuple:
         """The K and V maps of these cache pointers as ctypes buffers (kept for up to
         _KEEP_MAPS pairs: a serving loop reads the same caches every step)."""
