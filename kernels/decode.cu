@@ -222,13 +222,16 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
     const int row = c / CHUNKS, cc = (c % CHUNKS) * 8, j = j0 + row;
     const bool ok = j < kv_hi;
     const KVRow at = ok ? KT::Pages::row(st.ids, p, cache, b, hk, ids, row, j) : KVRow{0, 0};
-    T* sk = &st.ring.k[stage][row * KT::SROW + cc];
-    T* sv = &st.ring.v[stage][row * KT::SROW + cc];
-    if constexpr (KT::TMA) {
+    T* sk;
+    T* sv;
+    if constexpr (KT::TMA) {   // the swizzled layout (TMA traits below sm_90)
       sk = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.k[stage][0]) +
                                 KT::kv_offset(row, cc / 8));
       sv = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.v[stage][0]) +
                                 KT::kv_offset(row, cc / 8));
+    } else {
+      sk = &st.ring.k[stage][row * KT::SROW + cc];
+      sv = &st.ring.v[stage][row * KT::SROW + cc];
     }
     if constexpr (KT::VEC) {
       const bool in = ok && cc < KT::D;
