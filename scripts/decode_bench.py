@@ -276,26 +276,23 @@ def main() -> int:
                     help="one-block-per-SM plans keep the two-block tiles (the A/B of "
                          "KEY_WARPS_WIDE)")
     ap.add_argument("--no-pdl", action="store_true",
-                    help="launch the split merge as an ordinary kernel, not as the decode's "
-                         "programmatic dependent (the A/B of that launch)")
+                    help="ordinary launches for the decode and its split merge, not "
+                         "programmatic dependents (the A/B of those launches)")
     ap.add_argument("--peers", default="", type=choice_list(PEERS),
                     help="comma-separated: fa4, flashinfer (installed separately; see the "
                          "module docstring)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
-    if a.no_tma:
-        from cupy_attention.families import decode as decode_family
+    from cupy_attention import jit
+    from cupy_attention.families import decode as decode_family
 
+    if a.no_tma:
         decode_family.use_tma = lambda *args: False
     if a.no_wide:
-        from cupy_attention.families import decode as decode_family
-
         narrow = decode_family.tile
         decode_family.tile = lambda *args, wide=False, **kw: narrow(*args, **kw)
     if a.no_pdl:
-        from cupy_attention import jit
-
         jit._launch_ex_fn[:] = [None]   # every dependent launch falls back to cuLaunchKernel
     cupy = device.require_cupy()
     dev = cupy.cuda.runtime.getDevice()
