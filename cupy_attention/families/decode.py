@@ -29,9 +29,9 @@ from .flash_mma import strides_aligned, vectorizable_arrays
 # Key warps per block for 1, 2 and 4 row warps (16, 32, 64 packed rows). A plan of one
 # block per SM with 64-row tiles (contiguous caches through tensor maps, whose copies
 # one thread issues, so every warp computes) takes KEY_WARPS_WIDE and the device's
-# whole per-block budget: H100, bf16, Hq/Hkv 32/8, D = 128, B = 8, Sq = 16, TB/s 2.05 ->
-# 2.35. The same for 16-row tiles (8 key warps, 128-key tiles) measured 0.95-1.01x
-# (D = 64 0.95x), so they keep KEY_WARPS (notes-decode.md).
+# whole per-block budget: H100 (2026-11-27), bf16, Hq/Hkv 32/8, D = 128, B = 8,
+# Sq = 16, TB/s 2.05 -> 2.35. The same for 16-row tiles (8 key warps, 128-key tiles)
+# measured 0.95-1.01x (D = 64 0.95x), so they keep KEY_WARPS (notes-decode.md).
 KEY_WARPS = {1: 4, 2: 2, 4: 1}
 KEY_WARPS_WIDE = {1: 8, 2: 4, 4: 2}
 MAX_THREADS = 256
@@ -63,9 +63,10 @@ MAX_WARP_KEYS = 32
 # 4 D bytes per key read) and there are at most MAX_SPLITS.
 SPLIT_BLOCKS_PER_SM = 2
 # Contiguous caches through tensor maps stream at full rate from one block per SM, and
-# fewer splits merge less: H100, bf16, Hq/Hkv 32/8, D = 128, TB/s one / two blocks per
-# SM: B = 1, Sk = 32k 2.59 / 2.49; B = 8, Sk = 8k 2.86 / 2.81; B = 8, Sq = 4 2.72 /
-# 2.64 (paged ones, 16 boxes a tile from one thread, keep two: notes-decode.md).
+# fewer splits merge less: H100 (2026-11-27), bf16, Hq/Hkv 32/8, D = 128, TB/s one /
+# two blocks per SM: B = 1, Sk = 32k 2.59 / 2.49; B = 8, Sk = 8k 2.86 / 2.81; B = 8,
+# Sq = 4 2.72 / 2.64 (paged ones, 16 boxes a tile from one thread, keep two:
+# notes-decode.md).
 SPLIT_BLOCKS_PER_SM_TMA = 1
 MIN_SPLIT_KEYS = 256
 MAX_SPLITS = 64
