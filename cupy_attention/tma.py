@@ -22,6 +22,7 @@ from .errors import DriverError
 MAP_DTYPE = np.dtype([("words", "<u8", (16,))])
 
 _U16 = 1          # CU_TENSOR_MAP_DATA_TYPE_UINT16: the copy moves 16-bit words
+F32 = 7           # CU_TENSOR_MAP_DATA_TYPE_FLOAT32: reductions add fp32 values
 _SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: SwizzledTile's layout
 _L2_256B = 3       # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
 _Dims = ctypes.c_uint64 * 4
@@ -116,8 +117,9 @@ def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_
     return (head_dim, rows, h_dim, b_dim), (r_stride, h_stride, b_stride), (64, box_rows, 1, 1)
 
 
-def _encode_error(rc: int, ptr: int, dims, strides, box, element_strides) -> TensorMapError:
-    fault = faulty_argument(ptr, dims, strides, box, element_strides)
+def _encode_error(rc: int, ptr: int, dims, strides, box, element_strides,
+                  elem_size: int = 2) -> TensorMapError:
+    fault = faulty_argument(ptr, dims, strides, box, element_strides, elem_size)
     argument, why = fault if fault else (None, "no argument breaks a documented rule")
     return TensorMapError(
         f"cuTensorMapEncodeTiled failed ({_CU_RESULT.get(rc, 'CUresult')} {rc}): "
@@ -125,15 +127,26 @@ def _encode_error(rc: int, ptr: int, dims, strides, box, element_strides) -> Ten
         f"globalStrides {strides}, boxDim {box})", argument=argument, status=rc)
 
 
+def fp32_rows_geometry(batch: int, heads: int, rows: int, width: int, box_rows: int):
+    """(dims, byte strides, box) of the rank-4 map over a contiguous fp32 [B, H, S,
+    width] buffer (the backward's dq_accum), boxes of 32 columns (128 bytes, the
+    swizzle's span) x ``box_rows`` rows."""
+    row = 4 * width
+    return ((width, rows, heads, batch), (row, row * rows, row * rows * heads),
+            (32, box_rows, 1, 1))
+
+
 class TileMaps:
     """Encodes one map geometry for new base pointers, remembering up to ``keep``
-    of them (all forgotten when a new one finds the memory full)."""
+    of them (all forgotten when a new one finds the memory full). ``dtype``: the
+    elements' CUtensorMapDataType (16-bit words unless told)."""
 
-    def __init__(self, geometry, keep: int = 8):
+    def __init__(self, geometry, keep: int = 8, dtype: int = _U16):
         dims, strides, box = geometry
         self._args = (_Dims(*dims), _Strides(*strides), _Box(*box), _Box(1, 1, 1, 1))
         self._maps: dict = {}
         self._keep = keep
+        self._dtype = dtype
 
     def __call__(self, ptr: int) -> np.void:
         tmap = self._maps.get(ptr)
@@ -144,10 +157,11 @@ class TileMaps:
         # the map on a 64-byte boundary.
         buf = (ctypes.c_uint64 * 24)()
         addr = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
-        rc = _encoder()(addr, _U16, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
+        rc = _encoder()(addr, self._dtype, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
                         ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
         if rc != 0:
-            raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones))
+            raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones),
+                                4 if self._dtype == F32 else 2)
         tmap = np.frombuffer(ctypes.string_at(addr, 128), MAP_DTYPE)[0]
         maps = self._maps if len(self._maps) < self._keep else {}  # full: start over
         maps[ptr] = tmap

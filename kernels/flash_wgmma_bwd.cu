@@ -10,11 +10,13 @@
 // Kernels, in launch order (cupy_attention/families/flash_wgmma_bwd.py):
 //   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum in atomic mode.
 //   2. The dK/dV kernel, one block per (BLOCK_N keys, KV head, batch) of two
-//      warpgroups (or kv_splits blocks: SPLIT below). sK and sV stay resident while the block walks the query tiles
-//      (BLOCK_M rows) of every query head of the KV head's group, from the first
-//      tile that sees key n0 (causal); the next tile's Q, dout, lse and delta are
-//      copied (cp.async, two buffers) while this one is computed. Two ways to split
-//      the work between the warpgroups:
+//      warpgroups (or kv_splits blocks: SPLIT below). sK and sV stay resident while
+//      the block walks the query tiles (BLOCK_M rows) of every query head of the KV
+//      head's group, from the first tile that sees key n0 (causal); the next tile's
+//      Q and dout arrive through the copy engine (tensor maps, issued by one
+//      thread) and its lse and delta by cp.async, into the other of two stages,
+//      while this one is computed (Producer). Two ways to split the work between
+//      the warpgroups:
 //
 //      flash_wgmma_bwd_dkdv, D = 64..128: BLOCK_N = 128 keys, warpgroup w owns keys
 //      64w..64w+63, the M = 64 rows of its S^T, dP^T, dV and dK products, and inside
@@ -26,7 +28,9 @@
 //                                   fragment, dout MN-major, N = D
 //        wait for dP^T; dS^T = P^T (dP^T - delta) in registers while dV runs
 //        issue dK_w += dS^T Q       wgmma rs, Q MN-major, N = D
-//        (ATOMIC_DQ) dS^T to sdS [key][query]; one barrier of the block, then
+//        (ATOMIC_DQ) once the other warpgroup's dQ of the last tile is done with
+//        sdS (kBarDsFree), dS^T to sdS [key][query]; the two warpgroups meet
+//        (kBarDs: sdS complete), then
 //        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
 //                                   B = K (MN-major), K = the block's 128 keys.
 //                                   BLOCK_M = 64: warpgroup w computes the 64
@@ -35,21 +39,28 @@
 //                                   block; one N for both warpgroups keeps ptxas
 //                                   from serializing the wgmma of a divergent
 //                                   path); BLOCK_M = 128: the queries 64w..
-//        wait for everything; (STAGE_DQ) dQ / scale into sdQ, fp32 rows of D
-//      and at the start of the next tile, after its proxy fence and barrier, dQ /
-//      scale is added into dq_accum: STAGE_DQ (where sdQ fits: not D = 72..80), by
-//      one thread's bulk reduction of sdQ (cp.reduce.async.bulk .add.f32, the copy
-//      engine's work; the thread waits for its read before the next tile's sdS
-//      barrier), otherwise by each thread's fp32 reductions (red.global.add.v2.f32).
-//      Either way the order of the additions varies from run to run. The proxy
-//      fence is a memory barrier: placed after the reductions it would wait for
-//      them (measured: benchmarks/results/notes-wgmma-bwd-comments.md).
-//      The async MMAs overlap the warpgroup's own element-wise work; the block's
-//      two warpgroups keep the tensor cores fed between each other's waits. No MMA
-//      is in flight across iterations: in every variant tried that overlapped a
-//      tile's dQ reductions with the next tile's MMAs, ptxas serialized all the
-//      kernel's wgmma (C7515, "non wgmma instructions defining accumulator
-//      registers ... between start and end of the pipeline stage").
+//        wait for everything; release the stage; (STAGE_DQ) dQ / scale into sdQ
+//      buffer it % 2 (fp32, the 128-byte swizzle of 32-column blocks: no bank
+//      conflicts beyond the two wavefronts of a warp's float2 stores); after the
+//      next tile's kBarDs barrier (which every staging thread reached past its
+//      proxy fence) one thread adds it into dq_accum with the copy engine's
+//      reduction through dq_accum's tensor map (cp.reduce.async.bulk.tensor .add,
+//      boxes of 32 columns; rows past Sq lie outside the map), and waits for its
+//      read before the barrier two tiles on, when that buffer is staged again.
+//      STAGE_DQ where two sdQ buffers fit (not D = 72..80 with 128-query tiles);
+//      otherwise each thread adds its dQ fragment with fp32 reductions
+//      (red.global.add.v2.f32) at the start of the next tile. Either way the order
+//      of the additions varies from run to run. The warpgroups meet only at
+//      kBarDs (and kBarDsFree); in deterministic mode not at all: each waits for
+//      its tile's copies, and the producer for the release of a stage by every
+//      warp (mbarriers full and empty, Producer). The async MMAs overlap the
+//      warpgroup's own element-wise work; the block's two warpgroups keep the
+//      tensor cores fed between each other's waits. No MMA is in flight across
+//      iterations: in every variant tried that overlapped a tile's dQ reductions
+//      with the next tile's MMAs, ptxas serialized all the kernel's wgmma (C7515,
+//      "non wgmma instructions defining accumulator registers ... between start
+//      and end of the pipeline stage"). Measurements and the variants that lost:
+//      benchmarks/results/notes-bwd-producer.md.
 //
 //      flash_wgmma_bwd_dkdv_wide, D = 136..256: dK and dV of 64 keys take D
 //      registers per thread, too many for one warpgroup beside S^T past D = 128, so
@@ -70,6 +81,8 @@
 //        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
 //        w + 2), each round's wgmma waited for and its dQ / scale added into
 //        dq_accum right away.
+//      The wide kernel's warpgroups meet at a barrier of the block at the start
+//      of each tile (sP and sdS are single buffers).
 //
 //      Then dK * scale and dV (times 1 / (1 - p) under dropout) are staged through
 //      sK, sV and written with 16-byte stores: one block owns each key of a KV head,
@@ -82,16 +95,18 @@
 //      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
 // Roles: TileScheduler (the block's keys and the query tiles that see them),
-// Producer (cp.async copies into the stage its PipelineState names), the consumer
-// steps (scores, P^T, dS^T, the accumulating wgmma, dQ), Epilogue (dQ reductions,
-// dK and dV stores); the two kernels at the end run them.
+// Producer (the copies into the stage its PipelineState names, and the rows it
+// zeroes), the consumer steps (scores, P^T, dS^T, the accumulating wgmma, dQ),
+// Epilogue (dQ staging and reductions, dK and dV stores); the two kernels at the
+// end run them.
 // Shared memory: WgmmaBwdTraits::Storage (16-bit swizzled tiles, SwizzledTile of
 // wgmma.cuh; rows of D_K, D rounded up to 16, columns D..D_K zero-filled for the
 // k16 steps, and the tiles themselves take whole 64-column blocks); its sizeof plus
 // the alignment slack is SMEM_BYTES (storage.cuh: smem_bytes<KT>), which the host's
-// Config.smem must equal (tests/test_wgmma_bwd_storage.py).
-// Writers to tiles that wgmma reads (cp.async copies, dS^T stores) run
-// fence_proxy_async() before the barrier that publishes them.
+// Config.smem must equal (tests/test_wgmma_bwd_storage.py); the stages' mbarriers
+// live in that slack (slack_addr). Generic writers to tiles that the async proxy
+// reads (dS^T and sdQ stores, rows zeroed by Producer::fix) run fence_proxy_async()
+// before the barrier that publishes them.
 // Variant: p_from_s applies it once per tile (VT::score: logits and a computed bias,
 // and VT::keep element by element only where the warp's keys x the tile's queries
 // are partial: Sk, the band's edges); query rows past Sq read lse = +inf (P = 0). A
@@ -104,12 +119,16 @@
 // at the store) and dS^T = P^T (fac dP^T - delta) with fac = keep / (1 - p), delta
 // unchanged (dout . out). Both warpgroups of the wide kernel draw them (the same
 // elements of their accumulators).
-// Query rows that attend nothing (causal, i < Sk - Sq) are zero-filled in sQ and
-// sdO, so NaN there cannot reach dK or dV through 0 * NaN, and their LSE of -inf is
-// read as +inf, so P = 0 and their dQ is exactly 0. dS is selected, not
-// multiplied, where P = 0, so NaN in a masked-out V stays out.
+// Query rows that attend nothing (causal, i < Sq - Sk) are zeroed in sQ and sdO
+// (Producer::fix; under packed sequences also the rows and keys past the sequence,
+// which hold the next one's), so NaN there cannot reach dK or dV through 0 * NaN,
+// and their LSE of -inf is read as +inf, so P = 0 and their dQ is exactly 0. dS is
+// selected, not multiplied, where P = 0, so NaN in a masked-out V stays out.
+// p_from_s: warps whose keys x the tile need no per-element test run code without
+// one (SPLIT_P; not the 128-query tiles past D = 64, which spilled with both).
 // Constraints: D a multiple of 8 from 64 to 256; 16-byte aligned base pointers and
-// strides of q, k, v, dout (the host runs flash_mma_bwd otherwise). No dense masks.
+// strides of q, k, v, dout, and views a tensor map takes (cupy_attention/tma.py:
+// tileable); the host runs flash_mma_bwd otherwise. No dense masks.
 #include "common/bwd_tiles.cuh"
 #include "common/storage.cuh"
 #include "common/wgmma.cuh"
@@ -128,6 +147,11 @@ struct WgmmaBwdTraits {
   static constexpr int BLOCK_N = WIDE ? 64 : 128; // keys per block
   static constexpr int THREADS = 256;
   static constexpr int kStages = 2;               // query-tile buffers: Q, dout, lse, delta
+  static constexpr int STAT_THREADS = 2 * BLOCK_M;  // one per lse or delta value of a tile
+  // p_from_s: tiles that need no per-element test in code of their own (H100: causal
+  // 1.11-1.18x at D = 64 and 128, S >= 4k), except the 128-query tiles past D = 64,
+  // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy.
+  static constexpr bool SPLIT_P = !(BLOCK_M == 128 && D > 64);
   static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
@@ -175,31 +199,46 @@ struct WgmmaBwdTraits {
   struct WideTiles : Tiles {
     float p[BLOCK_N * BLOCK_M];
   };
-  // The narrow kernel stages a tile's dQ / scale in fp32 rows of D (dq_accum's
-  // layout), added into dq_accum by one bulk reduction, where that fits beside the
-  // tiles (not at D = 72..80, whose 128-query tiles fill shared memory): STAGE_DQ.
+  // The narrow kernel stages a tile's dQ / scale in fp32, two tiles' worth, added into
+  // dq_accum by the copy engine (a tensor map's reduction, DQ_BOXES boxes of 32
+  // columns), where that fits beside the tiles (not at D = 72..80, whose 128-query
+  // tiles fill shared memory): STAGE_DQ. Layout: the 128-byte swizzle of 32-column
+  // (128-byte) blocks, SwizzledTile's bytes: float column c of row r at byte
+  // offset(r, c / 4) + 4 (c % 4), so a warp's float2 stores of an accumulator
+  // fragment meet no bank twice beyond the two wavefronts they need (rows of D
+  // floats met each bank eight times).
+  static constexpr int DQ_BOXES = WIDE ? 1 : (D + 31) / 32;  // (the wide kernel has no sdQ)
+  using DqTile = SwizzledTile<BLOCK_M, 64 * DQ_BOXES>;
   struct StagedTiles : Tiles {
-    alignas(16) float dq[BLOCK_M * D];
+    alignas(1024) unsigned char dq[2][DqTile::BYTES];
   };
   static constexpr bool STAGE_DQ =
       !WIDE && sizeof(StagedTiles) + SMEM_SLACK <= 227 * 1024;
   using Storage = typename SelectType<
       WIDE, WideTiles, typename SelectType<STAGE_DQ, StagedTiles, Tiles>::type>::type;
   static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
+  // The stages' mbarriers, in the alignment slack (slack_addr: D = 72..80 fill shared
+  // memory to the last 1024 bytes): full[i] completes when stage i's copies landed,
+  // empty[i] when every warp of the block is done with it.
+  struct Barriers {
+    u64 full[kStages], empty[kStages];
+  };
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
   static_assert(!WIDE || BLOCK_M == 64, "the wide kernel takes 64-query tiles");
-  static_assert(2 * BLOCK_M <= THREADS, "one thread per lse/delta value");
+  static_assert(STAT_THREADS <= THREADS, "one thread per lse/delta value");
   static_assert(KVTile::BYTES % 1024 == 0 && QTile::BYTES % 1024 == 0 && DsTile::BYTES % 1024 == 0,
                 "tiles stay on the 1024-byte boundaries of the swizzle");
 };
 
-// Named barriers (bar.sync ids; 0 is __syncthreads'): the wide kernel's hand-overs.
+// Named barriers (bar.sync ids; 0 is __syncthreads', 1 and 2 warpgroup_barrier's).
 enum WgmmaBwdBarrier : int {
-  kBarP = 1,   // sP written by warpgroup 0, read by 1
-  kBarDs = 2,  // sdS written by warpgroup 1, read by both (dQ)
+  kBarP = 3,        // wide: sP written by warpgroup 0, read by 1
+  kBarDs = 4,       // sdS written (wide: by warpgroup 1; narrow: both), read by both (dQ)
+  kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0)
+  kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
 };
 
 extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
@@ -209,7 +248,12 @@ extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
 template <class KT>
 struct BwdSmem {
   using S = typename KT::Storage;
-  u32 base;
+  using B = typename KT::Barriers;
+  u32 base, bars;
+  __device__ __forceinline__ explicit BwdSmem(u32 base_)
+      : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+  __device__ __forceinline__ u32 full(int stage) const { return bars + 8 * stage; }
+  __device__ __forceinline__ u32 empty(int stage) const { return bars + 8 * (KT::kStages + stage); }
   __device__ __forceinline__ u32 k() const { return CA_FIELD(base, S, k); }
   __device__ __forceinline__ u32 v() const { return CA_FIELD(base, S, v); }
   __device__ __forceinline__ u32 q(int stage) const {
@@ -232,7 +276,9 @@ struct BwdSmem {
   __device__ __forceinline__ float* p_slots() const {  // the wide kernel's P^T
     return shared_ptr<float>(wgmma_bwd_smem, CA_FIELD(base, S, p));
   }
-  __device__ __forceinline__ u32 dq() const { return CA_FIELD(base, S, dq); }  // narrow
+  __device__ __forceinline__ u32 dq(int buf) const {  // narrow: buffer buf of sdQ
+    return CA_FIELD(base, S, dq) + buf * KT::DqTile::BYTES;
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -273,87 +319,122 @@ struct TileScheduler {
 };
 
 // ---------------------------------------------------------------------------
-// Producer: cp.async copies by all 256 threads, one commit group per query tile.
+// Producer: the copy engine (tensor maps, one thread) loads K and V once and each
+// query tile's Q and dout; the first STAT_THREADS threads copy the tile's lse and
+// delta (cp.async). A stage's mbarrier full[stage] completes when all of it landed:
+// the copy engine's bytes, the arrival of the thread that announced them, and one
+// arrival from each stats thread once its copy landed (mbarrier_arrive_on_copies).
+// A stage is reloaded once every warp released it (empty[stage], lane 0 of each warp
+// after its last MMA of the tile): no barrier of the block. The copy engine fills
+// rows and columns outside the tensors with zeros (rows past Sq or Sk, columns D..
+// D_K); rows it fills with data the block must not use are zeroed by fix().
 
-// Copy rows [0, ROWS) of a tile of D columns (row stride `stride`) into the
-// swizzled tile at shared address `s`, zero-filling rows outside [row_lo, row_hi)
-// and columns D..D_K. `head` is any valid address of the tensor, read by nothing
-// (cp.async with 0 source bytes). Each thread takes one chunk slot (8 columns; 8, 16
-// or 32 slots a row, those past D_K idle) at rows r0, r0 + PASS_ROWS, ...; those
-// rows agree mod 8, so the swizzled destination advances by a constant.
-// (flash_wgmma.cu's producer copies the same layout with its own loop shape, which
-// measured slower here: benchmarks/results/notes-wgmma-bwd-comments.md.)
+// Rows outside [lo, hi) of the swizzled tile `tile` (ROWS rows) set to zero, 16
+// bytes a store by every thread (a row of a 64-column block is 128 contiguous bytes).
 template <class KT, class Tile, int ROWS>
-__device__ __forceinline__ void load_rows(u32 s, const typename KT::T* g, i64 stride, int row_lo,
-                                          int row_hi, const typename KT::T* head) {
-  constexpr int CHUNKS = KT::D / 8, K_CHUNKS = KT::D_K / 8;
-  constexpr int SLOTS = K_CHUNKS <= 8 ? 8 : K_CHUNKS <= 16 ? 16 : 32;
-  constexpr int PASS_ROWS = KT::THREADS / SLOTS;
-  static_assert(ROWS % PASS_ROWS == 0 && PASS_ROWS % 8 == 0, "whole passes of 8-row groups");
-  const int r0 = threadIdx.x / SLOTS, chunk = threadIdx.x % SLOTS;
-  if (chunk >= K_CHUNKS) return;
-  const bool data = chunk < CHUNKS;
-  const u32 dst = s + Tile::offset(r0, chunk);
-  const typename KT::T* src = g + r0 * stride + (data ? chunk * 8 : 0);
-#pragma unroll
-  for (int i = 0; i < ROWS / PASS_ROWS; ++i) {
-    const int r = r0 + i * PASS_ROWS;
-    const bool ok = data && r >= row_lo && r < row_hi;
-    cp_async_16(dst + i * PASS_ROWS * 128, ok ? src + i * PASS_ROWS * stride : head, ok);
+__device__ __forceinline__ void zero_rows(unsigned char* tile, int lo, int hi) {
+  constexpr int CHUNKS = Tile::BYTES / 16;
+  for (int c = threadIdx.x; c < CHUNKS; c += KT::THREADS) {
+    const int r = c / 8 % ROWS;
+    if (r < lo || r >= hi) *reinterpret_cast<uint4*>(tile + 16 * c) = make_uint4(0, 0, 0, 0);
   }
 }
 
 // Writes: sK, sV once; per query tile, its stage's sQ, sdO, lse and delta (stage
-// from `next`, advanced per tile). Signals: one cp.async group per load_first /
-// load_q; the consumers wait for it (cp_async_wait) and publish it to the async
-// proxy (fence_proxy_async, a block barrier) before any wgmma reads it.
+// from `next`, advanced per tile). Waits on: empty[stage] before reloading a stage.
+// Signals: full[stage].
 template <class KT, class VT>
 struct Producer {
   using T = typename KT::T;
-  const BwdParams& p;
+  const BwdParams& p;  // bound to the block's sequence
   const BwdSmem<KT> st;
   const TileScheduler<KT, VT>& sched;
+  const TmaMap &q_map, &k_map, &v_map, &dout_map;
   PipelineState<KT::kStages> next;  // the stage of the next query tile loaded
 
-  // Query tile `it` (Q, dout, lse, delta) into stage next.index().
-  __device__ __forceinline__ void load_q(int it) {
+  // Query tile `it` (Q, dout, lse, delta) into stage next.index(); with_kv: the
+  // block's K and V too, on the same mbarrier. STATS_FREE: the caller knows that
+  // every warp is past its reads of the stage's lse and delta (a barrier of the
+  // block since), so only the copy engine's loads wait for the stage's release.
+  template <bool STATS_FREE>
+  __device__ __forceinline__ void load_q(int it, bool with_kv = false) {
     const FwdParams& f = p.fwd;
     const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
-    const T* q_head = static_cast<const T*>(f.q) + sched.b * f.q_batch_stride + h * f.q_head_stride;
-    const T* o_head =
-        static_cast<const T*>(p.dout) + sched.b * p.dout_batch_stride + h * p.dout_head_stride;
-    using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
-    const int lo = Walk::row_lo(f, m0), hi = Walk::row_hi(f, m0);
-    load_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.q(stage), q_head + m0 * f.q_row_stride,
-                                                   f.q_row_stride, lo, hi, q_head);
-    load_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.dout(stage), o_head + m0 * p.dout_row_stride,
-                                                   p.dout_row_stride, lo, hi, o_head);
-    const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-    const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
-    copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, hi, f.lse);
-    cp_async_commit();
+    const u32 full = st.full(stage);
+    if (threadIdx.x < KT::STAT_THREADS) {
+      if ((!STATS_FREE || threadIdx.x == 0) && it - sched.begin >= KT::kStages)
+        mbarrier_wait(st.empty(stage), next.phase() ^ 1);
+      if (threadIdx.x == 0) {
+        constexpr u32 Q_BYTES = 2 * KT::QTile::BYTES, KV_BYTES = 2 * KT::KVTile::BYTES;
+        mbarrier_arrive_expect_tx(full, with_kv ? Q_BYTES + KV_BYTES : Q_BYTES);
+        // map coordinates: broadcast (stride 0) head or batch axes are maps of size
+        // 1; packed sequences are one batch entry, rows from the sequence's first
+        int q_row = m0, k_row = sched.n0;
+        if constexpr (VT::Seqs::kRagged)
+          q_row += f.cu_seqlens_q[sched.b], k_row += f.cu_seqlens_k[sched.b];
+        const int b = sched.b;
+#pragma unroll
+        for (int blk = 0; blk < KT::D_BLOCKS; ++blk) {
+          tma_load_4d(st.q(stage) + blk * KT::QTile::BLOCK_BYTES, q_map, blk * 64, q_row,
+                      f.q_head_stride ? h : 0, f.q_batch_stride ? b : 0, full);
+          tma_load_4d(st.dout(stage) + blk * KT::QTile::BLOCK_BYTES, dout_map, blk * 64, q_row,
+                      p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0, full);
+        }
+        if (with_kv) {
+          const int h_kv = sched.h_kv;
+#pragma unroll
+          for (int blk = 0; blk < KT::D_BLOCKS; ++blk) {
+            tma_load_4d(st.k() + blk * KT::KVTile::BLOCK_BYTES, k_map, blk * 64, k_row,
+                        f.k_head_stride ? h_kv : 0, f.k_batch_stride ? b : 0, full);
+            tma_load_4d(st.v() + blk * KT::KVTile::BLOCK_BYTES, v_map, blk * 64, k_row,
+                        f.v_head_stride ? h_kv : 0, f.v_batch_stride ? b : 0, full);
+          }
+        }
+      }
+      const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+      const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
+      using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
+      copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, Walk::row_hi(f, m0), f.lse);
+      mbarrier_arrive_on_copies(full);
+    }
     next.advance();
   }
 
-  // The block's K and V, in the same cp.async group as its first query tile.
+  // The block's K and V with its first query tile (nothing without query tiles).
   __device__ __forceinline__ void load_first() {
+    if (sched.end > sched.begin) load_q<true>(sched.begin, true);
+  }
+
+  // Every thread, once tile it's copies in `stage` landed (first: the block's first
+  // tile, with K and V): rows the copy engine filled with data the kernel must read
+  // as zeros are zeroed, then published to the async proxy and the block. Query
+  // rows that attend nothing (causal, i < Sq - Sk: rows before row_lo), so that a
+  // NaN there cannot reach dK or dV through 0 * NaN; under packed sequences, the
+  // rows past the sequence's queries (and, with the first tile, keys: dQ = dS K),
+  // which hold the next sequence's. Block-uniform; nothing to do for most tiles.
+  __device__ __forceinline__ void fix(int it, int stage, bool first) const {
     const FwdParams& f = p.fwd;
-    const T* k_head =
-        static_cast<const T*>(f.k) + sched.b * f.k_batch_stride + sched.h_kv * f.k_head_stride;
-    const T* v_head =
-        static_cast<const T*>(f.v) + sched.b * f.v_batch_stride + sched.h_kv * f.v_head_stride;
-    const int k_rows = f.seqlen_k - sched.n0;
-    load_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.k(), k_head + sched.n0 * f.k_row_stride,
-                                                    f.k_row_stride, 0, k_rows, k_head);
-    load_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.v(), v_head + sched.n0 * f.v_row_stride,
-                                                    f.v_row_stride, 0, k_rows, v_head);
-    if (sched.end > sched.begin) {
-      load_q(sched.begin);
-    } else {
-      cp_async_commit();
-    }
+    using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
+    constexpr bool RAGGED = VT::Seqs::kRagged;
+    const int m0 = sched.m0(it), lo = Walk::row_lo(f, m0);
+    const int hi = RAGGED ? Walk::row_hi(f, m0) : KT::BLOCK_M;
+    const int k_rows = RAGGED && first ? f.seqlen_k - sched.n0 : KT::BLOCK_N;
+    if (lo <= 0 && hi >= KT::BLOCK_M && k_rows >= KT::BLOCK_N) return;
+    zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(st.q(stage)), lo, hi);
+    zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(st.dout(stage)), lo, hi);
+    if (k_rows < KT::BLOCK_N) zero_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.bytes(st.k()), 0, k_rows);
+    fence_proxy_async();
+    named_barrier_sync(kBarFix, KT::THREADS);
   }
 };
+
+// The stage's release: lane 0 of each warp, after the warp's last MMA reading it and
+// (__syncwarp) every lane's last read of its lse and delta.
+template <class KT>
+__device__ __forceinline__ void release(const BwdSmem<KT>& st, int stage, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(st.empty(stage));
+}
 
 // ---------------------------------------------------------------------------
 // Consumer steps: one warp's registers; the caller fences and waits around them.
@@ -367,13 +448,11 @@ struct Producer {
 // rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
 // keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
 // 13). Reads lse of the tile's stage.
-template <class KT, class VT>
-__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
-                                         const float* s_lse, typename VT::Head hd, int m0,
-                                         int j0, int lane) {
-  static_assert(!VT::Dense::reads, "no dense masks in this family");
-  const int g = lane / 4, t = lane % 4;
-  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
+// TEST: the variant's per-element test (0: none, 1: every element, 2: where `partial`).
+template <class KT, class VT, int TEST>
+__device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+                                              const float* s_lse, typename VT::Head hd, int m0,
+                                              int j0, int g, int t, bool partial) {
 #pragma unroll
   for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
@@ -387,15 +466,40 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
-        const bool kept = !partial || VT::keep(f, i, j);
         float& x = s[nt * 4 + 2 * r + c];
-        if constexpr (VT::kTransform) {
-          x = kept ? fast_exp2(VT::shifted(f, hd, i, j, x, -lse2)) : 0.f;
+        if constexpr (TEST == 2) {  // the exp2 under the test: fewer registers live
+          const bool kept = !partial || VT::keep(f, i, j);
+          if constexpr (VT::kTransform) {
+            x = kept ? fast_exp2(VT::shifted(f, hd, i, j, x, -lse2)) : 0.f;
+          } else {
+            x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+          }
         } else {
-          x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
+          float e;
+          if constexpr (VT::kTransform) {
+            e = fast_exp2(VT::shifted(f, hd, i, j, x, -lse2));
+          } else {
+            e = fast_exp2(fmaf(x, f.scale_log2, -lse2));
+          }
+          x = TEST == 0 || VT::keep(f, i, j) ? e : 0.f;
         }
       }
     }
+  }
+}
+template <class KT, class VT>
+__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+                                         const float* s_lse, typename VT::Head hd, int m0,
+                                         int j0, int lane) {
+  static_assert(!VT::Dense::reads, "no dense masks in this family");
+  const int g = lane / 4, t = lane % 4;
+  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
+  if constexpr (!KT::SPLIT_P) {
+    p_from_s_tile<KT, VT, 2>(s, f, s_lse, hd, m0, j0, g, t, partial);
+  } else if (partial) {  // warp-uniform: other tiles run code without the test
+    p_from_s_tile<KT, VT, 1>(s, f, s_lse, hd, m0, j0, g, t, true);
+  } else {
+    p_from_s_tile<KT, VT, 0>(s, f, s_lse, hd, m0, j0, g, t, false);
   }
 }
 
@@ -570,29 +674,36 @@ struct Epilogue {
   }
 
   // The narrow kernel's dQ path. stage_dq: a warpgroup's dQ fragment (add_dq's
-  // layout and columns) into the fp32 staging rows sdQ. reduce_dq (one thread, after
-  // a proxy fence and a barrier publish sdQ): sdQ's rows of tile it that lie in the
-  // sequence added into dq_accum by the copy engine, one bulk group; the caller
-  // waits for its read (bulk_wait_read) before sdQ is staged again.
+  // layout and columns) into buffer `buf` of sdQ (StagedTiles' layout); rows past
+  // a packed sequence as zeros (its boxes reach into the next sequence's rows).
+  // reduce_dq (one thread, after the block's staging writers fenced and met it at a
+  // barrier): sdQ buffer `buf` added into tile it's rows of dq_accum, whose rows
+  // past Sq the map skips, by the copy engine, one bulk group; the thread waits for
+  // its read (bulk_wait_read) before that buffer is staged again, two tiles later.
   template <int N>
-  __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int row0, int col0,
-                                           int skip, int cols, int g, int t) const {
-    float* sdq = shared_ptr<float>(wgmma_bwd_smem, st.dq());
+  __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int it, int buf, int row0,
+                                           int col0, int skip, int cols, int g, int t) const {
+    unsigned char* sdq = st.bytes(st.dq(buf));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* row = sdq + (row0 + g + 8 * r) * KT::D + col0 + 2 * t;
+      const int row = row0 + g + 8 * r;
+      const bool zero = VT::Seqs::kRagged && sched.m0(it) + row >= p.fwd.seqlen_q;
 #pragma unroll
-      for (int dt = 0; dt < N / 8; ++dt)
+      for (int dt = 0; dt < N / 8; ++dt) {
+        const int col = col0 + 8 * dt + 2 * t;
         if (8 * dt >= skip && 8 * dt < cols)
-          *reinterpret_cast<float2*>(row + 8 * dt) = make_float2(dq[dt * 4 + 2 * r],
-                                                                 dq[dt * 4 + 2 * r + 1]);
+          *reinterpret_cast<float2*>(sdq + KT::DqTile::offset(row, col / 4) + 4 * (col % 4)) =
+              zero ? make_float2(0.f, 0.f) : make_float2(dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
+      }
     }
   }
-  __device__ __forceinline__ void reduce_dq(int it) const {
-    const int h = sched.head(it), m0 = sched.m0(it);
-    const int rows = cmin(KT::BLOCK_M, p.fwd.seqlen_q - m0);
-    bulk_reduce_add(p.dq_accum + (delta_row(p, sched.b, h) + m0) * KT::D, st.dq(),
-                    u32(rows) * KT::D * 4);
+  __device__ __forceinline__ void reduce_dq(const TmaMap& dq_map, int it, int buf) const {
+    const int h = sched.head(it);
+    int row = sched.m0(it), b = sched.b;
+    if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;
+#pragma unroll
+    for (int box = 0; box < KT::DQ_BOXES; ++box)
+      tma_reduce_add_4d(dq_map, st.dq(buf) + box * KT::DqTile::BLOCK_BYTES, 32 * box, row, h, b);
     bulk_commit();
   }
 
@@ -678,14 +789,32 @@ __device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_key
 }
 
 // ---------------------------------------------------------------------------
-// The kernels: every thread is producer (cp.async) and consumer (wgmma).
+// The kernels: thread 0 and the stats threads produce (Producer), every thread
+// consumes (wgmma). The tensor maps: q and dout in boxes of BLOCK_M rows, k and v
+// in boxes of BLOCK_N rows, 64 columns each (cupy_attention/tma.py).
 
-// D <= 128: warpgroup w owns keys 64w..64w+63. Per tile: wait for the tile's copies
-// and barrier (the previous tile's buffers and sdS are free), the previous tile's
-// dQ reductions, then S^T, dP^T, dV, dK, dQ as the header describes; every MMA
-// waited for before the next tile.
+// The stages' mbarriers initialized and published to the block, before the block's
+// first loads.
+template <class KT>
+__device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < KT::kStages; ++i) {
+      mbarrier_init(st.full(i), 1 + KT::STAT_THREADS);  // the announcer, the stats threads
+      mbarrier_init(st.empty(i), KT::THREADS / 32);     // lane 0 of each warp
+    }
+  }
+  __syncthreads();
+}
+
+// D <= 128: warpgroup w owns keys 64w..64w+63. Per tile: wait for the tile's copies,
+// S^T, dP^T, dV, dK, dQ as the header describes, every MMA waited for before the
+// next tile; the warpgroups meet once a tile, when both halves of sdS are written.
 template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
-__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const BwdParams args) {
+__global__ void __launch_bounds__(KT::THREADS, 1)
+    flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
+                         const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
+                         const __grid_constant__ TmaMap dout_map,
+                         const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
                                 // 80 has no shared memory left for them)
@@ -693,13 +822,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
       bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
-  const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
+  const BwdSmem<KT> st(storage_base(wgmma_bwd_smem));
   const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
-  Producer<KT, VT> producer{p, st, sched};
+  Producer<KT, VT> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
+  init_barriers(st);
   producer.load_first();
 
   float dk[KT::D / 2], dv[KT::D / 2];  // this warpgroup's 64 keys x D
@@ -721,15 +851,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
-    // Tile it visible to both proxies; every warpgroup is done with tile it - 1 (its
-    // buffers and sdS: each waited for all its MMAs). Then tile it - 1's dQ goes
-    // out: after the proxy fence, a memory barrier that would wait for it.
-    cp_async_wait<0>();
-    fence_proxy_async();  // also publishes sdQ (tile it - 1) to the copy engine
-    __syncthreads();
-    if constexpr (ATOMIC_DQ && KT::STAGE_DQ) {
-      if (it > sched.begin && threadIdx.x == 0) epi.reduce_dq(it - 1);
-    } else if constexpr (ATOMIC_DQ) {
+    mbarrier_wait(st.full(stage), read.phase());
+    producer.fix(it, stage, it == sched.begin);
+    if constexpr (ATOMIC_DQ && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
       if (it > sched.begin)
         epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
@@ -737,7 +861,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     wgmma_fence();  // s, dp, dq were read by ordinary code
     issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
-    if (it + 1 < sched.end) producer.load_q(it + 1);
+    // lse and delta of tile it - 1 were read before that tile's sdS barrier
+    if (it + 1 < sched.end) producer.template load_q<ATOMIC_DQ>(it + 1);
 
     wgmma_wait<1>();
     fence_regs(s);
@@ -761,33 +886,39 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
     issue_accumulate<KT>(dk, da, q_tile);
 
     if constexpr (ATOMIC_DQ) {
+      // sdS is free once the other warpgroup's dQ of tile it - 1 is done
+      if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::THREADS);
       store_ds<KT>(st.bytes(st.ds()), da, key0, g, t);
-      fence_proxy_async();
-      if (KT::STAGE_DQ && threadIdx.x == 0) bulk_wait_read<0>();  // tile it - 1's sdQ read
-      __syncthreads();  // sdS complete, sdQ free
+      fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
+      if (KT::STAGE_DQ && threadIdx.x == 0) bulk_wait_read<0>();  // tile it - 2's sdQ read
+      named_barrier_sync(kBarDs, KT::THREADS);  // sdS complete; sdQ of tile it - 1 too
       issue_dq<KT>(dq, dq_a, dq_b);
+      if constexpr (KT::STAGE_DQ) {
+        if (threadIdx.x == 0 && it > sched.begin) epi.reduce_dq(dq_map, it - 1, (it - 1) & 1);
+      }
     }
     wgmma_wait<0>();
     fence_regs(dk);
     fence_regs(dv);
     fence_regs(pa);
     fence_regs(da);
+    release(st, stage, lane);
     if constexpr (ATOMIC_DQ) {
       fence_regs(dq);
+      if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::THREADS);
       if constexpr (KT::STAGE_DQ)
-        epi.template stage_dq<KT::DQ_N>(dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+        epi.template stage_dq<KT::DQ_N>(dq, it, it & 1, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
   }
   if constexpr (ATOMIC_DQ && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)
       epi.template add_dq<KT::DQ_N>(sched.end - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
-  cp_async_wait<0>();
   if constexpr (ATOMIC_DQ && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
   if constexpr (ATOMIC_DQ && KT::STAGE_DQ) {
     if (sched.end > sched.begin && threadIdx.x == 0) {
-      epi.reduce_dq(sched.end - 1);
+      epi.reduce_dq(dq_map, sched.end - 1, (sched.end - 1) & 1);
       bulk_wait<0>();
     }
   }
@@ -803,20 +934,25 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv(const Bwd
 // role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
 // (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
 template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
-__global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(const BwdParams args) {
+__global__ void __launch_bounds__(KT::THREADS, 1)
+    flash_wgmma_bwd_dkdv_wide(const BwdParams args, const __grid_constant__ TmaMap q_map,
+                              const __grid_constant__ TmaMap k_map,
+                              const __grid_constant__ TmaMap v_map,
+                              const __grid_constant__ TmaMap dout_map) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy)
   typename VT::Seqs::template Bound<BwdParams> p =
       bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
-  const BwdSmem<KT> st{storage_base(wgmma_bwd_smem)};
+  const BwdSmem<KT> st(storage_base(wgmma_bwd_smem));
   const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
-  Producer<KT, VT> producer{p, st, sched};
+  Producer<KT, VT> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, VT> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
+  init_barriers(st);
   producer.load_first();
 
   float acc[KT::D / 2];  // warpgroup 0: dV, 1: dK / scale; the block's 64 keys x D
@@ -835,9 +971,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
-    // Tile it visible to both proxies; both warpgroups are done with tile it - 1.
-    cp_async_wait<0>();
-    fence_proxy_async();
+    // Tile it landed; both warpgroups are done with tile it - 1 (sP, sdS).
+    mbarrier_wait(st.full(stage), read.phase());
+    producer.fix(it, stage, it == sched.begin);
     __syncthreads();
     // Both warpgroups hold the same elements of their X^T: each draws the keep flags,
     // before X^T takes its registers.
@@ -845,7 +981,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
-    if (it + 1 < sched.end) producer.load_q(it + 1);
+    if (it + 1 < sched.end) producer.template load_q<true>(it + 1);  // past this tile's barrier
     wgmma_wait<0>();
     fence_regs(x);
 
@@ -901,8 +1037,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_wgmma_bwd_dkdv_wide(cons
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(xa);
+    release(st, stage, lane);
   }
-  cp_async_wait<0>();
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
 
   // Warpgroup 0 stages dV in sV, warpgroup 1 dK * scale in sK, each warp its 16 keys

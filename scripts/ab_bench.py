@@ -11,6 +11,7 @@ forward and backward, bf16 and fp16, D in {64, 128, 256, 72, 80, 96, 160}, S in
 plus decode-like shapes (Sq = 1 against 8k keys). Timing: CUDA events around 20
 back-to-back calls after warm-up, median of 5 such batches, in TFLOPs (true D).
 Prints the new/old ratio per cell, the median ratio and the old-vs-old spread last.
+--dims, --seqs and --causal keep only the cells that match.
 """
 from __future__ import annotations
 
@@ -134,9 +135,18 @@ def main() -> int:
     ap.add_argument("--env-new", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the NEW tree's processes only")
     ap.add_argument("--only", choices=("fwd", "bwd"), help="one direction only")
+    ap.add_argument("--dims", help="comma-separated head dims: only these cells")
+    ap.add_argument("--seqs", help="comma-separated sequence lengths: only these cells")
+    ap.add_argument("--causal", choices=("0", "1"), help="only causal (1) or non-causal (0) cells")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    cells = [c for c in grid(a.quick) if not a.only or c["dir"] == a.only]
+    dims = {int(x) for x in a.dims.split(",")} if a.dims else None
+    seqs = {int(x) for x in a.seqs.split(",")} if a.seqs else None
+    cells = [c for c in grid(a.quick) if (not a.only or c["dir"] == a.only)
+             and (dims is None or c["d"] in dims) and (seqs is None or c["sq"] in seqs)
+             and (a.causal is None or c["causal"] == (a.causal == "1"))]
+    filters = [f"--{k}={v}" for k, v in (("dims", a.dims), ("seqs", a.seqs), ("causal", a.causal))
+               if v is not None]
     if a.child:
         prewarm(cells)
         json.dump(run_tree(cells, a.reps, a.batches), open(a.child, "w"))
@@ -151,7 +161,7 @@ def main() -> int:
                 env.update(kv.split("=", 1) for kv in a.env_new)
             args = [sys.executable, os.path.abspath(__file__), "--child", path,
                     "--reps", str(a.reps), "--batches", str(a.batches)] + (["--quick"] if a.quick else []) \
-                + (["--only", a.only] if a.only else [])
+                + (["--only", a.only] if a.only else []) + filters
             subprocess.run(args, env=env, check=True, cwd="/tmp")
             results[side].append({key(r): r for r in json.load(open(path))})
             print(f"round {rnd} tree {side} done", flush=True)

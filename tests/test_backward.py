@@ -530,7 +530,8 @@ def warm_kernels():
             if kernel == "flash":
                 specs = flash_bwd.specs(flash_bwd.config(c["D"], limit), c["dtype"], vt, det)
             elif kernel == "flash_wgmma":
-                specs = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(c["D"]), c["dtype"], vt, det)
+                specs = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(c["D"], vt), c["dtype"], vt,
+                                              det)
             else:
                 vec = c["D"] % 8 == 0 and c.get("view") not in ("padded", "unaligned")
                 specs = flash_mma_bwd.specs(flash_mma_bwd.config(c["D"], limit), c["dtype"],
@@ -966,5 +967,8 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
     assert flash_wgmma_bwd.kv_splits(balanced, 132, False) == 1
     assert flash_wgmma_bwd.kv_splits(prob(1, 16, 2, 1024, causal=False), 132, False) == 8
     assert flash_wgmma_bwd.kv_splits(prob(2, 16, 4, 2048, window=(256, 0)), 132, False) == 1
+    assert flash_wgmma_bwd.kv_splits(prob(1, 16, 2, 1024, d=72, causal=False), 132, False) == 1, \
+        "128-query tiles past D = 64 are not split"
+    assert flash_wgmma_bwd.kv_splits(prob(1, 16, 2, 1024, d=80), 132, False) > 1, "causal: 64 rows"
     assert all(flash_wgmma_bwd.kv_splits(prob(1, 32, 1, 64 * n), 132, False)
                <= flash_wgmma_bwd.MAX_SPLITS for n in range(1, 40))

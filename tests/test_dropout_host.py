@@ -427,16 +427,18 @@ def test_wgmma_tiles_with_dropout():
 
 
 def test_wgmma_backward_tiles_with_dropout():
-    """The flash_wgmma backward keeps the 128-query tiles with dropout at D <= 72 and
-    takes 64-query tiles above (the plain kernel has 128 up to D = 80); its
-    deterministic dQ kernel is flash_mma's, which draws the same mask."""
+    """The flash_wgmma backward keeps the 128-query tiles with dropout at D = 64 and
+    takes 64-query tiles above (the plain kernel has 128 up to D = 80, causal ones up
+    to D = 64); its deterministic dQ kernel is flash_mma's, which draws the same mask."""
     from cupy_attention.families import flash_wgmma_bwd
     from cupy_attention.variant import Variant
 
     for d in range(64, 257, 8):
-        vt = Variant(True, dropout=True)
-        assert flash_wgmma_bwd.config(d, vt).block_m == (128 if d <= 72 else 64)
-        assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 80 else 64)
+        vt = Variant(False, dropout=True)
+        assert flash_wgmma_bwd.config(d, vt).block_m == (128 if d <= 64 else 64)
+        assert flash_wgmma_bwd.config(d, Variant()).block_m == (128 if d <= 80 else 64)
+        assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 64 else 64)
+        vt = Variant(d % 16 == 0, dropout=True)
         for deterministic in (False, True):
             kernels = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16", vt,
                                             deterministic)

@@ -122,3 +122,55 @@ def test_a_refused_encoding_names_the_argument(monkeypatch, ptr, geometry, argum
         tma.TileMaps(geometry)(ptr)
     assert info.value.argument == argument and info.value.status == 1
     assert (argument or "argument unknown") in str(info.value)
+
+
+def test_fp32_rows_geometry_of_dq_accum():
+    # dq_accum [B=2, H=3, S=100, D=96] fp32 contiguous: boxes of 32 columns (128 bytes)
+    dims, strides, box = tma.fp32_rows_geometry(2, 3, 100, 96, 64)
+    assert dims == (96, 100, 3, 2)
+    assert strides == (384, 100 * 384, 3 * 100 * 384)
+    assert box == (32, 64, 1, 1)
+    assert tma.faulty_argument(256, dims, strides, box, elem_size=4) is None
+
+
+def test_fp32_maps_encode_fp32_and_name_the_box_in_fp32_bytes(monkeypatch):
+    """TileMaps(dtype=F32) asks the driver for 32-bit floats; a refused fp32 map is
+    checked with 4-byte elements (a 40-column box spans 160 bytes, past the swizzle)."""
+    seen = []
+
+    def fake_encode(addr, dtype, *args):
+        seen.append(dtype)
+        return 1
+
+    monkeypatch.setattr(tma, "_encode", fake_encode)
+    geometry = tma.fp32_rows_geometry(1, 2, 64, 128, 64)
+    with pytest.raises(tma.TensorMapError) as info:
+        tma.TileMaps(geometry, dtype=tma.F32)(256)
+    assert seen == [tma.F32] and info.value.argument is None
+    dims, strides, _ = geometry
+    with pytest.raises(tma.TensorMapError) as info:
+        tma.TileMaps((dims, strides, (40, 64, 1, 1)), dtype=tma.F32)(256)
+    assert info.value.argument == "boxDim" and "160 bytes" in str(info.value)
+
+
+def test_backward_tensor_maps_per_pointer_tuple(monkeypatch):
+    """flash_wgmma_bwd's TensorMaps: one 128-byte buffer per map, the maps of a
+    pointer tuple kept, and zeros for a null pointer (dq_accum in deterministic mode)."""
+    from cupy_attention.families import flash_wgmma_bwd
+
+    calls = []
+
+    def encoder(tag):
+        def encode(ptr):
+            calls.append((tag, ptr))
+            return np.frombuffer(bytes([tag]) * 128, tma.MAP_DTYPE)[0]
+        return encode
+
+    maps = flash_wgmma_bwd.TensorMaps(tuple(encoder(i + 1) for i in range(5)))
+    bufs = maps(16, 32, 48, 64, 0)
+    assert [bytes(b)[:2] for b in bufs] == [b"\x01\x01", b"\x02\x02", b"\x03\x03",
+                                            b"\x04\x04", b"\x00\x00"]
+    assert all(len(bytes(b)) == 128 for b in bufs)
+    assert maps(16, 32, 48, 64, 0) is bufs and len(calls) == 4, "kept for the same pointers"
+    maps(16, 32, 48, 64, 80)
+    assert calls[-1] == (5, 80) and len(calls) == 9

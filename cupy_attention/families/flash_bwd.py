@@ -194,17 +194,25 @@ def passes(p: Problem, t: BwdTensors, device_id: int, arch: str,
             dq]
 
 
-def run_passes(launches: list[tuple], params: bytearray, stream_ptr: int) -> None:
-    """Launch ``launches`` (see :func:`passes`) with the struct's raw bytes."""
-    for kernel, grid, block, smem in launches:
-        kernel.launch_packed(grid, block, params, smem, stream_ptr)
+def run_passes(launches: list[tuple], params: bytearray, stream_ptr: int,
+               pointers: tuple = ()) -> None:
+    """Launch ``launches`` (see :func:`passes`) with the struct's raw bytes. A launch
+    of five entries also takes tensor maps: its fifth, called with ``pointers`` (q,
+    k, v, dout, dq_accum), gives them as ctypes buffers (flash_wgmma_bwd)."""
+    for kernel, grid, block, smem, *maps in launches:
+        if maps:
+            kernel.launch_packed(grid, block, params, smem, stream_ptr, tail=maps[0](*pointers))
+        else:
+            kernel.launch_packed(grid, block, params, smem, stream_ptr)
 
 
 def launch_from(passes_of, p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
                 deterministic: bool) -> None:
     """A backward family's launch: the launches ``passes_of`` (its ``passes``) gives."""
     run_passes(passes_of(p, t, device_id, arch, deterministic),
-               bytearray(bwd_params(p, t).tobytes()), stream.ptr)
+               bytearray(bwd_params(p, t).tobytes()), stream.ptr,
+               tuple(a.data.ptr for a in (t.fwd.q, t.fwd.k, t.fwd.v, t.dout))
+               + (t.dq_accum.data.ptr if t.dq_accum is not None else 0,))
 
 
 def launch(p: Problem, t: BwdTensors, stream, device_id: int, arch: str,
@@ -246,7 +254,7 @@ class HotBackward:
         _POINTERS.pack_into(buf, 0, q, k, v, out, lse)
         _GRAD_POINTERS.pack_into(buf, _GRAD_OFFSET, dout, dq, dk, dv, dq_accum, delta, dk_accum,
                                  dv_accum)
-        run_passes(self.launches, buf, stream_ptr)
+        run_passes(self.launches, buf, stream_ptr, (q, k, v, dout, dq_accum))
         return True
 
 

@@ -17,21 +17,23 @@ Head dims that are multiples of 8 from 64 to 256 (K Q^T and V dout^T step over D
 rounded up to 16); other head dims, dense masks and other devices are declined by
 :func:`check`. ``auto`` takes it wherever :func:`check` accepts the problem (it beat
 flash_mma_bwd at every measured shape, bf16, H200: see TILES). The
-kernel needs 16-byte aligned q, k, v and dout (base pointers and strides): those
-are properties of the arrays, not of the Problem, so a launch whose arrays are
-not aligned runs flash_mma_bwd's unaligned kernels instead.
+kernel loads q, k, v and dout through tensor maps (:class:`TensorMaps`), so it
+needs them 16-byte aligned (base pointers and strides) and in views a map takes
+(``tma.tileable``): those are properties of the arrays, not of the Problem, so a
+launch whose arrays are not runs flash_mma_bwd's kernels instead.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 
-from .. import jit
+from .. import jit, tma
 from ..problem import Problem
 from ..variant import Variant
 from . import flash_bwd, flash_mma_bwd, flash_wgmma
-from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
+from .base import CPP_DTYPE, SHORT_DTYPE, bhs_strides, grid_check
 
 _KB = 1024
 THREADS = 256     # two warpgroups
@@ -107,24 +109,32 @@ class Config:
         return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + 4 * bm * 4 + 1024
 
     @property
-    def _sdq(self) -> int:
-        return self.block_m * self.head_dim * 4
+    def _sdq(self) -> int:   # two tiles of dQ in fp32, columns rounded up to 32
+        return 2 * self.block_m * -(-self.head_dim // 32) * 32 * 4
 
 
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
 # dP^T): ptxas (CUDA 13) spilled 512-600 bytes at D = 64-80, and still 116-216 once
 # its division became a multiplication, so softcap takes the 64-row tiles of the next
 # row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout's keep
-# flags (one 64-bit word per thread, live until dS^T) fit them at D <= 72 (242-254
-# registers, no spills, every variant and dQ mode); at D = 80 they spilled 32-60 bytes,
-# so dropout takes the 64-row tiles there, which spill nothing up to D = 256.
-DROPOUT_WIDE_ROWS_MAX_D = 72
+# flags (one 64-bit word per thread, live until dS^T) fit them at D = 64 (246-250
+# registers, no spills, every variant and dQ mode); past it dropout takes the 64-row
+# tiles, which spill nothing up to D = 256. Past D = 64 the 128-row tiles (D = 72,
+# 80) sit at 254-255 registers with the tensor-map producer: dropout, packed
+# sequences, ALiBi with dropout spilled 36-72 bytes (ptxas of CUDA 12.9), and causal
+# ones ran 0.88-0.91x the kernel before it (H100, benchmarks/results/notes-bwd-
+# producer.md), so there only the plain and ALiBi full-band fixed-length variants
+# keep them.
+DROPOUT_WIDE_ROWS_MAX_D = 64
+BANDED_WIDE_ROWS_MAX_D = 64
 
 
 def _narrow_rows(vt: Variant | None, head_dim: int) -> bool:
     if vt is None:
         return False
-    return bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
+    banded = vt.causal or vt.window is not None or vt.ragged
+    return (bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
+            or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D))
 
 
 def config(head_dim: int, vt: Variant | None = None) -> Config | None:
@@ -181,6 +191,8 @@ def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
     c = config(p.head_dim, p.variant)
     if deterministic or p.varlen or c is None:
         return 1
+    if c.block_m == 128 and p.head_dim > BANDED_WIDE_ROWS_MAX_D:
+        return 1   # the split kernel spilled there (ptxas of CUDA 12.9: 12 bytes at D = 72)
     blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
     tiles = p.group * -(-p.seqlen_q // c.block_m)   # query tiles of a key block, at most
     if p.causal and p.window is None:
@@ -216,20 +228,77 @@ def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bo
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split)
 
 
+@functools.lru_cache(maxsize=64)
+def _fp32_maps(geometry) -> tma.TileMaps:
+    return tma.TileMaps(geometry, dtype=tma.F32)
+
+
+_NO_MAP = (ctypes.c_char * 128)()   # where the launch has no buffer for a map: never read
+
+
+class TensorMaps:
+    """The dK/dV kernel's tensor maps as ctypes buffers for jit.launch_packed's
+    kernelParams: q, k, v and dout (boxes of BLOCK_M query rows or BLOCK_N keys) and,
+    for flash_wgmma_bwd_dkdv, dq_accum (fp32, boxes of 32 columns x BLOCK_M rows:
+    the reductions of the staged dQ); a null pointer gets zeros. The maps of the last
+    few pointer tuples are kept (a training loop runs the same shapes on a few
+    buffers)."""
+
+    KEEP = 8
+
+    def __init__(self, encoders):
+        self.encoders = encoders
+        self.kept: dict = {}
+
+    def __call__(self, q: int, k: int, v: int, dout: int, dq_accum: int = 0) -> tuple:
+        key = (q, k, v, dout, dq_accum)
+        bufs = self.kept.get(key)
+        if bufs is None:
+            bufs = tuple((ctypes.c_char * 128).from_buffer_copy(m(ptr)) if ptr else _NO_MAP
+                         for m, ptr in zip(self.encoders, key))
+            if len(self.kept) >= self.KEEP:
+                self.kept.clear()
+            self.kept[key] = bufs
+        return bufs
+
+
+def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> TensorMaps | None:
+    """The dK/dV kernel's TensorMaps for ``p``, or None where a view has no tensor map
+    (tma.tileable: a row stride of 0 over several rows, negative strides)."""
+    arrays = (t.fwd.q, t.fwd.k, t.fwd.v, t.dout)
+    heads = (p.heads_q, p.heads_kv, p.heads_kv, p.heads_q)
+    rows = (p.seqlen_q, p.seqlen_k, p.seqlen_k, p.seqlen_q)
+    boxes = (c.block_m, c.block_n, c.block_n, c.block_m)
+    batch = 1 if p.varlen else p.batch   # packed sequences: one entry of total rows
+    strides = [bhs_strides(a, p.layout) for a in arrays]
+    if not all(tma.tileable(batch, h, n, s) for h, n, s in zip(heads, rows, strides)):
+        return None
+    encoders = tuple(flash_wgmma._tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
+                     for h, n, s, box in zip(heads, rows, strides, boxes))
+    if not c.wide:   # dq_accum: [B, Hq, Sq, D] fp32, or [Hq, total_q, D] packed
+        encoders += (_fp32_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
+                                                       p.head_dim, c.block_m)),)
+    return TensorMaps(encoders)
+
+
 def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
            deterministic: bool) -> list[tuple]:
-    """The launches of ``p``'s backward (flash_bwd.passes' form): flash_mma_bwd's
-    kernels for arrays that are not 16-byte aligned."""
-    if not flash_mma_bwd.vectorizable(p, t):   # writes dK, dV itself: no split
-        return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
+    """The launches of ``p``'s backward (flash_bwd.passes' form; the dK/dV launch
+    with its TensorMaps fifth): flash_mma_bwd's kernels for arrays that are not
+    16-byte aligned or have no tensor map."""
     split = t.kv_splits > 1
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split)
+    maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
+    if maps is None:   # writes dK, dV itself: no split
+        return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     launches = flash_mma_bwd.pass_list(p, kernels[:3], (c.block_n, THREADS, c.smem), dq,
                                        deterministic)
+    k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
-        k_dkdv, grid, block, smem = launches[1]
-        launches[1] = (k_dkdv, (grid[0] * grid[1] * grid[2] * t.kv_splits,), block, smem)
+        grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
+    launches[1] = (k_dkdv, grid, block, smem, maps)
+    if split:
         launches.append((kernels[3], (-(-p.seqlen_k // flash_bwd.ROWS_PER_BLOCK), p.heads_kv,
                                       p.batch), (flash_bwd.THREADS,), 0))
     return launches
@@ -256,11 +325,14 @@ def ci_specs() -> list[jit.KernelSpec]:
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 for atomic in (True, False):
-                    out.append(dkdv_spec(config(d), dtype, Variant(causal), atomic))
+                    vt = Variant(causal)
+                    out.append(dkdv_spec(config(d, vt), dtype, vt, atomic))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
         for atomic in (True, False):
-            out.append(dkdv_spec(config(d), "bfloat16", Variant(causal, ragged=True), atomic))
-    out.append(dkdv_spec(config(96), "float16", Variant(True, (32, 0), 30.0, ragged=True), True))
+            vt = Variant(causal, ragged=True)
+            out.append(dkdv_spec(config(d, vt), "bfloat16", vt, atomic))
+    vt = Variant(True, (32, 0), 30.0, ragged=True)
+    out.append(dkdv_spec(config(96, vt), "float16", vt, True))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
@@ -268,9 +340,10 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(True, dense="alibi", ragged=True))):
         out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
     # the split kernel: both tile shapes of the narrow kernel, the wide one, a transform
-    for i, d in enumerate((64, 72, 96, 128, 136, 192, 256)):
+    for i, d in enumerate((64, 88, 96, 128, 136, 192, 256)):
         dtype, causal = ("float16", "bfloat16")[i % 2], i % 3 != 1
-        out.append(dkdv_spec(config(d), dtype, Variant(causal), True, True))
+        vt = Variant(causal)
+        out.append(dkdv_spec(config(d, vt), dtype, vt, True, True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt), "bfloat16", vt, True, True))
     # dropout, on its rows (_narrow_rows), both dQ modes

@@ -34,3 +34,16 @@ template <class T>
 __device__ __forceinline__ T* shared_ptr(unsigned char* smem, u32 a) {
   return reinterpret_cast<T*>(smem + (a - static_cast<u32>(__cvta_generic_to_shared(smem))));
 }
+// The shared address of a small struct `Small` (mbarriers) kept out of Storage, in
+// the alignment slack around it: just below the Storage at `base` where the slack
+// before it has room, else just after it, where the rest of the slack is. A Storage
+// that fills the block's shared memory to the last 1024 bytes keeps its barriers.
+template <class Small, class Storage>
+__device__ __forceinline__ u32 slack_addr(const unsigned char* smem, u32 base) {
+  constexpr u32 BYTES = (sizeof(Small) + 7) / 8 * 8, AFTER = (sizeof(Storage) + 7) / 8 * 8;
+  // before: base - raw >= BYTES; after: base - raw < BYTES, so the struct ends below
+  // raw + 2 BYTES + AFTER <= raw + sizeof(Storage) + SMEM_SLACK
+  static_assert(2 * BYTES + 8 <= SMEM_SLACK, "two of them fit the slack");
+  const u32 raw = static_cast<u32>(__cvta_generic_to_shared(smem));
+  return base - raw >= BYTES ? base - BYTES : base + AFTER;
+}

@@ -41,6 +41,12 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// One arrival on mbarrier `bar` once every cp.async this thread issued before has
+// landed (the arrival is one of the count the barrier was initialized with: .noinc).
+__device__ __forceinline__ void mbarrier_arrive_on_copies(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes)
                : "memory");
@@ -54,6 +60,19 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap& map, int x, i
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5}], [%6];"
       :: "r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(h), "r"(b), "r"(bar)
+      : "memory");
+}
+
+// The box at (column x, row y, head h, batch b) of fp32 `map` += the box at shared
+// address `src` (laid out as the map's swizzle says), element by element atomically,
+// by the copy engine; elements outside the map are skipped. In the thread's current
+// bulk group (bulk_commit, bulk_wait_read, bulk_wait below).
+__device__ __forceinline__ void tma_reduce_add_4d(const TmaMap& map, u32 src, int x, int y, int h,
+                                                  int b) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];"
+      :: "l"(reinterpret_cast<u64>(&map)), "r"(src), "r"(x), "r"(y), "r"(h), "r"(b)
       : "memory");
 }
 
