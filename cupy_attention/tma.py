@@ -13,6 +13,7 @@ loads already; nothing here needs the CUDA toolkit.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -147,6 +148,7 @@ class TileMaps:
         self._maps: dict = {}
         self._keep = keep
         self._dtype = dtype
+        self._elem_size = 4 if dtype == F32 else 2
 
     def __call__(self, ptr: int) -> np.void:
         tmap = self._maps.get(ptr)
@@ -161,9 +163,44 @@ class TileMaps:
                         ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
         if rc != 0:
             raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones),
-                                4 if self._dtype == F32 else 2)
+                                self._elem_size)
         tmap = np.frombuffer(ctypes.string_at(addr, 128), MAP_DTYPE)[0]
         maps = self._maps if len(self._maps) < self._keep else {}  # full: start over
         maps[ptr] = tmap
         self._maps = maps
         return tmap
+
+
+@functools.lru_cache(maxsize=64)
+def tile_maps(geometry, dtype: int = _U16) -> TileMaps:
+    """One encoder (with its per-pointer maps) per map geometry and element type,
+    shared by every launch of that geometry: calls with ``out=`` take the non-hot
+    path each time."""
+    return TileMaps(geometry, dtype=dtype)
+
+
+_NO_MAP = (ctypes.c_char * 128)()   # a kernel argument no launch reads: zeros
+
+
+class MapBuffers:
+    """A launch's tensor maps for its data pointers, as 128-byte ctypes buffers (the
+    kernel arguments that jit's ``launch_packed`` takes as ``tail``): one encoder
+    (a TileMaps) per pointer, zeros for a null pointer (a map the launch never
+    reads). The buffers of the last ``keep`` pointer tuples are kept, all forgotten
+    when a new one finds the memory full: a loop reads the same few buffers every
+    step."""
+
+    def __init__(self, encoders, keep: int = 8):
+        self.encoders = tuple(encoders)
+        self.kept: dict = {}
+        self._keep = keep
+
+    def __call__(self, *ptrs: int) -> tuple:
+        bufs = self.kept.get(ptrs)
+        if bufs is None:
+            bufs = tuple((ctypes.c_char * 128).from_buffer_copy(m(ptr)) if ptr else _NO_MAP
+                         for m, ptr in zip(self.encoders, ptrs))
+            if len(self.kept) >= self._keep:
+                self.kept.clear()
+            self.kept[ptrs] = bufs
+        return bufs

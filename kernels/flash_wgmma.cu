@@ -290,10 +290,8 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     if (loads >= KT::STAGES) mbarrier_wait(empty + 8 * pipe.index(), pipe.phase() ^ 1);
     const u32 bar = full + 8 * pipe.index();
     mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
-#pragma unroll
-    for (int blk = 0; blk < KT::D_BLOCKS; ++blk)
-      tma_load_4d(bufs + pipe.index() * KT::KVTile::BYTES + blk * KT::KVTile::BLOCK_BYTES, map,
-                  blk * 64, row, h, b, bar);
+    tma_load_blocks<KT::D_BLOCKS>(bufs + pipe.index() * KT::KVTile::BYTES,
+                                  KT::KVTile::BLOCK_BYTES, map, row, h, b, bar);
     pipe.advance();
   };
   using Seqs = typename VT::Seqs;
@@ -333,10 +331,8 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
       const u32 bar = st.q_full(c);
       mbarrier_arrive_expect_tx(bar, KT::Q_SLICE_BYTES);
-#pragma unroll
-      for (int blk = 0; blk < KT::D_BLOCKS; ++blk)
-        tma_load_4d(st.q() + blk * KT::QTile::BLOCK_BYTES + c * 64 * 128, q_map, blk * 64,
-                    q_row0 + 64 * c, q_h, q_b, bar);
+      tma_load_blocks<KT::D_BLOCKS>(st.q() + c * 64 * 128, KT::QTile::BLOCK_BYTES, q_map,
+                                    q_row0 + 64 * c, q_h, q_b, bar);
     }
     int claimed = n_blocks > 0 ? 0 : sched.claim();
     for (int j = 1; j <= n_blocks; ++j) {

@@ -372,23 +372,18 @@ struct Producer {
         int q_row = m0, k_row = sched.n0;
         if constexpr (VT::Seqs::kRagged)
           q_row += f.cu_seqlens_q[sched.b], k_row += f.cu_seqlens_k[sched.b];
-        const int b = sched.b;
-#pragma unroll
-        for (int blk = 0; blk < KT::D_BLOCKS; ++blk) {
-          tma_load_4d(st.q(stage) + blk * KT::QTile::BLOCK_BYTES, q_map, blk * 64, q_row,
-                      f.q_head_stride ? h : 0, f.q_batch_stride ? b : 0, full);
-          tma_load_4d(st.dout(stage) + blk * KT::QTile::BLOCK_BYTES, dout_map, blk * 64, q_row,
-                      p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0, full);
-        }
+        const int b = sched.b, h_kv = sched.h_kv;
+        constexpr int BLOCKS = KT::D_BLOCKS;
+        constexpr u32 Q_BLOCK = KT::QTile::BLOCK_BYTES, KV_BLOCK = KT::KVTile::BLOCK_BYTES;
+        tma_load_blocks<BLOCKS>(st.q(stage), Q_BLOCK, q_map, q_row, f.q_head_stride ? h : 0,
+                                f.q_batch_stride ? b : 0, full);
+        tma_load_blocks<BLOCKS>(st.dout(stage), Q_BLOCK, dout_map, q_row,
+                                p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0, full);
         if (with_kv) {
-          const int h_kv = sched.h_kv;
-#pragma unroll
-          for (int blk = 0; blk < KT::D_BLOCKS; ++blk) {
-            tma_load_4d(st.k() + blk * KT::KVTile::BLOCK_BYTES, k_map, blk * 64, k_row,
-                        f.k_head_stride ? h_kv : 0, f.k_batch_stride ? b : 0, full);
-            tma_load_4d(st.v() + blk * KT::KVTile::BLOCK_BYTES, v_map, blk * 64, k_row,
-                        f.v_head_stride ? h_kv : 0, f.v_batch_stride ? b : 0, full);
-          }
+          tma_load_blocks<BLOCKS>(st.k(), KV_BLOCK, k_map, k_row, f.k_head_stride ? h_kv : 0,
+                                  f.k_batch_stride ? b : 0, full);
+          tma_load_blocks<BLOCKS>(st.v(), KV_BLOCK, v_map, k_row, f.v_head_stride ? h_kv : 0,
+                                  f.v_batch_stride ? b : 0, full);
         }
       }
       const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
@@ -422,7 +417,8 @@ struct Producer {
     if (lo <= 0 && hi >= KT::BLOCK_M && k_rows >= KT::BLOCK_N) return;
     zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(st.q(stage)), lo, hi);
     zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(st.dout(stage)), lo, hi);
-    if (k_rows < KT::BLOCK_N) zero_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.bytes(st.k()), 0, k_rows);
+    if (k_rows < KT::BLOCK_N)
+      zero_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.bytes(st.k()), 0, k_rows);
     fence_proxy_async();
     named_barrier_sync(kBarFix, KT::THREADS);
   }
@@ -467,20 +463,14 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
         float& x = s[nt * 4 + 2 * r + c];
+        const auto p_of = [&](float dot) {
+          if constexpr (VT::kTransform) return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2));
+          else return fast_exp2(fmaf(dot, f.scale_log2, -lse2));
+        };
         if constexpr (TEST == 2) {  // the exp2 under the test: fewer registers live
-          const bool kept = !partial || VT::keep(f, i, j);
-          if constexpr (VT::kTransform) {
-            x = kept ? fast_exp2(VT::shifted(f, hd, i, j, x, -lse2)) : 0.f;
-          } else {
-            x = kept ? fast_exp2(fmaf(x, f.scale_log2, -lse2)) : 0.f;
-          }
+          x = !partial || VT::keep(f, i, j) ? p_of(x) : 0.f;
         } else {
-          float e;
-          if constexpr (VT::kTransform) {
-            e = fast_exp2(VT::shifted(f, hd, i, j, x, -lse2));
-          } else {
-            e = fast_exp2(fmaf(x, f.scale_log2, -lse2));
-          }
+          const float e = p_of(x);
           x = TEST == 0 || VT::keep(f, i, j) ? e : 0.f;
         }
       }
@@ -693,7 +683,8 @@ struct Epilogue {
         const int col = col0 + 8 * dt + 2 * t;
         if (8 * dt >= skip && 8 * dt < cols)
           *reinterpret_cast<float2*>(sdq + KT::DqTile::offset(row, col / 4) + 4 * (col % 4)) =
-              zero ? make_float2(0.f, 0.f) : make_float2(dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
+              zero ? make_float2(0.f, 0.f)
+                   : make_float2(dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
       }
     }
   }

@@ -26,7 +26,7 @@ At the end it asserts, and exits 1 listing the violations otherwise:
   ``--device-slack-mib``, ``--rss-slack-mib``): the memory pool's total, the
   device memory in use, the host RSS;
 - every cache within its documented bound at every sample: hot calls
-  (``api._HOT_LIMIT``), tensor-map encoders (``flash_wgmma._tile_maps``, 64, each
+  (``api._HOT_LIMIT``), tensor-map encoders (``tma.tile_maps``, 64, each
   remembering at most ``TileMaps`` keep = 8 maps), flash_wgmma's causal query
   shifts (256), decode plans (4096); the compiled-kernel table (``jit._loaded``,
   one entry per instantiation, unbounded by design) does not grow after the
@@ -347,7 +347,7 @@ class GpuRunner:
         return h.hexdigest()
 
     def sample(self) -> dict:
-        from cupy_attention import api, jit
+        from cupy_attention import api, jit, tma
         from cupy_attention.families import decode, flash_wgmma
 
         self.cupy.cuda.runtime.deviceSynchronize()
@@ -357,18 +357,18 @@ class GpuRunner:
             "device_free": free, "device_total": total, "device_used": total - free,
             "rss": rss_bytes(),
             "hot_calls": len(api._HOT),
-            "tensor_map_encoders": flash_wgmma._tile_maps.cache_info().currsize,
+            "tensor_map_encoders": tma.tile_maps.cache_info().currsize,
             "query_shifts": flash_wgmma.query_shift.cache_info().currsize,
             "decode_plans": decode.plan.cache_info().currsize,
             "compiled_kernels": len(jit._loaded),
         }
 
     def bounds(self) -> dict:
-        from cupy_attention import api
+        from cupy_attention import api, tma
         from cupy_attention.families import decode, flash_wgmma
 
         return {"hot_calls": api._HOT_LIMIT,
-                "tensor_map_encoders": flash_wgmma._tile_maps.cache_info().maxsize,
+                "tensor_map_encoders": tma.tile_maps.cache_info().maxsize,
                 "query_shifts": flash_wgmma.query_shift.cache_info().maxsize,
                 "decode_plans": decode.plan.cache_info().maxsize}
 

@@ -538,7 +538,7 @@ def test_decode_launch_passes_the_maps_of_its_pointers(monkeypatch):
         launch = fam.DecodeLaunch(s, 0.1, p, (1, 1, 1), (0, 0, 0), 0, arch, (64, 4096),
                                   q=None, k=None, v=None, **strides)
         if tma_on:
-            launch.maps = (fake_map, fake_map)
+            launch.maps = tma.MapBuffers((fake_map, fake_map))
         for k, v in ((0x1000, 0x2000), (0x3000, 0x4000), (0x1000, 0x2000)):
             launch.run(0x10, k, v, 0x20, 0, Stream())
         assert len(launches) == 3
@@ -552,6 +552,6 @@ def test_decode_launch_passes_the_maps_of_its_pointers(monkeypatch):
             assert tail == want
             assert dependent == (arch == "sm_90a")
         if tma_on:
-            assert len(launch._map_bufs) == 2                     # kept per pointer pair
-            assert all(isinstance(b, ctypes.Array) for bufs in launch._map_bufs.values()
+            assert len(launch.maps.kept) == 2                     # kept per pointer pair
+            assert all(isinstance(b, ctypes.Array) for bufs in launch.maps.kept.values()
                        for b in bufs)

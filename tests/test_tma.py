@@ -153,11 +153,10 @@ def test_fp32_maps_encode_fp32_and_name_the_box_in_fp32_bytes(monkeypatch):
     assert info.value.argument == "boxDim" and "160 bytes" in str(info.value)
 
 
-def test_backward_tensor_maps_per_pointer_tuple(monkeypatch):
-    """flash_wgmma_bwd's TensorMaps: one 128-byte buffer per map, the maps of a
-    pointer tuple kept, and zeros for a null pointer (dq_accum in deterministic mode)."""
-    from cupy_attention.families import flash_wgmma_bwd
-
+def test_map_buffers_per_pointer_tuple():
+    """MapBuffers (the backward's and decode's kernel arguments): one 128-byte buffer
+    per map, the maps of a pointer tuple kept, and zeros for a null pointer (the
+    backward's dq_accum in deterministic mode)."""
     calls = []
 
     def encoder(tag):
@@ -166,7 +165,7 @@ def test_backward_tensor_maps_per_pointer_tuple(monkeypatch):
             return np.frombuffer(bytes([tag]) * 128, tma.MAP_DTYPE)[0]
         return encode
 
-    maps = flash_wgmma_bwd.TensorMaps(tuple(encoder(i + 1) for i in range(5)))
+    maps = tma.MapBuffers(encoder(i + 1) for i in range(5))
     bufs = maps(16, 32, 48, 64, 0)
     assert [bytes(b)[:2] for b in bufs] == [b"\x01\x01", b"\x02\x02", b"\x03\x03",
                                             b"\x04\x04", b"\x00\x00"]

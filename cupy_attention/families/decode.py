@@ -351,7 +351,6 @@ _PARTS_AT = DECODE_DTYPE.fields["o_part"][1]
 # each, as ctypes buffers for jit.launch_packed's kernelParams; zeros where the launch
 # takes no maps)
 _NO_MAPS = tuple((ctypes.c_char * 128)() for _ in range(2))
-_KEEP_MAPS = 8   # (k, v) pointer pairs whose map buffers a DecodeLaunch keeps
 _CACHE_AT = DECODE_DTYPE.fields["cache"][1]
 _TABLE_AT = _CACHE_AT + CACHE_DTYPE.fields["block_table"][1]
 _LENGTHS_AT = _CACHE_AT + CACHE_DTYPE.fields["seqlens"][1]
@@ -373,13 +372,12 @@ class DecodeLaunch:
     def __init__(self, s: DecodeShape, scale: float, p: Plan, o_strides, lse_strides,
                  device_id: int, arch: str, kv_dims=(0, 0), **tensors):
         self.s, self.p = s, p
-        self.maps = None
-        self._map_bufs: dict = {}
+        self.maps = None   # (k, v) -> their maps' buffers: kept per pointer pair
         if p.tma:   # kv_dims: use_tma's (outer, rows) of the caches
             from .. import tma
 
             box_rows = 16 if s.paged else p.tile.block_n
-            self.maps = tuple(tma.TileMaps(tma.map_geometry(
+            self.maps = tma.MapBuffers(tma.TileMaps(tma.map_geometry(
                 kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, tensors[f"{x}_strides"],
                 box_rows)) for x in ("k", "v"))
         self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
@@ -416,7 +414,7 @@ class DecodeLaunch:
             struct.pack_into("<Q", buf, _TABLE_AT, table)
         if lengths is not None:
             struct.pack_into("<Q", buf, _LENGTHS_AT, lengths)
-        maps = _NO_MAPS if self.maps is None else self._maps_for(k, v)
+        maps = _NO_MAPS if self.maps is None else self.maps(k, v)
         if p.num_splits == 1:
             self.kernel.launch_packed(self.grid, (p.threads,), buf, p.smem, stream.ptr,
                                       dependent=self.dependent, tail=maps)
@@ -434,18 +432,6 @@ class DecodeLaunch:
             struct.pack_into("<Q", mbuf, at, ptr)
         self.merge_kernel.launch_packed(self.merge_grid, (32 * MERGE_WARPS,), mbuf, 0, stream.ptr,
                                         dependent=self.dependent)
-
-    def _maps_for(self, k: int, v: int) -> tuple:
-        """The K and V maps of these cache pointers as ctypes buffers (kept for up to
-        _KEEP_MAPS pairs: a serving loop reads the same caches every step)."""
-        bufs = self._map_bufs.get((k, v))
-        if bufs is None:
-            bufs = tuple((ctypes.c_char * 128).from_buffer_copy(m(ptr))
-                         for m, ptr in zip(self.maps, (k, v)))
-            if len(self._map_bufs) >= _KEEP_MAPS:
-                self._map_bufs.clear()
-            self._map_bufs[(k, v)] = bufs
-        return bufs
 
 
 def launch_decode(s: DecodeShape, scale: float, p: Plan, out, lse, o_strides, stream,

@@ -212,13 +212,6 @@ def _plan(head_dim: int, dtype: str, vt: Variant, cfg):
             smem_bytes(head_dim, cfg))
 
 
-@functools.lru_cache(maxsize=64)
-def _tile_maps(geometry) -> tma.TileMaps:
-    """One encoder (with its per-pointer maps) per map geometry, shared by every
-    launch of that geometry: calls with ``out=`` take the non-hot path each time."""
-    return tma.TileMaps(geometry)
-
-
 @functools.lru_cache(maxsize=256)
 def query_shift(seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
                 aligned: bool = False) -> int:
@@ -343,7 +336,7 @@ class FlashWgmma(FlashMma):
         mma_plan = self.planner(p, device_id)
         cfg = self.config_for(p, device_id)
         q_maps, k_maps, v_maps = (
-            _tile_maps(tma.map_geometry(batch, heads, n, p.head_dim, s, box_rows))
+            tma.tile_maps(tma.map_geometry(batch, heads, n, p.head_dim, s, box_rows))
             for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
         block_m = 64 * cfg[0]
         if p.varlen:  # virtual query blocks (common/seqs.cuh); no shift, no sections

@@ -17,7 +17,7 @@ Head dims that are multiples of 8 from 64 to 256 (K Q^T and V dout^T step over D
 rounded up to 16); other head dims, dense masks and other devices are declined by
 :func:`check`. ``auto`` takes it wherever :func:`check` accepts the problem (it beat
 flash_mma_bwd at every measured shape, bf16, H200: see TILES). The
-kernel loads q, k, v and dout through tensor maps (:class:`TensorMaps`), so it
+kernel loads q, k, v and dout through tensor maps (:func:`tensor_maps`), so it
 needs them 16-byte aligned (base pointers and strides) and in views a map takes
 (``tma.tileable``): those are properties of the arrays, not of the Problem, so a
 launch whose arrays are not runs flash_mma_bwd's kernels instead.
@@ -25,7 +25,6 @@ launch whose arrays are not runs flash_mma_bwd's kernels instead.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 
@@ -127,6 +126,9 @@ class Config:
 # keep them.
 DROPOUT_WIDE_ROWS_MAX_D = 64
 BANDED_WIDE_ROWS_MAX_D = 64
+# The split kernel (kv_splits) with those 128-row tiles spilled past D = 64 too
+# (ptxas of CUDA 12.9: 12 bytes at D = 72): they run unsplit.
+SPLIT_WIDE_ROWS_MAX_D = 64
 
 
 def _narrow_rows(vt: Variant | None, head_dim: int) -> bool:
@@ -191,8 +193,8 @@ def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
     c = config(p.head_dim, p.variant)
     if deterministic or p.varlen or c is None:
         return 1
-    if c.block_m == 128 and p.head_dim > BANDED_WIDE_ROWS_MAX_D:
-        return 1   # the split kernel spilled there (ptxas of CUDA 12.9: 12 bytes at D = 72)
+    if c.block_m == 128 and p.head_dim > SPLIT_WIDE_ROWS_MAX_D:
+        return 1
     blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
     tiles = p.group * -(-p.seqlen_q // c.block_m)   # query tiles of a key block, at most
     if p.causal and p.window is None:
@@ -228,43 +230,13 @@ def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bo
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split)
 
 
-@functools.lru_cache(maxsize=64)
-def _fp32_maps(geometry) -> tma.TileMaps:
-    return tma.TileMaps(geometry, dtype=tma.F32)
-
-
-_NO_MAP = (ctypes.c_char * 128)()   # where the launch has no buffer for a map: never read
-
-
-class TensorMaps:
-    """The dK/dV kernel's tensor maps as ctypes buffers for jit.launch_packed's
-    kernelParams: q, k, v and dout (boxes of BLOCK_M query rows or BLOCK_N keys) and,
-    for flash_wgmma_bwd_dkdv, dq_accum (fp32, boxes of 32 columns x BLOCK_M rows:
-    the reductions of the staged dQ); a null pointer gets zeros. The maps of the last
-    few pointer tuples are kept (a training loop runs the same shapes on a few
-    buffers)."""
-
-    KEEP = 8
-
-    def __init__(self, encoders):
-        self.encoders = encoders
-        self.kept: dict = {}
-
-    def __call__(self, q: int, k: int, v: int, dout: int, dq_accum: int = 0) -> tuple:
-        key = (q, k, v, dout, dq_accum)
-        bufs = self.kept.get(key)
-        if bufs is None:
-            bufs = tuple((ctypes.c_char * 128).from_buffer_copy(m(ptr)) if ptr else _NO_MAP
-                         for m, ptr in zip(self.encoders, key))
-            if len(self.kept) >= self.KEEP:
-                self.kept.clear()
-            self.kept[key] = bufs
-        return bufs
-
-
-def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> TensorMaps | None:
-    """The dK/dV kernel's TensorMaps for ``p``, or None where a view has no tensor map
-    (tma.tileable: a row stride of 0 over several rows, negative strides)."""
+def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> tma.MapBuffers | None:
+    """The dK/dV kernel's tensor maps for ``p``, called with the q, k, v, dout and
+    dq_accum pointers: boxes of BLOCK_M query rows or BLOCK_N keys of q, k, v and
+    dout, and for flash_wgmma_bwd_dkdv dq_accum's (fp32, boxes of 32 columns x
+    BLOCK_M rows: the reductions of the staged dQ; zeros in deterministic mode). None
+    where a view has no tensor map (tma.tileable: a row stride of 0 over several
+    rows, negative strides)."""
     arrays = (t.fwd.q, t.fwd.k, t.fwd.v, t.dout)
     heads = (p.heads_q, p.heads_kv, p.heads_kv, p.heads_q)
     rows = (p.seqlen_q, p.seqlen_k, p.seqlen_k, p.seqlen_q)
@@ -273,18 +245,18 @@ def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> TensorMaps | 
     strides = [bhs_strides(a, p.layout) for a in arrays]
     if not all(tma.tileable(batch, h, n, s) for h, n, s in zip(heads, rows, strides)):
         return None
-    encoders = tuple(flash_wgmma._tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
-                     for h, n, s, box in zip(heads, rows, strides, boxes))
+    encoders = [tma.tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
+                for h, n, s, box in zip(heads, rows, strides, boxes)]
     if not c.wide:   # dq_accum: [B, Hq, Sq, D] fp32, or [Hq, total_q, D] packed
-        encoders += (_fp32_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
-                                                       p.head_dim, c.block_m)),)
-    return TensorMaps(encoders)
+        encoders.append(tma.tile_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
+                                                             p.head_dim, c.block_m), tma.F32))
+    return tma.MapBuffers(encoders)
 
 
 def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
            deterministic: bool) -> list[tuple]:
     """The launches of ``p``'s backward (flash_bwd.passes' form; the dK/dV launch
-    with its TensorMaps fifth): flash_mma_bwd's kernels for arrays that are not
+    with its tensor_maps fifth): flash_mma_bwd's kernels for arrays that are not
     16-byte aligned or have no tensor map."""
     split = t.kv_splits > 1
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split)

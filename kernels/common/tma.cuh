@@ -63,6 +63,17 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap& map, int x, i
       : "memory");
 }
 
+// The BLOCKS 64-column blocks of a SwizzledTile (wgmma.cuh), `block_bytes` apart
+// from shared address `dst`, from rows `row`.. of head h, batch b of `map`: one box
+// each (columns 64 blk..), completing on mbarrier `bar`.
+template <int BLOCKS>
+__device__ __forceinline__ void tma_load_blocks(u32 dst, u32 block_bytes, const TmaMap& map,
+                                                int row, int h, int b, u32 bar) {
+#pragma unroll
+  for (int blk = 0; blk < BLOCKS; ++blk)
+    tma_load_4d(dst + blk * block_bytes, map, blk * 64, row, h, b, bar);
+}
+
 // The box at (column x, row y, head h, batch b) of fp32 `map` += the box at shared
 // address `src` (laid out as the map's swizzle says), element by element atomically,
 // by the copy engine; elements outside the map are skipped. In the thread's current
