@@ -478,7 +478,7 @@ class LoadedKernel:
         :meth:`launch` (about 8 us less per call on an H100 host).
 
         ``tail``: the kernel's further arguments as ctypes objects holding their bytes
-        (decode's tensor maps). Those go through ``kernelParams``, one pointer per
+        (tensor maps: ``tma.MapBuffers``). Those go through ``kernelParams``, one pointer per
         argument, so the driver places each at the offset the cubin gives it (a
         64-byte aligned ``__grid_constant__`` map is not where a packed buffer would
         put it).
