@@ -37,8 +37,10 @@ def attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None, mas
         stored between the passes or allocated here.
     deterministic : bool
         ``False`` sums dQ with fp32 atomics (fastest; the summation order, hence
-        the last bits, vary from run to run). ``True`` computes dQ in a second pass
-        without atomics: bitwise identical results run to run. On Hopper, when
+        the last bits, vary from run to run). ``True`` gives bitwise identical
+        results run to run: ``flash_wgmma`` at head dims 64-128 over fixed lengths
+        adds dQ's parts in a fixed order of key blocks, the other cases compute dQ
+        in a second pass without atomics. On Hopper, when
         (key blocks x KV heads x batch) would leave SMs idle, the default mode also
         splits each block of keys' query tiles over several blocks and sums dK and
         dV with atomics (``flash_wgmma_bwd.kv_splits``); ``True`` never does.
@@ -135,11 +137,11 @@ def _signature(dout, q, k, v, out, lse, causal, scale, layout, window, softcap, 
 
 class _HotBackward:
     def __init__(self, kind: str, device_id: int, p: Problem, launcher, q, k,
-                 deterministic: bool):
+                 accum_shape: tuple | None):
         self.kind, self.device_id, self.launcher = kind, device_id, launcher
         self.q_shape, self.kv_shape = tuple(q.shape), tuple(k.shape)
         self.delta_shape = (p.batch, p.heads_q, p.seqlen_q)
-        self.accum_shape = None if deterministic else self.delta_shape + (p.head_dim,)
+        self.accum_shape = accum_shape
         self.kv_accum_shape = ((p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
                                if launcher.kv_splits > 1 else None)
 
@@ -189,9 +191,9 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
         dv = alloc(kv_shape, qc.dtype, empty)
         if not empty:
             lc = interop.to_cupy(lse, "lse", ctx)
+            accum_shape = family.dq_accum_shape(p, deterministic)
             scratch = (alloc((p.batch, p.heads_q, p.seqlen_q), cupy.float32, False),
-                       None if deterministic else alloc(
-                           (p.batch, p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
+                       None if accum_shape is None else alloc(accum_shape, cupy.float32, False))
             splits = family.kv_splits(p, ctx.device_id, deterministic)
             kv = None
             if splits > 1:
@@ -206,15 +208,16 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
                 launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
                 if launcher is not None:
                     _HOT.put(hot_key, _HotBackward(ctx.kind, ctx.device_id, p, launcher, q, k,
-                                                   deterministic))
+                                                   accum_shape))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 
 def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, scratch,
                 deterministic, alibi_slopes=None, kv=None) -> flash_bwd.BwdTensors:
     """The backward kernels of a non-empty problem (``Sk > 0``) on device arrays, into
-    ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum
-    float32 [B, Hq, Sq, D] or None when deterministic), and ``kv`` = (splits,
+    ``grads`` = (dq, dk, dv) with ``scratch`` = (delta float32 [B, Hq, Sq], dq_accum:
+    float32 of at least ``family.dq_accum_shape``'s size, or None where that is None;
+    a larger one is ignored where the family takes none), and ``kv`` = (splits,
     dk_accum, dv_accum: zeroed float32 [B, Hkv, Sk, D]) where the family splits
     (``family.kv_splits``); nothing is allocated here (cupy_attention.jax hands in
     buffers XLA allocated). Runs on ``ctx.stream``; returns the tensors it launched
@@ -226,8 +229,10 @@ def launch_into(p: Problem, ctx, family, dout, q, k, v, out, lse, mask, grads, s
     delta, dq_accum = scratch
     fwd = Tensors(q, k, v, out, lse, mask, alibi_slopes=alibi_slopes)
     splits, dk_accum, dv_accum = kv or (1, None, None)
+    if family.dq_accum_shape(p, deterministic) is None:
+        dq_accum = None
     t = flash_bwd.BwdTensors(fwd=fwd, dout=dout, dq=dq, dk=dk,
-                             dv=dv, delta=delta, dq_accum=None if deterministic else dq_accum,
+                             dv=dv, delta=delta, dq_accum=dq_accum,
                              kv_splits=splits, dk_accum=dk_accum, dv_accum=dv_accum)
     family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
                   deterministic)

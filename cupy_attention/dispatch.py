@@ -85,6 +85,17 @@ class BackwardFamily:
 
         return split(p, multiprocessor_count(device_id), deterministic)
 
+    def dq_accum_shape(self, p: Problem, deterministic: bool) -> tuple | None:
+        """The float32 ``dq_accum`` scratch the family's launch takes for ``p``: [B, Hq,
+        Sq, D] in the default mode; in deterministic mode None, or where the family
+        orders its dQ additions (flash_wgmma_bwd.dq_turns) B Hq Sq D floats and the
+        int32 turn counters behind them, flat."""
+        if not deterministic:
+            return (p.batch, p.heads_q, p.seqlen_q, p.head_dim)
+        turns = getattr(self.module, "dq_turns", None)
+        n = turns(p) if turns is not None else 0
+        return (p.batch * p.heads_q * p.seqlen_q * p.head_dim + n,) if n else None
+
     def prepare(self, p: Problem, t, device_id: int, arch: str, deterministic: bool):
         """The hot path's launcher (flash_bwd.HotBackward), or None where a later call
         with other pointers could need other kernels."""

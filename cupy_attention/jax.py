@@ -55,7 +55,7 @@ __all__ = ["attention", "check", "ffi_available", "mode"]
 
 FWD_TARGET = "cupy_attention_fwd"
 BWD_TARGET = "cupy_attention_bwd"
-OPAQUE_VERSION = 1
+OPAQUE_VERSION = 2
 _API_VERSION = 2   # XLA's API_VERSION_STATUS_RETURNING (1, the original, is deprecated)
 
 _log = logging.getLogger("cupy_attention.jax")
@@ -131,14 +131,23 @@ def fwd_result_shapes(q, p: Problem):
 
 
 def bwd_result_shapes(q, k, v, p: Problem, deterministic: bool):
-    """(dq, dk, dv, delta[, dq_accum]): the gradients and the backward's scratch, all
+    """(dq, dk, dv, delta, dq_accum): the gradients and the backward's scratch, all
     allocated by XLA (the scratch results are dropped)."""
     shapes = [jax.ShapeDtypeStruct(tuple(x.shape), x.dtype) for x in (q, k, v)]
     shapes.append(jax.ShapeDtypeStruct((p.batch, p.heads_q, p.seqlen_q), jnp.float32))
-    if not deterministic:
-        shapes.append(jax.ShapeDtypeStruct((p.batch, p.heads_q, p.seqlen_q, p.head_dim),
-                                           jnp.float32))
+    shapes.append(jax.ShapeDtypeStruct(dq_accum_shape(p.batch, p.heads_q, p.seqlen_q,
+                                                      p.head_dim, deterministic), jnp.float32))
     return tuple(shapes)
+
+
+def dq_accum_shape(b: int, h: int, s: int, d: int, deterministic: bool) -> tuple:
+    """The dq_accum XLA allocates before the family is known (it is chosen on the
+    device at run time): [B, Hq, Sq, D], or in deterministic mode room for any
+    family's (dispatch.BackwardFamily.dq_accum_shape: the floats and a turn counter
+    per 64 query rows, the smallest tile of the ordered dQ)."""
+    if not deterministic:
+        return (b, h, s, d)
+    return (b * h * s * d + b * h * -(-s // 64),)
 
 
 # ---------------------------------------------------------------------------
@@ -193,8 +202,7 @@ def buffer_layout(spec: dict):
     b, h, s = _bhs(q, spec["layout"])
     bufs = [(dout, dt), (q, dt), (k, dt), (v, dt), (out, dt), (lse, f32), (q, dt), (k, dt),
             (v, dt), ((b, h, s), f32)]
-    if not spec["deterministic"]:
-        bufs.append(((b, h, s, q[3]), f32))
+    bufs.append((dq_accum_shape(b, h, s, q[3], spec["deterministic"]), f32))
     return bufs
 
 
@@ -286,7 +294,7 @@ def _backward(arrays, spec, stream, device_id) -> None:
     from . import interop
 
     dout, q, k, v, out, lse, dq, dk, dv, delta = arrays[:10]
-    dq_accum = arrays[10] if len(arrays) > 10 else None
+    dq_accum = arrays[10]
     opts = _call_options(spec)
     if spec["kernel"] == "reference":
         grads = bw.attention_backward(dout, q, k, v, out, lse, kernel="reference", **opts)

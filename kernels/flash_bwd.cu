@@ -11,8 +11,9 @@
 //
 // Layouts: common/params.cuh (BwdParams); any strides with a unit last stride.
 // Kernels, in launch order:
-//   1. flash_bwd_delta       one warp per query row: delta_i; in atomic mode it also
-//                            zeroes the row of dq_accum.
+//   1. flash_bwd_delta       one warp per query row: delta_i; where there is a
+//                            dq_accum it also zeroes the row (and its turn counter:
+//                            flash_wgmma_bwd's ordered dQ, params.cuh's dq_turns).
 //   2. flash_bwd_dkdv        a block owns BLOCK_N keys of one (b, h_kv): sK, sV stay
 //                            resident while it loops over the group's query heads
 //                            and the query tiles that can see those keys:
@@ -272,6 +273,9 @@ __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
   if (lane == 0) p.delta[row] = acc;
   if (p.dq_accum) {
     for (int d = lane; d < f.head_dim; d += 32) p.dq_accum[row * f.head_dim + d] = 0.f;
+    if (p.dq_turn_rows && lane == 0 && i % p.dq_turn_rows == 0)
+      dq_turns(p)[(i64(b) * f.heads_q + h) * ceil_div(f.seqlen_q, p.dq_turn_rows) +
+                  i / p.dq_turn_rows] = 0;
   }
 }
 

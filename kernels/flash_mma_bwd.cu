@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
 
   // Tile `it` into buffer it % 2, as one cp.async group.
   auto load_q = [&](int it) {
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it, f.group);
     const int buf = it & 1;
     const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
     const T* o_head =
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   const u32 kt_x = smem_addr(sK + x_row * KT::SROW + x_col);              // phase 3 B (.trans)
 
   for (int it = 0; it < n_iters; ++it) {
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it);
+    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it, f.group);
     const int buf = it & 1;
     const u32 q_buf = buf * KT::SMEM_Q * 2;  // bytes
     const float* s_lse = sStats + buf * 2 * KT::BLOCK_M;  // then delta

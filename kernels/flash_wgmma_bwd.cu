@@ -8,7 +8,8 @@
 // Layouts: common/params.cuh (BwdParams); tiles, descriptors, fences: common/wgmma.cuh.
 //
 // Kernels, in launch order (cupy_attention/families/flash_wgmma_bwd.py):
-//   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum in atomic mode.
+//   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum (and the ordered dQ's
+//      turn counters) where there is one.
 //   2. The dK/dV kernel, one block per (BLOCK_N keys, KV head, batch) of two
 //      warpgroups (or kv_splits blocks: SPLIT below). sK and sV stay resident while
 //      the block walks the query tiles (BLOCK_M rows) of every query head of the KV
@@ -28,7 +29,7 @@
 //                                   fragment, dout MN-major, N = D
 //        wait for dP^T; dS^T = P^T (dP^T - delta) in registers while dV runs
 //        issue dK_w += dS^T Q       wgmma rs, Q MN-major, N = D
-//        (ATOMIC_DQ) once the other warpgroup's dQ of the last tile is done with
+//        (DQ_HERE) once the other warpgroup's dQ of the last tile is done with
 //        sdS (kBarDsFree), dS^T to sdS [key][query]; the two warpgroups meet
 //        (kBarDs: sdS complete), then
 //        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
@@ -50,9 +51,14 @@
 //      STAGE_DQ where two sdQ buffers fit (not D = 72..80 with 128-query tiles);
 //      otherwise each thread adds its dQ fragment with fp32 reductions
 //      (red.global.add.v2.f32) at the start of the next tile. Either way the order
-//      of the additions varies from run to run. The warpgroups meet only at
-//      kBarDs (and kBarDsFree); in deterministic mode not at all: each waits for
-//      its tile's copies, and the producer for the release of a stage by every
+//      of the additions varies from run to run (kDqAtomic), except in the
+//      deterministic mode's kDqOrdered and kDqStaggered (STAGE_DQ, fixed lengths):
+//      there the key blocks that reach a query tile add into it one after another
+//      in a fixed order, each waiting for its turn on the tile's counter
+//      (Epilogue::wait_turn, pass_turn; the orders and why they cannot deadlock:
+//      TileScheduler), so dQ is bitwise reproducible. The warpgroups meet only at
+//      kBarDs (and kBarDsFree); without dQ (kDqSeparate) not at all: each waits
+//      for its tile's copies, and the producer for the release of a stage by every
 //      warp (mbarriers full and empty, Producer). The async MMAs overlap the
 //      warpgroup's own element-wise work; the block's two warpgroups keep the
 //      tensor cores fed between each other's waits. No MMA is in flight across
@@ -72,11 +78,11 @@
 //        issue X^T = A B^T          wg 0: S^T = K Q^T; wg 1: dP^T = V dout^T
 //                                   (ss, both K-major, N = 64, over D_K)
 //        wg 0: P^T, stored to sP (fp32, each thread its own slots); arrive
-//        wg 1: wait for sP; dS^T = P^T (dP^T - delta); (ATOMIC_DQ) dS^T to sdS,
+//        wg 1: wait for sP; dS^T = P^T (dP^T - delta); (DQ_HERE) dS^T to sdS,
 //              arrive
 //        issue acc += X^T C         wg 0: dV += P^T dout; wg 1: dK += dS^T Q
 //                                   (rs, C MN-major, N = D)
-//        (ATOMIC_DQ) wg 0 waits for sdS; then dQ = dS K, each warpgroup about
+//        (DQ_HERE) wg 0 waits for sdS; then dQ = dS K, each warpgroup about
 //        half of the columns (WgmmaBwdTraits::DQ_N: D = 136-192 in one round of
 //        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
 //        w + 2), each round's wgmma waited for and its dQ / scale added into
@@ -91,8 +97,10 @@
 //      kv_splits blocks share a block of keys, each a contiguous share of its query
 //      tiles (TileScheduler), and add the same dK and dV into zeroed fp32 dk_accum,
 //      dv_accum (red.global.add).
-//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, in
-//      deterministic mode (ATOMIC_DQ = false), flash_mma_bwd_dq (flash_mma_bwd.cu).
+//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, with
+//      kDqSeparate (deterministic mode where the ordered dQ does not run: the wide
+//      kernel, packed sequences, D = 72..80 on 128-query tiles), flash_mma_bwd_dq
+//      (flash_mma_bwd.cu).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
 // Roles: TileScheduler (the block's keys and the query tiles that see them),
 // Producer (the copies into the stage its PipelineState names, and the rows it
@@ -241,6 +249,15 @@ enum WgmmaBwdBarrier : int {
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
 };
 
+// Where the dK/dV kernel's dQ goes (its template parameter DQ).
+enum WgmmaBwdDq : int {
+  kDqSeparate = 0,  // nowhere: flash_mma_bwd_dq computes it (deterministic mode)
+  kDqAtomic = 1,    // added into dq_accum in whatever order the blocks get there
+  kDqOrdered = 2,   // added into dq_accum in a fixed order of key blocks (deterministic
+                    // mode; narrow kernel, fixed lengths, STAGE_DQ): TileScheduler's
+  kDqStaggered = 3, // turns, in its lockstep order or (an upper bound) its staggered one
+};
+
 extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
 
 // The Storage fields' shared addresses from one 32-bit base (storage.cuh), and plain
@@ -295,17 +312,48 @@ struct BwdSmem {
 //                  small batch x KV heads). A 1-D grid, the key block slowest: under a
 //                  causal band the first key blocks, which see the most query tiles,
 //                  start first. Fixed-length sequences only.
-template <class KT, class VT>
+//   ORDERED:       (kDqOrdered, kDqStaggered) one block per (key block, KV head,
+//                  batch) as above;
+//                  the key blocks that reach a query tile add their dQ into it one
+//                  after another (turn: how many come before this one), in the
+//                  order in which they get there, and the grid starts every block
+//                  after the blocks it waits for, so a waiting block never holds an
+//                  SM that an awaited one needs. Two orders (the host's choice):
+//     STAGGERED (kDqStaggered, under an upper bound: causal): the default walk,
+//                  from the diagonal down; block n + 1 reaches each tile it shares
+//                  with n one or more iterations before n (its walk starts further
+//                  down and, per GQA head, is shorter), so the turns go from the
+//                  highest key block down, and the grid runs the key blocks of a
+//                  group from the last
+//                  (n_block = N - 1 - blockIdx.x). A block hands its turn on one
+//                  tile later (Epilogue::pass_turn's wait then finds the addition
+//                  long complete). The shortest walks start first, so the longest
+//                  run last: the host takes this order where the grid holds many
+//                  blocks per SM.
+//     lockstep (kDqOrdered): the walk runs LOCKSTEP (bwd_tiles.cuh: from the
+//                  last tile up, a GQA group's heads innermost), so the key blocks
+//                  that reach a tile get there on the same iteration (without a
+//                  lower bound; with one, lower blocks earlier), the turns go from
+//                  the lowest key block that reaches the tile up and the grid runs
+//                  the blocks in its own order. A block waits for its predecessor's
+//                  addition of the same iteration, so it hands its turn on as soon
+//                  as its own addition completed.
+template <class KT, class VT_, bool ORDERED = false, bool STAGGERED_ = false>
 struct TileScheduler {
+  using VT = VT_;
+  static constexpr bool STAGGERED = STAGGERED_;
+  static_assert(!STAGGERED || (ORDERED && VT::Band::kHi), "staggered turns need an upper bound");
+  using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT, ORDERED && !STAGGERED>;
   const FwdParams& f;
-  const int n0, h_kv, b;
-  const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk;
+  const int n_block, n0, h_kv, b;
+  const Walk walk;
   const int begin, end;
 
-  __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block, int h_kv_, int b_,
+  __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block_, int h_kv_, int b_,
                                            int split = 0, int splits = 1)
-      : f(f_), n0(n_block * KT::BLOCK_N), h_kv(h_kv_), b(b_), walk(f_, n_block * KT::BLOCK_N),
-        begin(walk.iters * split / splits), end(walk.iters * (split + 1) / splits) {}
+      : f(f_), n_block(n_block_), n0(n_block_ * KT::BLOCK_N), h_kv(h_kv_), b(b_),
+        walk(f_, n_block_ * KT::BLOCK_N), begin(walk.iters * split / splits),
+        end(walk.iters * (split + 1) / splits) {}
   // SPLIT's block: blockIdx.x = ((n_block * Hkv + h_kv) * B + b) * kv_splits + split.
   __device__ __forceinline__ static void locate(const BwdParams& p, int& n_block, int& h_kv,
                                                 int& b, int& split) {
@@ -315,7 +363,17 @@ struct TileScheduler {
     h_kv = x % p.fwd.heads_kv, n_block = x / p.fwd.heads_kv;
   }
   __device__ __forceinline__ int head(int it) const { return walk.head(it, h_kv, f.group); }
-  __device__ __forceinline__ int m0(int it) const { return walk.m0(it); }
+  __device__ __forceinline__ int m0(int it) const { return walk.m0(it, f.group); }
+  // ORDERED: the key block the grid's block x of a (KV head, batch) runs.
+  __device__ __forceinline__ static int ordered_block(const FwdParams& f, int x) {
+    return STAGGERED ? ceil_div(f.seqlen_k, KT::BLOCK_N) - 1 - x : x;
+  }
+  // ORDERED: how many key blocks add into tile it's dQ before this one.
+  __device__ __forceinline__ int turn(int it) const {
+    const int m0_ = m0(it);
+    return STAGGERED ? Walk::highest_block(f, m0_) - n_block
+                     : n_block - Walk::lowest_block(f, m0_);
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -343,12 +401,14 @@ __device__ __forceinline__ void zero_rows(unsigned char* tile, int lo, int hi) {
 // Writes: sK, sV once; per query tile, its stage's sQ, sdO, lse and delta (stage
 // from `next`, advanced per tile). Waits on: empty[stage] before reloading a stage.
 // Signals: full[stage].
-template <class KT, class VT>
+template <class KT, class Sched>
 struct Producer {
   using T = typename KT::T;
+  using VT = typename Sched::VT;
+  using Walk = typename Sched::Walk;
   const BwdParams& p;  // bound to the block's sequence
   const BwdSmem<KT> st;
-  const TileScheduler<KT, VT>& sched;
+  const Sched& sched;
   const TmaMap &q_map, &k_map, &v_map, &dout_map;
   PipelineState<KT::kStages> next;  // the stage of the next query tile loaded
 
@@ -388,7 +448,6 @@ struct Producer {
       }
       const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
       const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
-      using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
       copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, Walk::row_hi(f, m0), f.lse);
       mbarrier_arrive_on_copies(full);
     }
@@ -409,7 +468,6 @@ struct Producer {
   // which hold the next sequence's. Block-uniform; nothing to do for most tiles.
   __device__ __forceinline__ void fix(int it, int stage, bool first) const {
     const FwdParams& f = p.fwd;
-    using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
     constexpr bool RAGGED = VT::Seqs::kRagged;
     const int m0 = sched.m0(it), lo = Walk::row_lo(f, m0);
     const int hi = RAGGED ? Walk::row_hi(f, m0) : KT::BLOCK_M;
@@ -633,12 +691,13 @@ __device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 ds_a, u3
 
 // ---------------------------------------------------------------------------
 // Epilogue: the dQ reductions (per tile) and the dK, dV stores (once).
-template <class KT, class VT>
+template <class KT, class Sched>
 struct Epilogue {
   using T = typename KT::T;
+  using VT = typename Sched::VT;
   const BwdParams& p;
   const BwdSmem<KT> st;
-  const TileScheduler<KT, VT>& sched;
+  const Sched& sched;
 
   // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
   // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
@@ -696,6 +755,32 @@ struct Epilogue {
     for (int box = 0; box < KT::DQ_BOXES; ++box)
       tma_reduce_add_4d(dq_map, st.dq(buf) + box * KT::DqTile::BLOCK_BYTES, 32 * box, row, h, b);
     bulk_commit();
+  }
+
+  // kDqOrdered, kDqStaggered, by the thread that issues reduce_dq: tile it's turn counter
+  // (dq_turns, one per batch, query head and query tile: the additions done).
+  // wait_turn spins until the key blocks before this one (Sched::turn) have added
+  // theirs, then orders the copy engine's addition after that read; pass_turn waits
+  // for this block's addition of tile it to complete (all but the thread's PENDING
+  // latest bulk groups) and counts it, a release that the next block's acquire reads.
+  __device__ __forceinline__ int* turn_counter(int it) const {
+    const FwdParams& f = p.fwd;
+    const int tiles = ceil_div(f.seqlen_q, KT::BLOCK_M);
+    return dq_turns(p) + (i64(sched.b) * f.heads_q + sched.head(it)) * tiles +
+           sched.m0(it) / KT::BLOCK_M;
+  }
+  __device__ __forceinline__ void wait_turn(int it) const {
+    const int* counter = turn_counter(it);
+    const int mine = sched.turn(it);
+    while (ld_acquire_gpu(counter) != mine) {
+    }
+    fence_proxy_async_global();
+  }
+  template <int PENDING>
+  __device__ __forceinline__ void pass_turn(int it) const {
+    bulk_wait<PENDING>();
+    fence_proxy_async_global();
+    red_release_gpu_add(turn_counter(it), 1);
   }
 
   // One warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV fragment)
@@ -800,13 +885,18 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
 // D <= 128: warpgroup w owns keys 64w..64w+63. Per tile: wait for the tile's copies,
 // S^T, dP^T, dV, dK, dQ as the header describes, every MMA waited for before the
 // next tile; the warpgroups meet once a tile, when both halves of sdS are written.
-template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
+// kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
+// passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
+template <class KT, class VT, int DQ, bool SPLIT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                          const __grid_constant__ TmaMap dout_map,
                          const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
+  constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
+  static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
+                "ordered dQ: staged, fixed lengths, one block per key block");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
                                 // 80 has no shared memory left for them)
   typename VT::Seqs::template Bound<BwdParams> p =
@@ -814,9 +904,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st(storage_base(wgmma_bwd_smem));
-  const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
-  Producer<KT, VT> producer{p, st, sched, q_map, k_map, v_map, dout_map};
-  const Epilogue<KT, VT> epi{p, st, sched};
+  using Sched = TileScheduler<KT, VT, ORDERED, DQ == kDqStaggered>;
+  if constexpr (ORDERED) n_block = Sched::ordered_block(f, n_block);
+  const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
+  Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
+  const Epilogue<KT, Sched> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
@@ -844,7 +936,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
-    if constexpr (ATOMIC_DQ && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
+    if constexpr (DQ_HERE && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
       if (it > sched.begin)
         epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
@@ -853,7 +945,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
     // lse and delta of tile it - 1 were read before that tile's sdS barrier
-    if (it + 1 < sched.end) producer.template load_q<ATOMIC_DQ>(it + 1);
+    if (it + 1 < sched.end) producer.template load_q<DQ_HERE>(it + 1);
 
     wgmma_wait<1>();
     fence_regs(s);
@@ -876,7 +968,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     wgmma_fence();
     issue_accumulate<KT>(dk, da, q_tile);
 
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (DQ_HERE) {
       // sdS is free once the other warpgroup's dQ of tile it - 1 is done
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::THREADS);
       store_ds<KT>(st.bytes(st.ds()), da, key0, g, t);
@@ -885,7 +977,15 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       named_barrier_sync(kBarDs, KT::THREADS);  // sdS complete; sdQ of tile it - 1 too
       issue_dq<KT>(dq, dq_a, dq_b);
       if constexpr (KT::STAGE_DQ) {
-        if (threadIdx.x == 0 && it > sched.begin) epi.reduce_dq(dq_map, it - 1, (it - 1) & 1);
+        if (threadIdx.x == 0 && it > sched.begin) {
+          if constexpr (ORDERED) epi.wait_turn(it - 1);
+          epi.reduce_dq(dq_map, it - 1, (it - 1) & 1);
+          if constexpr (Sched::STAGGERED) {
+            if (it - 2 >= sched.begin) epi.template pass_turn<1>(it - 2);
+          } else if constexpr (ORDERED) {
+            epi.template pass_turn<0>(it - 1);
+          }
+        }
       }
     }
     wgmma_wait<0>();
@@ -894,23 +994,29 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     fence_regs(pa);
     fence_regs(da);
     release(st, stage, lane);
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (DQ_HERE) {
       fence_regs(dq);
       if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::THREADS);
       if constexpr (KT::STAGE_DQ)
         epi.template stage_dq<KT::DQ_N>(dq, it, it & 1, dq_row0, dq_col0, 0, dq_cols, g, t);
     }
   }
-  if constexpr (ATOMIC_DQ && !KT::STAGE_DQ) {
+  if constexpr (DQ_HERE && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)
       epi.template add_dq<KT::DQ_N>(sched.end - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
   }
-  if constexpr (ATOMIC_DQ && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
+  if constexpr (DQ_HERE && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
-  if constexpr (ATOMIC_DQ && KT::STAGE_DQ) {
+  if constexpr (DQ_HERE && KT::STAGE_DQ) {
     if (sched.end > sched.begin && threadIdx.x == 0) {
+      if constexpr (ORDERED) {
+        if (Sched::STAGGERED && sched.end - 2 >= sched.begin)
+          epi.template pass_turn<0>(sched.end - 2);
+        epi.wait_turn(sched.end - 1);
+      }
       epi.reduce_dq(dq_map, sched.end - 1, (sched.end - 1) & 1);
-      bulk_wait<0>();
+      if constexpr (ORDERED) epi.template pass_turn<0>(sched.end - 1);
+      else bulk_wait<0>();
     }
   }
 
@@ -924,22 +1030,25 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 // holds dV, warpgroup 1 computes dS^T and holds dK, one instruction stream with
 // role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
 // (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
-template <class KT, class VT, bool ATOMIC_DQ, bool SPLIT>
+template <class KT, class VT, int DQ, bool SPLIT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dkdv_wide(const BwdParams args, const __grid_constant__ TmaMap q_map,
                               const __grid_constant__ TmaMap k_map,
                               const __grid_constant__ TmaMap v_map,
                               const __grid_constant__ TmaMap dout_map) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
+  static_assert(DQ < kDqOrdered, "the wide kernel's dQ is not staged: no ordered mode");
+  constexpr bool DQ_HERE = DQ == kDqAtomic;  // (kDqSeparate otherwise)
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy)
   typename VT::Seqs::template Bound<BwdParams> p =
       bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   const BwdSmem<KT> st(storage_base(wgmma_bwd_smem));
-  const TileScheduler<KT, VT> sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
-  Producer<KT, VT> producer{p, st, sched, q_map, k_map, v_map, dout_map};
-  const Epilogue<KT, VT> epi{p, st, sched};
+  using Sched = TileScheduler<KT, VT>;
+  const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
+  Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
+  const Epilogue<KT, Sched> epi{p, st, sched};
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
@@ -1004,7 +1113,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     }
     pack_a<KT>(xa, x);
     if (wg == 0) drop.clear(xa);  // dV from P^T keep; warpgroup 1 took P^T itself
-    if (ATOMIC_DQ && wg == 1) {
+    if (DQ_HERE && wg == 1) {
       store_ds<KT>(st.bytes(st.ds()), xa, key0, g, t);
       fence_proxy_async();
       named_barrier_arrive(kBarDs, KT::THREADS);
@@ -1012,7 +1121,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     wgmma_fence();
     issue_accumulate<KT>(acc, xa, wg ? q_tile : o_tile);
 
-    if constexpr (ATOMIC_DQ) {
+    if constexpr (DQ_HERE) {
       if (wg == 0) named_barrier_sync(kBarDs, KT::THREADS);
 #pragma unroll
       for (int round = 0; round < KT::DQ_ROUNDS; ++round) {

@@ -972,3 +972,98 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
     assert flash_wgmma_bwd.kv_splits(prob(1, 16, 2, 1024, d=80), 132, False) > 1, "causal: 64 rows"
     assert all(flash_wgmma_bwd.kv_splits(prob(1, 32, 1, 64 * n), 132, False)
                <= flash_wgmma_bwd.MAX_SPLITS for n in range(1, 40))
+
+
+def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
+    """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
+    (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the
+    wide kernel, D = 72-80 on 128-query tiles and packed sequences keep the separate
+    dQ pass. The family asks for a dq_accum with a turn counter per query tile."""
+    from cupy_attention.dispatch import backward_families
+    from cupy_attention.problem import Problem
+    from cupy_attention.variant import Variant
+
+    def prob(d, causal=True, **kw):
+        return Problem(2, 8, 2, 1000, 1200, d, "bfloat16", "bhsd", causal, "none", d ** -0.5, 0,
+                       **kw)
+
+    def names(d, vt, det):
+        return [s.name for s in flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16",
+                                                      vt, det)]
+
+    for d, causal in ((64, False), (64, True), (96, True), (128, False), (128, True), (72, True)):
+        vt = Variant(causal)
+        assert flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
+        got = names(d, vt, True)
+        assert ",ordered-dq" in got[1] and got[2].startswith("flash_bwd_dq_convert"), got
+        assert ",atomic-dq" in names(d, vt, False)[1]
+    for d, causal in ((72, False), (80, False), (136, True), (256, False)):
+        assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
+        got = names(d, Variant(causal), True)
+        assert "-dq" not in got[1] and got[2].startswith("flash_mma_bwd_dq"), got
+    assert not flash_wgmma_bwd.ordered_dq(prob(128, varlen=True))
+
+    vt = Variant(True)
+    assert "staggered-dq" in flash_wgmma_bwd.specs(flash_wgmma_bwd.config(128, vt), "bfloat16", vt,
+                                                   True, staggered=True)[1].name
+    vt = Variant(False)   # no upper bound: lockstep whatever the grid
+    assert "ordered-dq" in flash_wgmma_bwd.specs(flash_wgmma_bwd.config(128, vt), "bfloat16", vt,
+                                                 True, staggered=True)[1].name
+    many = Problem(4, 16, 16, 4096, 4096, 128, "bfloat16", "bhsd", True, "none", 0.1, 0)
+    assert flash_wgmma_bwd.staggered_turns(many, 132)          # 2048 blocks
+    assert not flash_wgmma_bwd.staggered_turns(prob(128), 132)  # 40
+    family = backward_families()["flash_wgmma"]
+    p = prob(128)                              # 64-query tiles: 16 per (batch, head)
+    assert family.dq_accum_shape(p, False) == (2, 8, 1000, 128)
+    assert family.dq_accum_shape(p, True) == (2 * 8 * 1000 * 128 + 2 * 8 * 16,)
+    assert flash_wgmma_bwd.dq_turns(prob(64)) == 2 * 8 * 8   # 128-query tiles
+    assert family.dq_accum_shape(prob(256), True) is None
+    assert backward_families()["flash_mma"].dq_accum_shape(p, True) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    # 4 x 2 x 32 key blocks: more blocks than SMs, each query tile's 32 in one order
+    dict(dtype="bfloat16", D=128, Sq=4096, Sk=4096, B=4, Hq=8, Hkv=2, causal=False),
+    # causal with Sk > Sq (bottom-right): the first key blocks reach every tile
+    dict(dtype="float16", D=64, Sq=1500, Sk=3000, B=2, Hq=4, Hkv=4, causal=True),
+    # a window: the blocks that reach a tile start past the first (lowest_block)
+    dict(dtype="bfloat16", D=96, Sq=2000, Sk=2000, B=1, Hq=4, Hkv=1, causal=True,
+         window=(300, 0)),
+], ids=["d128-full", "d64-causal-sk-longer", "d96-window"])
+@pytest.mark.parametrize("staggered", [False, True], ids=["lockstep", "staggered"])
+def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kernels):
+    """The deterministic mode's ordered dQ (flash_wgmma_bwd_dkdv, kDqOrdered, and under
+    a causal band kDqStaggered): 50 reruns bitwise equal, and the atomic mode's
+    gradients up to the order of fp32 sums."""
+    import cupy
+
+    from cupy_attention import backward
+    from cupy_attention.bench import recording_specs
+
+    _skip_unless_device_runs("flash_wgmma")
+    if staggered and not c["causal"]:
+        pytest.skip("staggered turns need an upper bound (causal)")
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # every call dispatches
+    monkeypatch.setattr(flash_wgmma_bwd, "STAGGERED_MIN_BLOCKS_PER_SM",
+                        0 if staggered else 10 ** 9)
+    rng = cupy.random.default_rng(61)
+    shapes = [(c["B"], h, s, c["D"]) for h, s in ((c["Hq"], c["Sq"]), (c["Hkv"], c["Sk"]),
+                                                   (c["Hkv"], c["Sk"]), (c["Hq"], c["Sq"]))]
+    q, k, v, dout = (cast(rng.standard_normal(s, dtype=cupy.float32), c["dtype"], cupy)
+                     for s in shapes)
+    kw = dict(causal=c["causal"], window=c.get("window"), kernel="flash_wgmma")
+    out, lse = ca.attention(q, k, v, return_lse=True, **kw)
+    with recording_specs() as names:
+        first = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+    assert any((",staggered-dq" if staggered else ",ordered-dq") in n for n in names), names
+    bits = [g.view(cupy.uint16).copy() for g in first]
+    for _ in range(49):
+        again = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+        for a, b in zip(bits, again):
+            assert bool((a == b.view(cupy.uint16)).all())
+    atomic = ca.attention_backward(dout, q, k, v, out, lse, **kw)
+    for name, a, b in zip(("dq", "dk", "dv"), first, atomic):
+        a64, b64 = as_float(a, cupy), as_float(b, cupy)
+        err = float(cupy.abs(a64 - b64).max())
+        assert err <= 2 ** -6 * float(cupy.abs(b64).max()), (name, err)

@@ -181,7 +181,9 @@ def test_backward_hot_call_allocates_and_patches(fake_cupy, monkeypatch, determi
     key = backward._signature(dout, q, k, v, out, lse, True, None, "bhsd", None, None,
                               deterministic, "auto")
     rec = BwdRecorder()
-    backward._HOT.put(key, backward._HotBackward("cupy", 0, p, rec, q, k, deterministic))
+    # the separate dQ pass's deterministic mode: no dq_accum
+    accum = None if deterministic else (p.batch, p.heads_q, p.seqlen_q, p.head_dim)
+    backward._HOT.put(key, backward._HotBackward("cupy", 0, p, rec, q, k, accum))
     dq, dk, dv = ca.attention_backward(dout, q, k, v, out, lse, causal=True,
                                        deterministic=deterministic)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
@@ -189,7 +191,7 @@ def test_backward_hot_call_allocates_and_patches(fake_cupy, monkeypatch, determi
     (args,) = rec.calls
     assert args[:6] == (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000)
     assert args[6:9] == (dq.data.ptr, dk.data.ptr, dv.data.ptr)
-    assert (args[9] == 0) == deterministic, "dq_accum only with atomic dQ"
+    assert (args[9] == 0) == deterministic, "dq_accum only where the shape says"
     assert args[10] != 0 and args[11] == 77
 
 
@@ -201,7 +203,8 @@ def test_backward_hot_call_declines_what_it_cannot_launch(fake_cupy, monkeypatch
     monkeypatch.setattr(backward, "_HOT", backward.HotCache(4))
     fake_cupy.cuda.get_current_stream().ptr = 77
     dout, q, k, v, out, lse, p = _bwd_case()
-    hot = backward._HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k, False)
+    hot = backward._HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k,
+                                (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     assert hot(dout, q, k, v, out, lse) is None
     sig = lambda **kw: backward._signature(  # noqa: E731
         *(dout, q, k, v, out, lse), **{**dict(causal=True, scale=None, layout="bhsd",

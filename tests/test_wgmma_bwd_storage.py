@@ -52,9 +52,10 @@ def test_smem_probe_catches_a_wrong_size():
     assert not ok and "SMEM_BYTES D=" in log, log
 
 
-def variant_spec(head_dim: int, variant: Variant, atomic_dq: bool) -> jit.KernelSpec:
-    """The shipped dK/dV instantiation (softcap takes the 64-row tiles: fb.config)."""
-    return fb.dkdv_spec(fb.config(head_dim, variant), "bfloat16", variant, atomic_dq)
+def variant_spec(head_dim: int, variant: Variant, deterministic: bool) -> jit.KernelSpec:
+    """The shipped dK/dV instantiation (softcap takes the 64-row tiles: fb.config; the
+    deterministic mode's dQ ordered or separate: fb.specs)."""
+    return fb.specs(fb.config(head_dim, variant), "bfloat16", variant, deterministic)[1]
 
 
 VARIANTS = [
@@ -68,9 +69,9 @@ VARIANTS = [
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.suffix().strip(","))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("atomic_dq", [True, False])
-def test_variants_compile_for_sm90a(head_dim, variant, atomic_dq):
-    spec = variant_spec(head_dim, variant, atomic_dq)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_variants_compile_for_sm90a(head_dim, variant, deterministic):
+    spec = variant_spec(head_dim, variant, deterministic)
     r = jit.compile_spec(spec, "sm_90a").resources
     known_spills = bool(variant.softcap) and head_dim == 128
     assert r.spills == 0 or known_spills, (spec.name, r)

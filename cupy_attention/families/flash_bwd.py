@@ -127,12 +127,16 @@ class BwdTensors:
     dk: object
     dv: object
     delta: object       # float32 [B, Hq, Sq], contiguous
-    dq_accum: object    # float32 [B, Hq, Sq, D], contiguous; None when deterministic
+    # float32 [B, Hq, Sq, D], contiguous; None when deterministic, except for
+    # flash_wgmma_bwd's ordered dQ: then B Hq Sq D floats and dq_turn_rows > 0, the
+    # query rows per int32 turn counter behind them (kernels/common/params.cuh)
+    dq_accum: object
     # flash_wgmma_bwd's split: kv_splits blocks per block of keys, summing dK and dV
     # into zeroed float32 [B, Hkv, Sk, D] buffers (None when not split)
     kv_splits: int = 1
     dk_accum: object = None
     dv_accum: object = None
+    dq_turn_rows: int = 0
 
 
 def bwd_params(p: Problem, t: BwdTensors) -> object:
@@ -143,6 +147,7 @@ def bwd_params(p: Problem, t: BwdTensors) -> object:
         if getattr(t, name) is not None:
             values[name] = getattr(t, name).data.ptr
     values["kv_splits"] = t.kv_splits
+    values["dq_turn_rows"] = t.dq_turn_rows
     for name in ("dout", "dq", "dk", "dv"):
         s = bhs_strides(getattr(t, name), p.layout)
         values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],

@@ -5,13 +5,16 @@ Behind :func:`cupy_attention.attention_backward` with ``kernel="flash_wgmma"``, 
 problem. Launch sequence on the caller's stream (the row kernels come from
 ``flash_bwd.cu``, the deterministic dQ kernel from ``flash_mma_bwd.cu``):
 
-1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``);
+1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``
+   and the ordered mode's turn counters);
 2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block) or
    ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256, 64 keys a block, one warpgroup
-   holding dV and the other dK): dK, dV on wgmma (and, unless deterministic, dQ /
-   scale added into ``dq_accum`` with fp32 reductions);
-3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or with
-   ``deterministic=True`` flash_mma_bwd's ``flash_mma_bwd_dq``.
+   holding dV and the other dK): dK, dV on wgmma, and dQ / scale added into
+   ``dq_accum`` with fp32 reductions: in any order (``"atomic"``), or with
+   ``deterministic=True`` where :func:`ordered_dq` holds in a fixed order of key
+   blocks (``"ordered"``: bitwise reproducible);
+3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or in the other
+   deterministic cases (``"separate"``) flash_mma_bwd's ``flash_mma_bwd_dq``.
 
 Head dims that are multiples of 8 from 64 to 256 (K Q^T and V dout^T step over D
 rounded up to 16); other head dims, dense masks and other devices are declined by
@@ -149,26 +152,81 @@ def config(head_dim: int, vt: Variant | None = None) -> Config | None:
     return None
 
 
-def dkdv_spec(c: Config, dtype: str, vt: Variant, atomic_dq: bool,
+# Where the dK/dV kernel's dQ goes (kernels/flash_wgmma_bwd.cu: WgmmaBwdDq):
+# "atomic" the default mode's; the deterministic mode's "ordered" (key blocks in
+# lockstep) or "staggered" (causal: each key block's walk from its diagonal, the
+# turns from the highest block down) where _ordered holds, "separate"
+# (flash_mma_bwd_dq) elsewhere.
+DQ_MODES = {"separate": "kDqSeparate", "atomic": "kDqAtomic", "ordered": "kDqOrdered",
+            "staggered": "kDqStaggered"}
+# The staggered turns start the shortest causal walks first, so the longest run
+# last and the last wave idles while they finish: about 2 x SMs / blocks of the
+# time. H100, 2026-11-27 (benchmarks/results/notes-deterministic-dq.md), bf16,
+# causal: with 16 blocks an SM (MHA, 16k tokens, D = 64-128) staggered ran 1.03-1.18x
+# lockstep in one run; with 4 (GQA 4, D = 128, S = 16k) staggered ran 0.59x the
+# atomic mode, lockstep 0.71x. Staggered from this many blocks an SM.
+STAGGERED_MIN_BLOCKS_PER_SM = 8
+
+
+def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
               split: bool = False) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    flag = lambda x: "true" if x else "false"  # noqa: E731
-    expr = f"{kernel}<{traits}, {vt.cpp()}, {flag(atomic_dq)}, {flag(split)}>"
+    expr = f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}>"
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
-            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{',atomic-dq' if atomic_dq else ''}"
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if dq == 'separate' else f',{dq}-dq'}"
             f"{',split' if split else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
 
 
+def _ordered(c: Config, vt: Variant) -> bool:
+    """The deterministic mode's dQ in the dK/dV kernel in a fixed order of key blocks:
+    the narrow kernel where it stages dQ (not D = 72-80 on 128-query tiles), over
+    fixed-length sequences (the turn counters are per batch entry and query tile)."""
+    return not c.wide and c.stage_dq and not vt.ragged
+
+
+def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = False) -> str:
+    if not deterministic:
+        return "atomic"
+    if not _ordered(c, vt):
+        return "separate"
+    return "staggered" if staggered and vt.band_flags[1] else "ordered"
+
+
+def staggered_turns(p: Problem, sms: int) -> bool:
+    """The ordered dQ's staggered turns for ``p`` on a GPU of ``sms`` SMs: under an
+    upper bound, where the grid holds STAGGERED_MIN_BLOCKS_PER_SM blocks an SM."""
+    c = config(p.head_dim, p.variant)
+    blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
+    return p.variant.band_flags[1] and blocks >= STAGGERED_MIN_BLOCKS_PER_SM * sms
+
+
+def ordered_dq(p: Problem) -> bool:
+    """Whether the deterministic backward of ``p`` takes the ordered dQ (one kernel
+    fewer than the separate dQ pass, which recomputes P and dS)."""
+    c = config(p.head_dim, p.variant)
+    return c is not None and _ordered(c, p.variant)
+
+
+def dq_turns(p: Problem) -> int:
+    """int32 turn counters behind dq_accum's floats in the deterministic mode of ``p``
+    (one per batch entry, query head and query tile; 0: no ordered dQ)."""
+    if not ordered_dq(p):
+        return 0
+    return p.batch * p.heads_q * -(-p.seqlen_q // config(p.head_dim, p.variant).block_m)
+
+
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
-          split: bool = False) -> list[jit.KernelSpec]:
+          split: bool = False, staggered: bool = False) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order (``split``: the
-    split dK/dV kernel and, last, the conversion of its sums)."""
-    if deterministic:
+    split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
+    ordered dQ's staggered turns, where the variant has an upper bound)."""
+    mode = _dq_mode(c, vt, deterministic, staggered)
+    if mode == "separate":
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
-        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, False), dq]
-    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, True, split),
+        return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
            flash_bwd.convert_spec(dtype)]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
@@ -224,10 +282,12 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 
 
 @functools.lru_cache(maxsize=None)
-def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False):
+def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
+          staggered: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim, vt)
-    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split)
+    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split,
+                                                    staggered)
 
 
 def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> tma.MapBuffers | None:
@@ -259,13 +319,17 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     with its tensor_maps fifth): flash_mma_bwd's kernels for arrays that are not
     16-byte aligned or have no tensor map."""
     split = t.kv_splits > 1
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split)
+    from ..device import multiprocessor_count
+
+    staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
+    ordered = deterministic and _ordered(c, p.variant)
     launches = flash_mma_bwd.pass_list(p, kernels[:3], (c.block_n, THREADS, c.smem), dq,
-                                       deterministic)
+                                       deterministic and not ordered)
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
@@ -276,15 +340,33 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     return launches
 
 
+def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
+                deterministic: bool) -> flash_bwd.BwdTensors:
+    """``t`` with the ordered dQ's rows per turn counter where it runs (the caller
+    handed in a dq_accum of dq_turns(p) more elements: dispatch.BackwardFamily)."""
+    if not (deterministic and ordered_dq(p)):
+        return t
+    if t.dq_accum is None or t.dq_accum.size < dq_elems(p) + dq_turns(p):
+        raise ValueError("the ordered dQ needs dq_accum with room for its turn counters")
+    return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant).block_m)
+
+
+def dq_elems(p: Problem) -> int:
+    """dq_accum's floats: B Hq Sq D."""
+    return p.batch * p.heads_q * p.seqlen_q * p.head_dim
+
+
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    flash_bwd.launch_from(passes, p, t, stream, device_id, arch, deterministic)
+    flash_bwd.launch_from(passes, p, _with_turns(p, t, deterministic), stream, device_id, arch,
+                          deterministic)
 
 
 def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
             deterministic: bool) -> flash_bwd.HotBackward | None:
     """The hot path's launches (aligned arrays only, as flash_mma_bwd.prepare)."""
-    return flash_mma_bwd.prepare(p, t, device_id, arch, deterministic, passes)
+    return flash_mma_bwd.prepare(p, _with_turns(p, t, deterministic), device_id, arch,
+                                 deterministic, passes)
 
 
 def ci_specs() -> list[jit.KernelSpec]:
@@ -296,38 +378,50 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d in range(64, TILES[-1][0] + 1, 8):
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
-                for atomic in (True, False):
-                    vt = Variant(causal)
-                    out.append(dkdv_spec(config(d, vt), dtype, vt, atomic))
+                vt = Variant(causal)
+                for deterministic in (False, True):
+                    out.append(dkdv_spec(config(d, vt), dtype, vt, _dq_mode(config(d, vt), vt,
+                                                                          deterministic)))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
-        for atomic in (True, False):
-            vt = Variant(causal, ragged=True)
-            out.append(dkdv_spec(config(d, vt), "bfloat16", vt, atomic))
+        vt = Variant(causal, ragged=True)
+        for deterministic in (False, True):
+            out.append(dkdv_spec(config(d, vt), "bfloat16", vt,
+                                 _dq_mode(config(d, vt), vt, deterministic)))
     vt = Variant(True, (32, 0), 30.0, ragged=True)
-    out.append(dkdv_spec(config(96, vt), "float16", vt, True))
+    out.append(dkdv_spec(config(96, vt), "float16", vt, "atomic"))
+    # the ordered dQ's staggered turns (causal), and both orders under a window or
+    # with softcap (64-query tiles)
+    for d in range(64, 129, 8):
+        vt = Variant(True)
+        out.append(dkdv_spec(config(d, vt), ("float16", "bfloat16")[d % 16 // 8], vt,
+                             "staggered"))
+    for d, vt in ((64, Variant(True, (256, 0))), (128, Variant(False, (128, 128), 30.0))):
+        for mode in ("ordered", "staggered"):
+            out.append(dkdv_spec(config(d, vt), "bfloat16", vt, mode))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
                   (256, Variant(True, softcap=30.0, dense="alibi")),
                   (128, Variant(True, dense="alibi", ragged=True))):
-        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, "atomic"))
     # the split kernel: both tile shapes of the narrow kernel, the wide one, a transform
     for i, d in enumerate((64, 88, 96, 128, 136, 192, 256)):
         dtype, causal = ("float16", "bfloat16")[i % 2], i % 3 != 1
         vt = Variant(causal)
-        out.append(dkdv_spec(config(d, vt), dtype, vt, True, True))
+        out.append(dkdv_spec(config(d, vt), dtype, vt, "atomic", True))
     vt = Variant(True, softcap=30.0)
-    out.append(dkdv_spec(config(128, vt), "bfloat16", vt, True, True))
+    out.append(dkdv_spec(config(128, vt), "bfloat16", vt, "atomic", True))
     # dropout, on its rows (_narrow_rows), both dQ modes
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
                       (256, True)):
         vt = Variant(causal, dropout=True)
-        for atomic in (True, False):
-            out.append(dkdv_spec(config(d, vt), "float16" if causal else "bfloat16", vt, atomic))
+        for deterministic in (False, True):
+            out.append(dkdv_spec(config(d, vt), "float16" if causal else "bfloat16", vt,
+                                 _dq_mode(config(d, vt), vt, deterministic)))
     for d, vt in ((128, Variant(True, softcap=30.0, dropout=True)),
                   (64, Variant(True, (32, 0), ragged=True, dropout=True)),
                   (72, Variant(True, dense="alibi", dropout=True)),
                   (128, Variant(True, (32, 0), 30.0, ragged=True, dropout=True)),
                   (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
-        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, True))
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, "atomic"))
     return out

@@ -7,26 +7,45 @@
 
 // A block of BLOCK_N keys from n0 meets every query head of its KV head's GQA group
 // and, per head, the BLOCK_M-row query tiles whose rows see one of its keys (the
-// variant's q_begin, q_end: causal, query i sees key n0 first at i = n0 - offset).
-// Iteration `it` is tile first + it % tiles of query
-// head h_kv * group + it / tiles; a tile's rows outside [row_lo, row_hi) attend no
-// key of the block or lie past the sequence.
-template <int BLOCK_M, int BLOCK_N, class VT>
+// variant's q_begin, q_end: causal, query i sees key n0 first at i = n0 - offset):
+// tiles [first, first + tiles). Iteration `it` is, by default, tile first + it %
+// tiles of query head h_kv * group + it / tiles; a tile's rows outside [row_lo,
+// row_hi) attend no key of the block or lie past the sequence.
+// LOCKSTEP (flash_wgmma_bwd's ordered dQ without an upper bound): tile first +
+// tiles - 1 - it / group of head h_kv * group + it % group, the last tile first and
+// the group's heads innermost. The walks of a band's key blocks end on
+// nondecreasing tiles, so key block n - 1 reaches every tile it shares with block n
+// no later than n does (on the same iteration without a lower bound).
+template <int BLOCK_M, int BLOCK_N, class VT, bool LOCKSTEP = false>
 struct QueryTileWalk {
   int first, tiles, iters;
   __device__ __forceinline__ QueryTileWalk(const FwdParams& f, int n0)
       : first(VT::q_begin(f, n0) / BLOCK_M),
         tiles(cmax(0, ceil_div(VT::q_end(f, n0 + BLOCK_N - 1), BLOCK_M) - first)),
         iters(f.group * tiles) {}
+  // group: f.group (read from the params where it is used, not held in a register)
   __device__ __forceinline__ int head(int it, int h_kv, int group) const {
-    return h_kv * group + it / tiles;
+    return h_kv * group + (LOCKSTEP ? it % group : it / tiles);
   }
-  __device__ __forceinline__ int m0(int it) const { return (first + it % tiles) * BLOCK_M; }
+  __device__ __forceinline__ int m0(int it, int group) const {
+    return (LOCKSTEP ? first + tiles - 1 - it / group : first + it % tiles) * BLOCK_M;
+  }
   __device__ __forceinline__ static int row_lo(const FwdParams& f, int m0) {
     return cmax(0, VT::q_begin(f, 0) - m0);
   }
   __device__ __forceinline__ static int row_hi(const FwdParams& f, int m0) {
     return f.seqlen_q - m0;
+  }
+  // The key blocks whose walks reach tile m0 are lowest_block .. highest_block: its
+  // first row's first key on (a walk's last tile is the last whose first row sees
+  // one of the block's keys), up to the last key its last row would see (a walk's
+  // first tile is the first whose last row would, rows past Sq too: q_begin is not
+  // clipped to Sq).
+  __device__ __forceinline__ static int lowest_block(const FwdParams& f, int m0) {
+    return VT::kv_begin(f, m0) / BLOCK_N;
+  }
+  __device__ __forceinline__ static int highest_block(const FwdParams& f, int m0) {
+    return (VT::kv_end(f, m0 + BLOCK_M - 1) - 1) / BLOCK_N;
   }
 };
 

@@ -41,6 +41,18 @@ __device__ __forceinline__ void cp_async_4(u32 dst, const void* src, bool valid)
                :: "r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
 
+// A counter in global memory that blocks hand turns over with, at GPU scope: read
+// with acquire semantics (this thread's later accesses stay after the read) and
+// added to with release semantics (its earlier accesses stay before the addition).
+__device__ __forceinline__ int ld_acquire_gpu(const int* counter) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* counter, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(counter), "r"(v) : "memory");
+}
+
 // dst[0] += a, dst[1] += b in global memory, no return value. sm_90 has a
 // two-float reduction (one instruction, half the memory transactions); dst must
 // be 8-byte aligned there.

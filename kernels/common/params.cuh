@@ -74,8 +74,11 @@ __device__ __forceinline__ float exp2_score(const FwdParams& p, float dot) {
 //   delta     [B, Hq, Sq] fp32: rowsum(dout * o); row (b, h) at b * delta_batch_stride
 //             + h * delta_head_stride ([B, Hq, Sq] contiguous, or [Hq, total_q] for
 //             packed sequences)
-//   dq_accum  fp32, delta's rows times D: dQ / scale summed with atomics; null in
-//             deterministic mode
+//   dq_accum  fp32, delta's rows times D: dQ / scale summed with atomics, or in a
+//             fixed order (flash_wgmma_bwd's kDqOrdered, dq_turn_rows > 0: then
+//             int32 turn counters [B, Hq, ceil(Sq / dq_turn_rows)] follow its B Hq Sq D
+//             floats, zeroed by flash_bwd_delta with them: dq_turns); null in
+//             deterministic mode otherwise
 //   dk_accum, dv_accum  fp32 [B, Hkv, Sk, D] contiguous, zeroed: dK and dV summed with
 //             atomics when kv_splits > 1 blocks share a block of keys (flash_wgmma_bwd's
 //             split of the query tiles); null otherwise
@@ -95,8 +98,15 @@ struct BwdParams {
   i64 dk_batch_stride, dk_head_stride, dk_row_stride;
   i64 dv_batch_stride, dv_head_stride, dv_row_stride;
   i64 delta_batch_stride, delta_head_stride;
-  int kv_splits;  // blocks per block of keys (1: one block owns it)
+  int kv_splits;     // blocks per block of keys (1: one block owns it)
+  int dq_turn_rows;  // query rows per turn counter (0: none; fixed-length sequences)
 };
+
+// The turn counters behind dq_accum (dq_turn_rows > 0).
+__device__ __forceinline__ int* dq_turns(const BwdParams& p) {
+  const FwdParams& f = p.fwd;
+  return reinterpret_cast<int*>(p.dq_accum + i64(f.batch) * f.heads_q * f.seqlen_q * f.head_dim);
+}
 
 // Row (b, h) of delta, and of dq_accum (times D).
 __device__ __forceinline__ i64 delta_row(const BwdParams& p, int b, int h) {

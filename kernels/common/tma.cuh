@@ -41,6 +41,13 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// The same for global memory: this thread's generic accesses (a counter's acquire or
+// release) ordered against its copy engine operations (bulk reductions) on the other
+// side of the fence.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 // One arrival on mbarrier `bar` once every cp.async this thread issued before has
 // landed (the arrival is one of the count the barrier was initialized with: .noinc).
 __device__ __forceinline__ void mbarrier_arrive_on_copies(u32 bar) {
