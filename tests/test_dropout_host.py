@@ -429,7 +429,8 @@ def test_wgmma_tiles_with_dropout():
 def test_wgmma_backward_tiles_with_dropout():
     """The flash_wgmma backward keeps the 128-query tiles with dropout at D = 64 and
     takes 64-query tiles above (the plain kernel has 128 up to D = 80, causal ones up
-    to D = 64); its deterministic dQ kernel is flash_mma's, which draws the same mask."""
+    to D = 64); deterministic, its dK/dV kernel adds dQ in order up to D = 128, past it
+    the separate dQ kernel is flash_mma's, which draws the same mask."""
     from cupy_attention.families import flash_wgmma_bwd
     from cupy_attention.variant import Variant
 
@@ -442,7 +443,9 @@ def test_wgmma_backward_tiles_with_dropout():
         for deterministic in (False, True):
             kernels = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16", vt,
                                             deterministic)
-            assert sum("PhiloxDropout" in s.expr for s in kernels) == 1 + deterministic
+            separate = deterministic and d > 128
+            assert sum("PhiloxDropout" in s.expr for s in kernels) == 1 + separate
+            assert any("ordered-dq" in s.name for s in kernels) == (deterministic and d <= 128)
 
 
 def test_fwd_params_hold_the_draw():
