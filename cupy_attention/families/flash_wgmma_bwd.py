@@ -346,14 +346,9 @@ def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
     handed in a dq_accum of dq_turns(p) more elements: dispatch.BackwardFamily)."""
     if not (deterministic and ordered_dq(p)):
         return t
-    if t.dq_accum is None or t.dq_accum.size < dq_elems(p) + dq_turns(p):
+    if t.dq_accum is None or t.dq_accum.size < t.delta.size * p.head_dim + dq_turns(p):
         raise ValueError("the ordered dQ needs dq_accum with room for its turn counters")
     return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant).block_m)
-
-
-def dq_elems(p: Problem) -> int:
-    """dq_accum's floats: B Hq Sq D."""
-    return p.batch * p.heads_q * p.seqlen_q * p.head_dim
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -379,14 +374,14 @@ def ci_specs() -> list[jit.KernelSpec]:
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 vt = Variant(causal)
+                c = config(d, vt)
                 for deterministic in (False, True):
-                    out.append(dkdv_spec(config(d, vt), dtype, vt, _dq_mode(config(d, vt), vt,
-                                                                          deterministic)))
+                    out.append(dkdv_spec(c, dtype, vt, _dq_mode(c, vt, deterministic)))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
         vt = Variant(causal, ragged=True)
+        c = config(d, vt)
         for deterministic in (False, True):
-            out.append(dkdv_spec(config(d, vt), "bfloat16", vt,
-                                 _dq_mode(config(d, vt), vt, deterministic)))
+            out.append(dkdv_spec(c, "bfloat16", vt, _dq_mode(c, vt, deterministic)))
     vt = Variant(True, (32, 0), 30.0, ragged=True)
     out.append(dkdv_spec(config(96, vt), "float16", vt, "atomic"))
     # the ordered dQ's staggered turns (causal), and both orders under a window or
@@ -415,9 +410,10 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
                       (256, True)):
         vt = Variant(causal, dropout=True)
+        c = config(d, vt)
         for deterministic in (False, True):
-            out.append(dkdv_spec(config(d, vt), "float16" if causal else "bfloat16", vt,
-                                 _dq_mode(config(d, vt), vt, deterministic)))
+            out.append(dkdv_spec(c, "float16" if causal else "bfloat16", vt,
+                                 _dq_mode(c, vt, deterministic)))
     for d, vt in ((128, Variant(True, softcap=30.0, dropout=True)),
                   (64, Variant(True, (32, 0), ragged=True, dropout=True)),
                   (72, Variant(True, dense="alibi", dropout=True)),
