@@ -321,8 +321,9 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
 
 // Consumer step of one warp: its WARP_KEYS keys (first key k0) of the tile in ring
 // buffer `stage` against its 16 packed rows. s = Q K^T; the variant's scores where
-// the tile is partial or the variant transforms them (otherwise the scale joins the
-// exp2's FMA); the online softmax; acc += P V.
+// the tile is partial, the variant transforms them or the scale is negative (the max
+// of the dots would be the min of the scores); otherwise the scale joins the exp2's
+// FMA; the online softmax; acc += P V.
 template <class KT, class VT>
 __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRows<KT>& rows,
                                              const u32 (&qf)[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
@@ -351,7 +352,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
       mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
     }
   }
-  if (!partial && !VT::kTransform) {
+  if (!partial && !VT::kTransform && p.scale_log2 >= 0.f) {
     sm.online(s, p.scale_log2, false);
   } else {
     const int j_lane = k0 + 2 * (lane % 4);

@@ -12,8 +12,8 @@
 //        wait for tile j; one barrier, after which tile j-1's buffer is free
 //        issue cp.async of tile j + STAGES - 1 into that buffer
 //        S = Q K[j]^T              ldmatrix + mma.m16n8k16, fp32 accumulators
-//        scale into the exp2 domain; mask only edge/diagonal tiles
-//        online softmax in registers: m_i, l_i, rescale acc
+//        online softmax in registers (FragSoftmax; the scale folded into the
+//        exp2 on tiles without a mask), acc rescaled
 //        P = exp2(S - m_i) rounded to 16 bits, kept in registers as A fragments
 //        acc += P V[j]             ldmatrix.trans + mma
 //   3. acc /= l_i; stage the tile in shared memory; 16-byte stores; lse.
@@ -52,6 +52,11 @@ struct MmaTraits {
   // Q fragments stay in registers when they fit beside acc and S; otherwise they
   // are re-read from shared memory for every key tile.
   static constexpr bool Q_IN_REGS = M_TILES * D_PAD <= 128;
+  // The row max: lazy, acc rescaled only when a row of the warp moved it, on 32-row
+  // warps; exact, acc rescaled every tile, on 16-row warps (D > 128), where the lazy
+  // max's branches cost more than the multiplications they skip (H100:
+  // benchmarks/results/notes-kernel-comments.md).
+  static constexpr bool LAZY_MAX = M_TILES > 1;
   static constexpr int SMEM_Q = BLOCK_M * SROW;
   static constexpr int SMEM_KV = BLOCK_N * SROW;
   static constexpr int SMEM_BYTES = (SMEM_Q + 2 * STAGES * SMEM_KV) * 2;
@@ -124,39 +129,6 @@ __device__ __forceinline__ void qk_tile(WarpTiles<KT, KT::N_TILES>& s,
   }
 }
 
-// The online softmax of one key tile. Reads: s (scores in the exp2 domain, masked
-// ones -inf). Writes: s = P = exp2(s - m_i), row (m_i, this lane's partial l_i),
-// acc rescaled by each row's alpha.
-template <class KT>
-__device__ __forceinline__ void softmax_tile(WarpTiles<KT, KT::N_TILES>& s,
-                                             WarpTiles<KT, KT::D_TILES>& acc,
-                                             SoftmaxRow (&row)[KT::M_TILES][2]) {
-#pragma unroll
-  for (int mt = 0; mt < KT::M_TILES; ++mt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -CA_INF;
-#pragma unroll
-      for (int nt = 0; nt < KT::N_TILES; ++nt)
-        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-      const float alpha = row[mt][r].rescale(group_max<4>(mx));
-#pragma unroll
-      for (int dt = 0; dt < KT::D_TILES; ++dt) {
-        acc[mt][dt][2 * r] *= alpha;
-        acc[mt][dt][2 * r + 1] *= alpha;
-      }
-      const float ref = row[mt][r].ref();
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < KT::N_TILES; ++nt) {
-        s[mt][nt][2 * r] = fast_exp2(s[mt][nt][2 * r] - ref);
-        s[mt][nt][2 * r + 1] = fast_exp2(s[mt][nt][2 * r + 1] - ref);
-        sum += s[mt][nt][2 * r] + s[mt][nt][2 * r + 1];
-      }
-      row[mt][r].l_i += sum;
-    }
-}
-
 // acc += P V_j. Reads: P from s (rounded to 16 bits as A fragments), V_j from
 // shared memory at v_addr (the tile's buffer, read with ldmatrix.trans).
 template <class KT>
@@ -193,22 +165,23 @@ __device__ __forceinline__ void pv_tile(WarpTiles<KT, KT::D_TILES>& acc,
 // warp reads sQ any more). Writes: O rows q0 + row0 .. (below Sq), lse.
 template <class KT>
 __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_TILES>& acc,
-                                        SoftmaxRow (&row)[KT::M_TILES][2], typename KT::T* sQ,
+                                        FragSoftmax<KT::N_TILES> (&sm)[KT::M_TILES], typename KT::T* sQ,
                                         int b, int h, int q0, int q_rows, int row0, int lane) {
   using T = typename KT::T;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int mt = 0; mt < KT::M_TILES; ++mt)
+  for (int mt = 0; mt < KT::M_TILES; ++mt) {
+    sm[mt].finish();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      row[mt][r].l_i = group_sum<4>(row[mt][r].l_i);
-      const float inv_l = row[mt][r].inv_l();
+      const float inv_l = sm[mt].row[r].inv_l();
 #pragma unroll
       for (int dt = 0; dt < KT::D_TILES; ++dt) {
         const u32 packed = MmaType<T>::pack(acc[mt][dt][2 * r] * inv_l, acc[mt][dt][2 * r + 1] * inv_l);
         *reinterpret_cast<u32*>(sQ + (row0 + 16 * mt + g + 8 * r) * KT::SROW + dt * 8 + 2 * t) = packed;
       }
     }
+  }
   __syncwarp();
 
   T* o_head = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride;
@@ -234,7 +207,7 @@ __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = q0 + row0 + 16 * mt + g + 8 * r;
-        if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row[mt][r].lse();
+        if (i < p.seqlen_q) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = sm[mt].row[r].lse();
       }
   }
 }
@@ -293,12 +266,9 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
   float acc[MT][KT::D_TILES][4];
   zero<KT, KT::D_TILES>(acc);
   // Rows g and g + 8 of each m16 tile; l_i is this lane's partial sum until the end.
-  SoftmaxRow row[MT][2];
+  FragSoftmax<KT::N_TILES> sm[MT];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    row[mt][0].init();
-    row[mt][1].init();
-  }
+  for (int mt = 0; mt < MT; ++mt) sm[mt].init();
   u32 qf[KT::Q_IN_REGS ? MT : 1][KT::Q_IN_REGS ? KT::QK_STEPS : 1][4];
 
   // ldmatrix lane addressing (see common/mma.cuh): matrix lane / 8, row lane % 8.
@@ -325,16 +295,26 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
     float s[MT][KT::N_TILES][4];
     qk_tile<KT>(s, qf, q_addr, k_addr + buf_bytes);
-    // Scores into the exp2 domain through the variant (band, logits, dense mask);
-    // per-element masks only on tiles that need them (see VT::partial). What was
-    // tried here: benchmarks/results/notes-kernel-comments.md.
+    // The online softmax (FragSoftmax; the row max as KT::LAZY_MAX says). Plain logits on a tile that needs no mask fold the
+    // scale into the exp2's FFMA, the max taken on the raw dots; tiles that need a
+    // mask (VT::partial), a variant that transforms the score and a negative scale
+    // (the max of the dots would be the min of the scores) become scores first
+    // through the variant (Scores::forward: band, logits, dense mask; masked -inf).
+    // What was tried here: benchmarks/results/notes-kernel-comments.md.
     const bool edge = VT::partial(p, q0 + row0, q0 + row0 + KT::WARP_ROWS - 1, k0,
                                   k0 + KT::BLOCK_N - 1);
+    const bool fold = !edge && !VT::kTransform && p.scale_log2 >= 0.f;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      Scores<VT>::forward(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
-                          p, b, h, q0 + row0 + 16 * mt, k0, edge);
-    softmax_tile<KT>(s, acc, row);
+    for (int mt = 0; mt < MT; ++mt) {
+      if (!fold)
+        Scores<VT>::forward(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[mt][x / 4][x % 4]; },
+                            p, b, h, q0 + row0 + 16 * mt, k0, edge);
+      const float scale = fold ? p.scale_log2 : 1.f;
+      float(&st)[KT::N_TILES * 4] = reinterpret_cast<float(&)[KT::N_TILES * 4]>(s[mt]);
+      sm[mt].maxes(st, scale, KT::LAZY_MAX);
+      sm[mt].template rescale<KT::LAZY_MAX>(reinterpret_cast<float(&)[KT::D_TILES * 4]>(acc[mt]));
+      sm[mt].exps(st, scale);
+    }
     if constexpr (VT::Drop::enabled) {   // after the row sums: they stay those of P
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -347,5 +327,5 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
   cp_async_wait<0>();
   __syncthreads();  // no copy into sQ is in flight and every warp is done reading it
-  store_o<KT>(p, acc, row, sQ, b, h, q0, q_rows, row0, lane);
+  store_o<KT>(p, acc, sm, sQ, b, h, q0, q_rows, row0, lane);
 }

@@ -43,7 +43,7 @@ def grid(quick: bool):
     return cells
 
 
-def run_tree(cells, reps: int, batches: int):
+def run_tree(cells, reps: int, batches: int, kernel: str = "auto"):
     """Runs in the child: time every cell with this tree's package."""
     import cupy
     import ml_dtypes
@@ -66,12 +66,13 @@ def run_tree(cells, reps: int, batches: int):
         if c["causal"] and c["sq"] == c["sk"]:
             flops /= 2
         if c["dir"] == "fwd":
-            fn = lambda: ca.attention(q, k, v, causal=c["causal"])  # noqa: E731
+            fn = lambda: ca.attention(q, k, v, causal=c["causal"], kernel=kernel)  # noqa: E731
         else:
-            o, lse = ca.attention(q, k, v, causal=c["causal"], return_lse=True)
+            o, lse = ca.attention(q, k, v, causal=c["causal"], return_lse=True, kernel=kernel)
             do = mk(o.shape)
             flops *= 2.5
-            fn = lambda: ca.attention_backward(do, q, k, v, o, lse, causal=c["causal"])  # noqa: E731
+            fn = lambda: ca.attention_backward(do, q, k, v, o, lse, causal=c["causal"],  # noqa: E731
+                                               kernel=kernel)
         try:
             for _ in range(3):
                 fn()
@@ -94,7 +95,7 @@ def run_tree(cells, reps: int, batches: int):
     return out
 
 
-def _warm_one(c):
+def _warm_one(c, kernel="auto"):
     """Compile (into the disk cache) the kernels of one cell, on a tiny problem."""
     import cupy
     import cupy_attention as ca
@@ -103,21 +104,21 @@ def _warm_one(c):
     x = cupy.random.default_rng(0).standard_normal((1, 2, small["sq"], c["d"]), dtype=cupy.float32)
     q = x.astype("bfloat16" if c["dtype"] == "bfloat16" else c["dtype"])
     k = cupy.random.default_rng(1).standard_normal((1, 2, small["sk"], c["d"]), dtype=cupy.float32).astype(q.dtype)
-    o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True)
+    o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True, kernel=kernel)
     if c["dir"] == "bwd":
-        ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"])
+        ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"], kernel=kernel)
     cupy.cuda.get_current_stream().synchronize()
     return True
 
 
-def prewarm(cells, workers: int = 12):
+def prewarm(cells, workers: int = 12, kernel: str = "auto"):
     """Every kernel the grid needs, compiled in parallel before any timing."""
     import concurrent.futures as cf
     import multiprocessing
 
     uniq = list({(c["dir"], c["dtype"], c["d"], c["causal"], c["sq"] == 1): c for c in cells}.values())
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_warm_one, uniq))
+        list(pool.map(_warm_one, uniq, [kernel] * len(uniq)))
 
 
 def key(c):
@@ -138,6 +139,8 @@ def main() -> int:
     ap.add_argument("--dims", help="comma-separated head dims: only these cells")
     ap.add_argument("--seqs", help="comma-separated sequence lengths: only these cells")
     ap.add_argument("--causal", choices=("0", "1"), help="only causal (1) or non-causal (0) cells")
+    ap.add_argument("--kernel", default="auto",
+                    help="the kernel argument of every call (flash_mma: the sm_80 path)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     dims = {int(x) for x in a.dims.split(",")} if a.dims else None
@@ -148,8 +151,8 @@ def main() -> int:
     filters = [f"--{k}={v}" for k, v in (("dims", a.dims), ("seqs", a.seqs), ("causal", a.causal))
                if v is not None]
     if a.child:
-        prewarm(cells)
-        json.dump(run_tree(cells, a.reps, a.batches), open(a.child, "w"))
+        prewarm(cells, kernel=a.kernel)
+        json.dump(run_tree(cells, a.reps, a.batches, a.kernel), open(a.child, "w"))
         return 0
     results = {0: [], 1: []}
     for rnd in range(a.rounds):
@@ -160,7 +163,7 @@ def main() -> int:
             if side == 1:
                 env.update(kv.split("=", 1) for kv in a.env_new)
             args = [sys.executable, os.path.abspath(__file__), "--child", path,
-                    "--reps", str(a.reps), "--batches", str(a.batches)] + (["--quick"] if a.quick else []) \
+                    "--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel] + (["--quick"] if a.quick else []) \
                 + (["--only", a.only] if a.only else []) + filters
             subprocess.run(args, env=env, check=True, cwd="/tmp")
             results[side].append({key(r): r for r in json.load(open(path))})
@@ -183,7 +186,7 @@ def main() -> int:
                    median_old_spread=statistics.median(spreads) if spreads else None,
                    max_old_spread=max(spreads) if spreads else None)
     if a.json:
-        json.dump(dict(trees=a.trees, summary=summary, rows=rows), open(a.json, "w"), indent=1)
+        json.dump(dict(trees=a.trees, kernel=a.kernel, summary=summary, rows=rows), open(a.json, "w"), indent=1)
     print(f"{'dir':4s} {'dtype':9s} {'D':>4s} {'Sq':>6s} {'Sk':>6s} {'causal':6s} {'old TF':>8s} {'new TF':>8s} {'new/old':>8s}")
     for r in rows:
         if "error" in r:

@@ -69,7 +69,9 @@ def _sdpa(backend, q, k, v, do, causal, dropout_p=0.0):
     return fwd, bwd
 
 
-def _fa4(q, k, v, do, causal, dropout_p=0.0):
+def _fa4(q, k, v, do, causal, dropout_p=0.0, **kw):
+    """FA4's forward and backward closures; ``kw`` goes to flash_attn_func (softcap,
+    window_size)."""
     import torch
     from flash_attn.cute import flash_attn_func
 
@@ -81,9 +83,9 @@ def _fa4(q, k, v, do, causal, dropout_p=0.0):
 
     def fwd():
         with torch.no_grad():
-            return flash_attn_func(qs, ks, vs, causal=causal)
+            return flash_attn_func(qs, ks, vs, causal=causal, **kw)
 
-    out = flash_attn_func(qg, kg, vg, causal=causal)[0]
+    out = flash_attn_func(qg, kg, vg, causal=causal, **kw)[0]
 
     def bwd():
         return torch.autograd.grad(out, (qg, kg, vg), dos, retain_graph=True)

@@ -12,6 +12,9 @@
    64k}: the time against the time the same attended scores would take at our dense
    causal rate at that S (target <= 1.15x), and FlexAttention's sliding-window block
    mask (torch.compile) beside it where this torch compiles it.
+With --fa4, FlashAttention-4 (flash_attn.cute, ../shared/tools/peers.md) beside both
+parts: its plain and softcap kernels (it has no ALiBi or dropout), its dense causal
+rate and its window (1023, 0) against that rate.
 Timing: CUDA events around back-to-back calls after warm-up, median of 5 batches.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from event_timing import time_ms  # noqa: E402  (a sibling script module)
+from peer_bench import _fa4  # noqa: E402
 
 
 def alibi_slopes(heads: int):
@@ -37,7 +41,7 @@ def alibi_slopes(heads: int):
 TRANSFORMS = ("softcap", "alibi", "softcap+alibi", "dropout")
 
 
-def transforms(dims, seqs, rows, variants=frozenset()):
+def transforms(dims, seqs, rows, variants=frozenset(), fa4=False):
     import torch
 
     import cupy_attention as ca
@@ -71,6 +75,13 @@ def transforms(dims, seqs, rows, variants=frozenset()):
                         plain = row
                     row.update(fwd_ratio=row["fwd_tflops"] / plain["fwd_tflops"],
                                bwd_ratio=row["bwd_tflops"] / plain["bwd_tflops"])
+                    if fa4 and name in ("plain", "softcap"):
+                        f_fwd, f_bwd = _fa4(q, k, v, do, causal,
+                                            **{x: kw[x] for x in ("softcap",) if x in kw})
+                        row.update(fa4_fwd_tflops=flops / time_ms(f_fwd) / 1e9,
+                                   fa4_bwd_tflops=2.5 * flops / time_ms(f_bwd, reps=5) / 1e9)
+                        row.update(fa4_fwd_ratio=row["fa4_fwd_tflops"] / plain["fa4_fwd_tflops"],
+                                   fa4_bwd_ratio=row["fa4_bwd_tflops"] / plain["fa4_bwd_tflops"])
                     rows.append(row)
                     print({k_: (round(x, 3) if isinstance(x, float) else x)
                            for k_, x in row.items()}, flush=True)
@@ -82,7 +93,7 @@ def attended(s: int, left: int) -> int:
     return full * (full + 1) // 2 + (s - full) * (left + 1)
 
 
-def windows(dims, seqs, rows, flex: bool):
+def windows(dims, seqs, rows, flex: bool, fa4: bool = False):
     import torch
 
     import cupy_attention as ca
@@ -101,6 +112,15 @@ def windows(dims, seqs, rows, flex: bool):
             row = dict(part="window", d=d, s=s, window=left, dense_causal_tflops=dense_rate / 1e9,
                        window_ms=win_ms, window_tflops=win_flops / win_ms / 1e9,
                        vs_dense_rate=win_ms / (win_flops / dense_rate))
+            if fa4:
+                no_grad = torch.zeros_like(q)
+                f_dense = _fa4(q, k, v, no_grad, True)[0]
+                f_win = _fa4(q, k, v, no_grad, True, window_size=(left, 0))[0]
+                fa4_rate = 4.0 * heads * d * (s * (s + 1) / 2) / time_ms(f_dense, reps=3)
+                row["fa4_dense_causal_tflops"] = fa4_rate / 1e9
+                row["fa4_window_ms"] = time_ms(f_win)
+                row["fa4_window_tflops"] = win_flops / row["fa4_window_ms"] / 1e9
+                row["fa4_vs_dense_rate"] = row["fa4_window_ms"] / (win_flops / fa4_rate)
             if flex:
                 try:
                     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -128,6 +148,7 @@ def main():
     ap.add_argument("--variants", help="comma-separated transforms to time beside plain "
                     "(softcap, alibi, softcap+alibi, dropout; default all)")
     ap.add_argument("--dims", default="64,128,256", help="head dims of the transforms")
+    ap.add_argument("--fa4", action="store_true", help="FlashAttention-4 beside ours")
     args = ap.parse_args()
     variants = set(args.variants.split(",")) if args.variants else set()
     if variants - set(TRANSFORMS):
@@ -138,25 +159,31 @@ def main():
     rows: list = []
     if args.part in (None, "transform"):
         transforms(tuple(int(x) for x in args.dims.split(",")),
-                   (4096,) if args.quick else (4096, 16384), rows, variants)
+                   (4096,) if args.quick else (4096, 16384), rows, variants, args.fa4)
     if args.part in (None, "window"):
-        windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex)
+        windows((128,) if args.quick else (64, 128), (16384, 65536), rows, not args.no_flex,
+                args.fa4)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    nan = math.nan
     print(f"{'variant':14s} {'D':>4} {'S':>6} {'causal':>6} {'fwd TF':>7} {'x plain':>7} "
-          f"{'bwd TF':>7} {'x plain':>7}")
+          f"{'bwd TF':>7} {'x plain':>7} {'FA4 fwd':>7} {'x plain':>7} {'FA4 bwd':>7} {'x plain':>7}")
     for r in rows:
         if r["part"] == "transform":
             print(f"{r['variant']:14s} {r['d']:>4} {r['s']:>6} {str(r['causal']):>6} "
                   f"{r['fwd_tflops']:>7.0f} {r['fwd_ratio']:>7.2f} {r['bwd_tflops']:>7.0f} "
-                  f"{r['bwd_ratio']:>7.2f}")
-    print(f"{'window':>7} {'D':>4} {'S':>6} {'dense TF':>8} {'win TF':>7} {'x dense':>7} {'flex TF':>7}")
+                  f"{r['bwd_ratio']:>7.2f} {r.get('fa4_fwd_tflops', nan):>7.0f} "
+                  f"{r.get('fa4_fwd_ratio', nan):>7.2f} {r.get('fa4_bwd_tflops', nan):>7.0f} "
+                  f"{r.get('fa4_bwd_ratio', nan):>7.2f}")
+    print(f"{'window':>7} {'D':>4} {'S':>6} {'dense TF':>8} {'win TF':>7} {'x dense':>7} "
+          f"{'flex TF':>7} {'FA4 dense':>9} {'FA4 win':>7} {'x dense':>7}")
     for r in rows:
         if r["part"] == "window":
             print(f"{r['window']:>7} {r['d']:>4} {r['s']:>6} {r['dense_causal_tflops']:>8.0f} "
                   f"{r['window_tflops']:>7.0f} {r['vs_dense_rate']:>7.2f} "
-                  f"{r.get('flex_tflops', math.nan):>7.0f}")
+                  f"{r.get('flex_tflops', nan):>7.0f} {r.get('fa4_dense_causal_tflops', nan):>9.0f} "
+                  f"{r.get('fa4_window_tflops', nan):>7.0f} {r.get('fa4_vs_dense_rate', nan):>7.2f}")
 
 
 if __name__ == "__main__":

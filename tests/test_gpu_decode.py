@@ -116,7 +116,7 @@ def make_cache(seed, *, B, Hq, Hkv, D, Sq, lengths, page, dtype, spare=3):
     return q, k, v, table, cupy.asarray(lengths), ks, vs
 
 
-def reference(q, ks, vs, *, causal, dtype, window=None):
+def reference(q, ks, vs, *, causal, dtype, window=None, scale=None):
     """(ref, same, ref_lse, same_lse) in [B, Hq, Sq, D] / [B, Hq, Sq], float64, per
     sequence through the plain attention."""
     import cupy
@@ -138,7 +138,7 @@ def reference(q, ks, vs, *, causal, dtype, window=None):
             mask = keep[None, None]
         for prec in outs:
             o, lse = plain_attention(q[b:b + 1], ks[b][None], vs[b][None], causal=causal,
-                                     mask=mask, layout="bshd", precision=prec)
+                                     mask=mask, layout="bshd", precision=prec, scale=scale)
             outs[prec][0].append(o)
             outs[prec][1].append(lse)
     ref, ref_lse = (cupy.concatenate(x) for x in outs["float64"])
@@ -147,16 +147,16 @@ def reference(q, ks, vs, *, causal, dtype, window=None):
 
 
 def run_case(seed, *, B, Hq, Hkv, D, Sq, page, dtype, causal=True, splits=None, lengths=None,
-             window=None, max_seqlen=None):
+             window=None, max_seqlen=None, scale=None):
     q, k, v, table, lens, ks, vs = make_cache(seed, B=B, Hq=Hq, Hkv=Hkv, D=D, Sq=Sq,
                                               lengths=lengths or LENGTHS[B], page=page,
                                               dtype=dtype)
     out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
                                    causal=causal, return_lse=True, num_splits=splits,
-                                   window=window, max_seqlen=max_seqlen)
+                                   window=window, max_seqlen=max_seqlen, scale=scale)
     assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
     ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=causal, dtype=dtype,
-                                             window=window)
+                                             window=window, scale=scale)
     check_attention(as_float(out).swapaxes(1, 2), ref, same, dtype, lse=lse.astype(np.float64),
                     ref_lse=ref_lse, same_lse=same_lse)
     return out, lse
@@ -287,6 +287,16 @@ def test_speculative_rows_mqa(Sq):
 def test_sliding_window():
     run_case(seed_for("window"), B=3, Hq=16, Hkv=2, D=128, Sq=4, page=16, dtype="bfloat16",
              window=(50, -1), splits=3)
+
+
+@pytest.mark.parametrize("scale", [-0.7, 0.0])
+@pytest.mark.parametrize("page", [None, 16])
+def test_scale_of_any_sign(scale, page):
+    """A negative scale makes the max of the raw dots the min of the scores, so the
+    interior key tiles, where a non-negative scale joins the exp2's FMA, take the
+    variant's scores first; 0 makes every attended key equal."""
+    run_case(seed_for("scale", scale, page), B=3, Hq=16, Hkv=2, D=128, Sq=2, page=page,
+             dtype="bfloat16", lengths=(3000, 1, 700), scale=scale)
 
 
 def test_unaligned_views_take_the_element_path():

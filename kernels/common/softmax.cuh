@@ -129,6 +129,19 @@ struct FragSoftmax {
       row[r].l_i += exp_row(s, r, scale, -row[r].ref());
     }
   }
+  // online(s, scale, !lazy) in two halves, for a caller that rescales its
+  // accumulator between them (fewer registers live at once: flash_mma).
+  __device__ __forceinline__ void maxes(const float (&s)[N_TILES * 4], float scale, bool lazy) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float tile_max = row_max(s, r, -CA_INF) * scale;
+      alpha[r] = lazy ? row[r].rescale_lazy(tile_max) : row[r].rescale(tile_max);
+    }
+  }
+  __device__ __forceinline__ void exps(float (&s)[N_TILES * 4], float scale) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row[r].l_i += exp_row(s, r, scale, -row[r].ref());
+  }
   __device__ __forceinline__ bool fast(float (&s)[N_TILES * 4], float scale, float (&sum)[2]) {
     bool ok = true;
 #pragma unroll
@@ -182,11 +195,12 @@ struct FragSoftmax {
     }
     return true;
   }
-  // acc *= alpha for an accumulator of D_TILES n8 groups (same fragment rows); skipped
-  // when no row of the warp moved its max.
-  template <int ACC>
+  // acc *= alpha for an accumulator of D_TILES n8 groups (same fragment rows); with
+  // SKIP, skipped when no row of the warp moved its max (the lazy max's common case;
+  // under an exact max the vote rarely pays).
+  template <bool SKIP = true, int ACC>
   __device__ __forceinline__ void rescale(float (&acc)[ACC]) const {
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    if (!SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < ACC; ++i) acc[i] *= alpha[(i % 4) / 2];
     }
