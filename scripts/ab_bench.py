@@ -43,7 +43,7 @@ def grid(quick: bool):
     return cells
 
 
-def run_tree(cells, reps: int, batches: int, kernel: str = "auto"):
+def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic: bool = False):
     """Runs in the child: time every cell with this tree's package."""
     import cupy
     import ml_dtypes
@@ -72,7 +72,7 @@ def run_tree(cells, reps: int, batches: int, kernel: str = "auto"):
             do = mk(o.shape)
             flops *= 2.5
             fn = lambda: ca.attention_backward(do, q, k, v, o, lse, causal=c["causal"],  # noqa: E731
-                                               kernel=kernel)
+                                               kernel=kernel, deterministic=deterministic)
         try:
             for _ in range(3):
                 fn()
@@ -141,6 +141,7 @@ def main() -> int:
     ap.add_argument("--causal", choices=("0", "1"), help="only causal (1) or non-causal (0) cells")
     ap.add_argument("--kernel", default="auto",
                     help="the kernel argument of every call (flash_mma: the sm_80 path)")
+    ap.add_argument("--deterministic", action="store_true", help="backward cells in deterministic mode")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     dims = {int(x) for x in a.dims.split(",")} if a.dims else None
@@ -152,7 +153,7 @@ def main() -> int:
                if v is not None]
     if a.child:
         prewarm(cells, kernel=a.kernel)
-        json.dump(run_tree(cells, a.reps, a.batches, a.kernel), open(a.child, "w"))
+        json.dump(run_tree(cells, a.reps, a.batches, a.kernel, a.deterministic), open(a.child, "w"))
         return 0
     results = {0: [], 1: []}
     for rnd in range(a.rounds):
@@ -163,7 +164,7 @@ def main() -> int:
             if side == 1:
                 env.update(kv.split("=", 1) for kv in a.env_new)
             args = [sys.executable, os.path.abspath(__file__), "--child", path,
-                    "--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel] + (["--quick"] if a.quick else []) \
+                    "--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel] + (["--deterministic"] if a.deterministic else []) + (["--quick"] if a.quick else []) \
                 + (["--only", a.only] if a.only else []) + filters
             subprocess.run(args, env=env, check=True, cwd="/tmp")
             results[side].append({key(r): r for r in json.load(open(path))})
@@ -186,7 +187,7 @@ def main() -> int:
                    median_old_spread=statistics.median(spreads) if spreads else None,
                    max_old_spread=max(spreads) if spreads else None)
     if a.json:
-        json.dump(dict(trees=a.trees, kernel=a.kernel, summary=summary, rows=rows), open(a.json, "w"), indent=1)
+        json.dump(dict(trees=a.trees, kernel=a.kernel, deterministic=a.deterministic, summary=summary, rows=rows), open(a.json, "w"), indent=1)
     print(f"{'dir':4s} {'dtype':9s} {'D':>4s} {'Sq':>6s} {'Sk':>6s} {'causal':6s} {'old TF':>8s} {'new TF':>8s} {'new/old':>8s}")
     for r in rows:
         if "error" in r:

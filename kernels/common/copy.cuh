@@ -17,11 +17,33 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
                                           const T* head) {
   if constexpr (VEC) {
     constexpr int CHUNKS = D_PAD / 8;
+    constexpr int ROW_STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 0;
+    if constexpr (ROW_STEP > 0 && ROWS >= 4 * ROW_STEP) {
+      // A thread keeps its column and steps ROW_STEP rows at a time, its addresses
+      // computed once: the general loop below spends ~30 instructions a chunk on
+      // them, which counts where a thread copies four chunks or more (flash_mma,
+      // H100: notes-kernel-comments.md). Unrolled by four: fully, the addresses
+      // stayed live and spilled at D = 128.
+      const int r0 = threadIdx.x / CHUNKS, col = (threadIdx.x % CHUNKS) * 8;
+      const bool col_ok = col < D;
+      const T* src = g + r0 * stride + col;
+      const i64 src_step = ROW_STEP * stride;
+      const u32 dst = smem_addr(s + r0 * SROW + col);
+#pragma unroll 4
+      for (int i = 0; i < CeilDiv<ROWS, ROW_STEP>::value; ++i, src += src_step) {
+        const int r = r0 + i * ROW_STEP;
+        if (ROWS % ROW_STEP == 0 || r < ROWS) {
+          const bool ok = col_ok && r >= row_lo && r < row_hi;
+          cp_async_16(dst + i * ROW_STEP * SROW * int(sizeof(T)), ok ? src : head, ok);
+        }
+      }
+    } else {
 #pragma unroll
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
-      const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-      const bool ok = r >= row_lo && r < row_hi && col < D;
-      cp_async_16(smem_addr(s + r * SROW + col), ok ? g + r * stride + col : head, ok);
+      for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
+        const bool ok = r >= row_lo && r < row_hi && col < D;
+        cp_async_16(smem_addr(s + r * SROW + col), ok ? g + r * stride + col : head, ok);
+      }
     }
   } else {
     for (int e = threadIdx.x; e < ROWS * D_PAD; e += THREADS) {
