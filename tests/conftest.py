@@ -49,16 +49,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             "machine with an NVIDIA GPU (scripts/gpu_suite.sh).")
 
 
+def prewarm_cases(items) -> list:
+    """The ``PREWARM`` entries, (kernel name, case), of the modules of the selected GPU
+    tests: a module's whole list, or, where the module sets ``PREWARM_PARAMS`` (its
+    entries are its tests' ``name`` and ``case`` parameters), only those of selected
+    tests, so a ``-k`` run compiles what it runs."""
+    gpu = [item for item in items if "gpu" in item.keywords]
+    selected = {(item.callspec.params.get("name"), id(item.callspec.params.get("case")))
+                for item in gpu if hasattr(item, "callspec")}
+    cases = []
+    for m in dict.fromkeys(item.module for item in gpu):
+        entries = getattr(m, "PREWARM", [])
+        if getattr(m, "PREWARM_PARAMS", False):
+            entries = [(n, c) for n, c in entries if (n, id(c)) in selected]
+        cases += entries
+    return cases
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _compile_gpu_kernels_in_parallel(request):
     """Before the first test: when GPU tests are selected and a device is present,
-    compile the kernel instantiations their modules list in ``PREWARM`` in a process
-    pool (helpers.prewarm), so tests load them from the disk cache instead of
-    compiling one at a time."""
+    compile the kernel instantiations their modules list in ``PREWARM`` (prewarm_cases)
+    in a process pool (helpers.prewarm), so tests load them from the disk cache instead
+    of compiling one at a time."""
     if gpu_unavailable_reason() is not None:
         return
-    modules = {item.module for item in request.session.items if "gpu" in item.keywords}
-    cases = [case for m in modules for case in getattr(m, "PREWARM", [])]
+    cases = prewarm_cases(request.session.items)
     if cases:
         from helpers import prewarm
 

@@ -121,8 +121,10 @@ GRID = [(name, c) for name in FAMILIES for c in sampled_cases(name)]
 PRODUCT = [(name, c) for name in FAMILIES for c in product_cases(name)]
 
 
-# conftest.py compiles the instantiations of these cases in parallel up front.
+# conftest.py compiles the instantiations of these cases in parallel up front, those
+# of the selected tests only (they are the tests' parameters: PREWARM_PARAMS).
 PREWARM = GRID + PRODUCT
+PREWARM_PARAMS = True
 
 
 def _run(name, c, device_cc, part):

@@ -114,3 +114,33 @@ def test_driver_on_the_reference_kernel(dtype, view, layout, tmp_path, monkeypat
     assert len(rows) == 1 and rows[0]["kernel"] == "reference" and rows[0]["dtype"] == dtype
     assert rows[0]["out_max_err"] <= rows[0]["out_atol"] + 2 * rows[0]["out_same_err"]
     assert "lse_max_err" in rows[0]
+
+
+def test_prewarm_compiles_the_selected_parameters_only():
+    """conftest.prewarm_cases: a module whose PREWARM entries are its tests' (name, case)
+    parameters (PREWARM_PARAMS) contributes those of selected tests only; another module
+    its whole list; modules of CPU tests nothing."""
+    from types import SimpleNamespace as NS
+
+    import conftest
+
+    class Module:   # hashable, as test modules are
+        def __init__(self, **attrs):
+            self.__dict__.update(attrs)
+
+    a, b, c = dict(d=64), dict(d=128), dict(d=256)
+    grid = Module(PREWARM=[("flash_mma", a), ("flash_mma", b), ("flash", c)], PREWARM_PARAMS=True)
+    shapes = Module(PREWARM=[("naive", dict(d=8)), ("tiled", dict(d=16))])
+    cpu = Module(PREWARM=[("flash", dict(d=32))])
+
+    def item(module, gpu=True, **params):
+        it = NS(module=module, keywords={"gpu": 1} if gpu else {})
+        if params:
+            it.callspec = NS(params=params)
+        return it
+
+    items = [item(grid, name="flash_mma", case=b), item(grid, name="flash", case=c),
+             item(shapes), item(cpu, gpu=False)]
+    assert conftest.prewarm_cases(items) == [("flash_mma", b), ("flash", c)] + shapes.PREWARM
+    # an equal case dict that is not the parameter object itself is not selected
+    assert conftest.prewarm_cases([item(grid, name="flash_mma", case=dict(d=64))]) == []
