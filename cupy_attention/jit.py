@@ -156,17 +156,18 @@ def _read_source(name: str) -> str:
     return (kernels_dir() / name).read_text()
 
 
-def compile_source(src: str, filename: str, exprs, arch: str):
+def compile_source(src: str, filename: str, exprs, arch: str, extra_options=()):
     """NVRTC for ``arch`` on a source text (include path ``kernels/``) with these
     name expressions: ``(cubin, {expr: lowered name}, log)``, or ``(None, {}, log)``
-    if it does not compile. Needs no GPU."""
+    if it does not compile. Needs no GPU. ``extra_options`` (e.g. ``-lineinfo``, for
+    scripts/sass_loops.py) follow the usual ones."""
     nvrtc = _nvrtc()
     prog = nvrtc.createProgram(src, filename, [], [])
     try:
         for expr in exprs:
             nvrtc.addNameExpression(prog, expr)
         try:
-            nvrtc.compileProgram(prog, list(options_for(arch)))
+            nvrtc.compileProgram(prog, list(options_for(arch)) + list(extra_options))
         except nvrtc.NVRTCError:
             return None, {}, nvrtc.getProgramLog(prog)
         log = nvrtc.getProgramLog(prog)
