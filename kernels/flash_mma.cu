@@ -165,8 +165,9 @@ __device__ __forceinline__ void pv_tile(WarpTiles<KT, KT::D_TILES>& acc,
 // warp reads sQ any more). Writes: O rows q0 + row0 .. (below Sq), lse.
 template <class KT>
 __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_TILES>& acc,
-                                        FragSoftmax<KT::N_TILES> (&sm)[KT::M_TILES], typename KT::T* sQ,
-                                        int b, int h, int q0, int q_rows, int row0, int lane) {
+                                        FragSoftmax<KT::N_TILES> (&sm)[KT::M_TILES],
+                                        typename KT::T* sQ, int b, int h, int q0, int q_rows,
+                                        int row0, int lane) {
   using T = typename KT::T;
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -295,11 +296,12 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
     float s[MT][KT::N_TILES][4];
     qk_tile<KT>(s, qf, q_addr, k_addr + buf_bytes);
-    // The online softmax (FragSoftmax; the row max as KT::LAZY_MAX says). Plain logits on a tile that needs no mask fold the
-    // scale into the exp2's FFMA, the max taken on the raw dots; tiles that need a
-    // mask (VT::partial), a variant that transforms the score and a negative scale
-    // (the max of the dots would be the min of the scores) become scores first
-    // through the variant (Scores::forward: band, logits, dense mask; masked -inf).
+    // The online softmax (FragSoftmax; the row max as KT::LAZY_MAX says). Plain
+    // logits on a tile that needs no mask fold the scale into the exp2's FFMA, the
+    // max taken on the raw dots; tiles that need a mask (VT::partial), a variant that
+    // transforms the score and a negative scale (the max of the dots would be the min
+    // of the scores) become scores first through the variant (Scores::forward: band,
+    // logits, dense mask; masked -inf).
     // What was tried here: benchmarks/results/notes-kernel-comments.md.
     const bool edge = VT::partial(p, q0 + row0, q0 + row0 + KT::WARP_ROWS - 1, k0,
                                   k0 + KT::BLOCK_N - 1);

@@ -141,7 +141,8 @@ def main() -> int:
     ap.add_argument("--causal", choices=("0", "1"), help="only causal (1) or non-causal (0) cells")
     ap.add_argument("--kernel", default="auto",
                     help="the kernel argument of every call (flash_mma: the sm_80 path)")
-    ap.add_argument("--deterministic", action="store_true", help="backward cells in deterministic mode")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="backward cells in deterministic mode")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     dims = {int(x) for x in a.dims.split(",")} if a.dims else None
@@ -149,8 +150,12 @@ def main() -> int:
     cells = [c for c in grid(a.quick) if (not a.only or c["dir"] == a.only)
              and (dims is None or c["d"] in dims) and (seqs is None or c["sq"] in seqs)
              and (a.causal is None or c["causal"] == (a.causal == "1"))]
-    filters = [f"--{k}={v}" for k, v in (("dims", a.dims), ("seqs", a.seqs), ("causal", a.causal))
-               if v is not None]
+    # What every child process is told: the timing, the kernel and the cell filters.
+    child_flags = ([f"--{k}={v}" for k, v in (("dims", a.dims), ("seqs", a.seqs),
+                                              ("causal", a.causal), ("only", a.only))
+                    if v is not None]
+                   + ["--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel]
+                   + ["--quick"] * a.quick + ["--deterministic"] * a.deterministic)
     if a.child:
         prewarm(cells, kernel=a.kernel)
         json.dump(run_tree(cells, a.reps, a.batches, a.kernel, a.deterministic), open(a.child, "w"))
@@ -163,9 +168,7 @@ def main() -> int:
                        CUPY_ATTENTION_CACHE_DIR=f"/tmp/ab-cache-{side}")
             if side == 1:
                 env.update(kv.split("=", 1) for kv in a.env_new)
-            args = [sys.executable, os.path.abspath(__file__), "--child", path,
-                    "--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel] + (["--deterministic"] if a.deterministic else []) + (["--quick"] if a.quick else []) \
-                + (["--only", a.only] if a.only else []) + filters
+            args = [sys.executable, os.path.abspath(__file__), "--child", path] + child_flags
             subprocess.run(args, env=env, check=True, cwd="/tmp")
             results[side].append({key(r): r for r in json.load(open(path))})
             print(f"round {rnd} tree {side} done", flush=True)
@@ -187,7 +190,8 @@ def main() -> int:
                    median_old_spread=statistics.median(spreads) if spreads else None,
                    max_old_spread=max(spreads) if spreads else None)
     if a.json:
-        json.dump(dict(trees=a.trees, kernel=a.kernel, deterministic=a.deterministic, summary=summary, rows=rows), open(a.json, "w"), indent=1)
+        json.dump(dict(trees=a.trees, kernel=a.kernel, deterministic=a.deterministic,
+                       summary=summary, rows=rows), open(a.json, "w"), indent=1)
     print(f"{'dir':4s} {'dtype':9s} {'D':>4s} {'Sq':>6s} {'Sk':>6s} {'causal':6s} {'old TF':>8s} {'new TF':>8s} {'new/old':>8s}")
     for r in rows:
         if "error" in r:

@@ -69,7 +69,7 @@ def _sdpa(backend, q, k, v, do, causal, dropout_p=0.0):
     return fwd, bwd
 
 
-def _fa4(q, k, v, do, causal, dropout_p=0.0, **kw):
+def fa4_calls(q, k, v, do, causal, dropout_p=0.0, **kw):
     """FA4's forward and backward closures; ``kw`` goes to flash_attn_func (softcap,
     window_size)."""
     import torch
@@ -100,7 +100,7 @@ IMPLS = {"ours": _ours,
          "ours_mma": lambda *a: _ours(*a, kernel="flash_mma"),   # the sm_80 path (vs flash2)
          "cudnn": lambda *a: _sdpa("cudnn", *a),
          "flash2": lambda *a: _sdpa("flash2", *a),
-         "fa4": _fa4}
+         "fa4": fa4_calls}
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import os
 import sys
 
 
-def _jobs():
+def ci_jobs():
     from cupy_attention.dispatch import FAMILIES
     from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 
@@ -52,7 +52,7 @@ def main() -> int:
             print(f"{k}: {o} -> {n}")
         print(f"{len(moved)} of {len(new)} moved; {len(set(old) - set(new))} only in OLD")
         return 0
-    jobs = [j for j in _jobs() if a.match in j[0].name]
+    jobs = [j for j in ci_jobs() if a.match in j[0].name]
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(max(2, os.cpu_count() or 2), mp_context=ctx) as pool:
         report = dict(pool.map(_one, jobs))

@@ -84,11 +84,11 @@ def main(argv=None) -> int:
     if not a.nvdisasm:
         ap.error("nvdisasm not found: pass --nvdisasm (see the module docstring)")
 
-    from ptxas_report import _jobs
+    from ptxas_report import ci_jobs
 
     from cupy_attention import jit
 
-    specs = [spec for spec, _ in _jobs() if a.name in spec.name]
+    specs = [spec for spec, _ in ci_jobs() if a.name in spec.name]
     if not specs:
         ap.error(f"no CI instantiation's name contains {a.name!r}")
     spec = specs[0]

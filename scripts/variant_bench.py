@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from event_timing import time_ms  # noqa: E402  (a sibling script module)
-from peer_bench import _fa4  # noqa: E402
+from peer_bench import fa4_calls  # noqa: E402
 
 
 def alibi_slopes(heads: int):
@@ -76,8 +76,8 @@ def transforms(dims, seqs, rows, variants=frozenset(), fa4=False):
                     row.update(fwd_ratio=row["fwd_tflops"] / plain["fwd_tflops"],
                                bwd_ratio=row["bwd_tflops"] / plain["bwd_tflops"])
                     if fa4 and name in ("plain", "softcap"):
-                        f_fwd, f_bwd = _fa4(q, k, v, do, causal,
-                                            **{x: kw[x] for x in ("softcap",) if x in kw})
+                        f_fwd, f_bwd = fa4_calls(q, k, v, do, causal,
+                                                 **{x: kw[x] for x in ("softcap",) if x in kw})
                         row.update(fa4_fwd_tflops=flops / time_ms(f_fwd) / 1e9,
                                    fa4_bwd_tflops=2.5 * flops / time_ms(f_bwd, reps=5) / 1e9)
                         row.update(fa4_fwd_ratio=row["fa4_fwd_tflops"] / plain["fa4_fwd_tflops"],
@@ -113,9 +113,9 @@ def windows(dims, seqs, rows, flex: bool, fa4: bool = False):
                        window_ms=win_ms, window_tflops=win_flops / win_ms / 1e9,
                        vs_dense_rate=win_ms / (win_flops / dense_rate))
             if fa4:
-                no_grad = torch.zeros_like(q)
-                f_dense = _fa4(q, k, v, no_grad, True)[0]
-                f_win = _fa4(q, k, v, no_grad, True, window_size=(left, 0))[0]
+                dout = torch.zeros_like(q)   # forwards only: the backward is not timed
+                f_dense = fa4_calls(q, k, v, dout, True)[0]
+                f_win = fa4_calls(q, k, v, dout, True, window_size=(left, 0))[0]
                 fa4_rate = 4.0 * heads * d * (s * (s + 1) / 2) / time_ms(f_dense, reps=3)
                 row["fa4_dense_causal_tflops"] = fa4_rate / 1e9
                 row["fa4_window_ms"] = time_ms(f_win)

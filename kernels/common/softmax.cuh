@@ -130,7 +130,9 @@ struct FragSoftmax {
     }
   }
   // online(s, scale, !lazy) in two halves, for a caller that rescales its
-  // accumulator between them (fewer registers live at once: flash_mma).
+  // accumulator between them (fewer registers live at once: flash_mma). Both, like
+  // online, take the max of s before scaling it: a scale below 0 would make it the
+  // min, so callers pass negative scales as scores (scale 1).
   __device__ __forceinline__ void maxes(const float (&s)[N_TILES * 4], float scale, bool lazy) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
