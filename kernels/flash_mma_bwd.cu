@@ -114,14 +114,8 @@ __device__ __forceinline__ void dkdv_scores(float (&s)[KT::KM1][KT::Q_TILES][4],
   using T = typename KT::T;
   constexpr int KM1 = KT::KM1;
   constexpr u32 V_OFF = KT::SMEM_KV * 2, O_OFF = 2 * KT::SMEM_Q * 2;
-#pragma unroll
-  for (int km = 0; km < KM1; ++km)
-#pragma unroll
-    for (int nt = 0; nt < KT::Q_TILES; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
-#pragma unroll (KT::P1_TIGHT ? (VT::kCausal ? 1 : 2) : KT::DB)
-  for (int ks = 0; ks < KT::DB; ++ks) {
+  // k16 step ks of both products; the first starts the accumulators.
+  const auto step = [&](int ks, bool first) {
 #pragma unroll
     for (int op = 0; op < 2; ++op) {
       u32 a[KM1][4];
@@ -135,25 +129,44 @@ __device__ __forceinline__ void dkdv_scores(float (&s)[KT::KM1][KT::Q_TILES][4],
 #pragma unroll
         for (int km = 0; km < KM1; ++km) {
           float(&acc)[KT::Q_TILES][4] = op == 0 ? s[km] : dp[km];
-          mma_16816(acc[nt], a[km], bq[0], bq[1], T{});
-          mma_16816(acc[nt + 1], a[km], bq[2], bq[3], T{});
+          if (first) {
+            mma_16816_first(acc[nt], a[km], bq[0], bq[1], T{});
+            mma_16816_first(acc[nt + 1], a[km], bq[2], bq[3], T{});
+          } else {
+            mma_16816(acc[nt], a[km], bq[0], bq[1], T{});
+            mma_16816(acc[nt + 1], a[km], bq[2], bq[3], T{});
+          }
         }
       }
     }
+  };
+  // The first step peeled (no registers cleared), but in tight unaligned builds:
+  // there it spills (8-24 bytes at D = 111), and unpeeled it does not.
+  constexpr bool PEEL = KT::VEC || !KT::P1_TIGHT;
+  if constexpr (PEEL) {
+    step(0, true);
+  } else {
+#pragma unroll
+    for (int km = 0; km < KM1; ++km)
+#pragma unroll
+      for (int nt = 0; nt < KT::Q_TILES; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[km][nt][e] = dp[km][nt][e] = 0.f;
   }
-
+#pragma unroll (KT::P1_TIGHT ? (VT::kCausal ? 1 : 2) : KT::DB)
+  for (int ks = PEEL ? 1 : 0; ks < KT::DB; ++ks) step(ks, false);
 }
 
 // Phase 1's P^T and dS^T of the warp's keys x QW queries, through the variant
 // (element masks only where VT::partial says), stored as 16-bit values into sP and
 // sdS [key][query]. Reads: s, dp, the tile's lse and delta (s_lse, s_lse +
-// BLOCK_M). Writes: sP, sdS (the caller's barrier publishes them).
+// BLOCK_M). Writes: sP at p_st (the thread's first C element), sdS at p_st + its
+// offset (the caller's barrier publishes them).
 template <class KT, class VT>
 __device__ __forceinline__ void dkdv_p_ds(const FwdParams& f, float (&s)[KT::KM1][KT::Q_TILES][4],
                                           float (&dp)[KT::KM1][KT::Q_TILES][4],
-                                          const float* s_lse, typename KT::T* sP,
-                                          typename KT::T* sdS, int b, int h, int m0, int n0,
-                                          int key1, int sw1, int lane) {
+                                          const float* s_lse, u32 p_st, int b, int h, int m0,
+                                          int n0, int key1, int sw1, int lane) {
   using T = typename KT::T;
   constexpr int KM1 = KT::KM1;
   const int g = lane / 4, t = lane % 4;
@@ -191,9 +204,9 @@ __device__ __forceinline__ void dkdv_p_ds(const FwdParams& f, float (&s)[KT::KM1
     for (int nt = 0; nt < KT::Q_TILES; ++nt)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int at = (key1 + 16 * km + g + 8 * r) * KT::PROW + sw1 * KT::QW + nt * 8 + 2 * t;
-        *reinterpret_cast<u32*>(sP + at) = MmaType<T>::pack(s[km][nt][2 * r], s[km][nt][2 * r + 1]);
-        *reinterpret_cast<u32*>(sdS + at) = MmaType<T>::pack(dp[km][nt][2 * r], dp[km][nt][2 * r + 1]);
+        const u32 at = p_st + ((16 * km + 8 * r) * KT::PROW + nt * 8) * 2;
+        st_shared_u32(at, MmaType<T>::pack(s[km][nt][2 * r], s[km][nt][2 * r + 1]));
+        st_shared_u32(at + KT::SMEM_P * 2, MmaType<T>::pack(dp[km][nt][2 * r], dp[km][nt][2 * r + 1]));
       }
 }
 
@@ -218,7 +231,7 @@ __device__ __forceinline__ void dkdv_accumulate(float (&dk)[2][KT::KV_DB][2][4],
 #pragma unroll
     for (int i = 0; i < KT::KV_DB; ++i) {
       const int cb = sw2 + KT::SPLIT2 * i;
-      if (cb < KT::DB) {
+      if (KT::DB % KT::SPLIT2 == 0 || cb < KT::DB) {
         const u32 off = (ks * 16 * KT::SROW + cb * 16) * 2;
         u32 bo[4], bq[4];
         ldmatrix_x4_trans(bo, q_x + O_OFF + off);
@@ -251,7 +264,11 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
 
   constexpr int KM = KT::DQ_KM;
   float* dq_tile = p.dq_accum + (delta_row(p, b, h) + m0) * KT::D;
-  for (int job = warp; job < KT::DQ_JOBS; job += KT::WARPS) {
+  constexpr int ROUNDS = ceil_div(KT::DQ_JOBS, KT::WARPS);  // 1 in every table config
+#pragma unroll 1
+  for (int round = 0; round < ROUNDS; ++round) {
+    const int job = warp + round * KT::WARPS;
+    if (KT::DQ_JOBS % KT::WARPS != 0 && job >= KT::DQ_JOBS) break;  // warp-uniform
     const int mt0 = (job % KT::DQ_MT) * KM, cb0 = (job / KT::DQ_MT) * KT::DQ_CB;
     float acc[KM][KT::DQ_CB][2][4];
 #pragma unroll
@@ -270,7 +287,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
         ldmatrix_x4_trans(a[km], ds_y + (ks * 16 * KT::PROW + (mt0 + km) * 16) * 2);
 #pragma unroll
       for (int i = 0; i < KT::DQ_CB; ++i) {
-        if (cb0 + i < KT::DB) {
+        if (KT::DB % KT::DQ_CB == 0 || cb0 + i < KT::DB) {
           u32 bk[4];
           ldmatrix_x4_trans(bk, kt_x + (ks * 16 * KT::SROW + (cb0 + i) * 16) * 2);
 #pragma unroll
@@ -281,24 +298,28 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
         }
       }
     }
+    // One address per job: each reduction's offset from it is a constant.
+    const int row0 = mt0 * 16 + g, d0 = cb0 * 16 + 2 * t;
+    float* dst0 = dq_tile + row0 * KT::D + d0;
 #pragma unroll
     for (int km = 0; km < KM; ++km)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = (mt0 + km) * 16 + g + 8 * r;
-        if (m0 + row >= f.seqlen_q) continue;
+        if (m0 + row0 + km * 16 + 8 * r >= f.seqlen_q) continue;
 #pragma unroll
         for (int i = 0; i < KT::DQ_CB; ++i)
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {
-            const int d = (cb0 + i) * 16 + nn * 8 + 2 * t;
-            float* dst = dq_tile + row * KT::D + d;
+            const int dd = i * 16 + nn * 8;  // d = d0 + dd
+            float* dst = dst0 + (km * 16 + 8 * r) * KT::D + dd;
             const float a0 = acc[km][i][nn][2 * r], a1 = acc[km][i][nn][2 * r + 1];
+            // d < D always where D is a multiple of 16 and the jobs tile DB
+            constexpr bool kWhole = KT::D == KT::D_PAD && KT::DB % KT::DQ_CB == 0;
             if constexpr (KT::D % 2 == 0) {
-              if (d < KT::D) red_add_f32x2(dst, a0, a1);
+              if (kWhole || d0 + dd < KT::D) red_add_f32x2(dst, a0, a1);
             } else {
-              if (d < KT::D) atomicAdd(dst, a0);
-              if (d + 1 < KT::D) atomicAdd(dst + 1, a1);
+              if (d0 + dd < KT::D) atomicAdd(dst, a0);
+              if (d0 + dd + 1 < KT::D) atomicAdd(dst + 1, a1);
             }
           }
       }
@@ -368,12 +389,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   const T* k_head = static_cast<const T*>(f.k) + b * f.k_batch_stride + h_kv * f.k_head_stride;
   const T* v_head = static_cast<const T*>(f.v) + b * f.v_batch_stride + h_kv * f.v_head_stride;
 
-  const QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT> walk(f, n0);
+  using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
+  const Walk walk(f, n0);
   const int n_iters = walk.iters;
+  typename Walk::Tile tile = walk.tile0();  // iteration it's, then it + 1's
 
-  // Tile `it` into buffer it % 2, as one cp.async group.
-  auto load_q = [&](int it) {
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it, f.group);
+  // Tile `at` (iteration it) into buffer it % 2, as one cp.async group.
+  auto load_q = [&](int it, typename Walk::Tile at) {
+    const int h = h_kv * f.group + at.hg, m0 = at.m0;
     const int buf = it & 1;
     const T* q_head = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
     const T* o_head =
@@ -396,7 +419,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
       sV, v_head + n0 * f.v_row_stride, f.v_row_stride, 0, k_rows, v_head);
   if (n_iters > 0) {
-    load_q(0);  // K and V ride in tile 0's group
+    load_q(0, tile);  // K and V ride in tile 0's group
   } else {
     cp_async_commit();
   }
@@ -423,24 +446,27 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   // offsets in the phase functions: fewer live registers).
   const u32 k_x = smem_addr(sK + (key1 + x_row) * KT::SROW + x_col);      // phase 1 A
   const u32 q_y = smem_addr(sQ + (sw1 * KT::QW + y_row) * KT::SROW + y_col);  // phase 1 B
+  // phase 1's C fragments into sP (sdS = + its offset): row g, column 2t of the warp's tile
+  const u32 p_st = smem_addr(sP + (key1 + lane / 4) * KT::PROW + sw1 * KT::QW + 2 * (lane % 4));
   const u32 p_x = smem_addr(sP + (key2 + x_row) * KT::PROW + x_col);      // phase 2 A
   const u32 q_x = smem_addr(sQ + x_row * KT::SROW + x_col);               // phase 2 B (.trans)
   const u32 ds_y = smem_addr(sdS + y_row * KT::PROW + y_col);             // phase 3 A (.trans)
   const u32 kt_x = smem_addr(sK + x_row * KT::SROW + x_col);              // phase 3 B (.trans)
 
   for (int it = 0; it < n_iters; ++it) {
-    const int h = walk.head(it, h_kv, f.group), m0 = walk.m0(it, f.group);
+    const int h = h_kv * f.group + tile.hg, m0 = tile.m0;
     const int buf = it & 1;
     const u32 q_buf = buf * KT::SMEM_Q * 2;  // bytes
     const float* s_lse = sStats + buf * 2 * KT::BLOCK_M;  // then delta
     cp_async_wait<0>();
     __syncthreads();  // tile it visible; every warp is done with tile it - 1 (its buffer, sP, sdS)
-    if (it + 1 < n_iters) load_q(it + 1);
+    walk.advance(tile);
+    if (it + 1 < n_iters) load_q(it + 1, tile);
 
     // Phase 1: S^T and dP^T of 16 KM1 keys x QW queries, then P^T and dS^T.
     float s[KT::KM1][KT::Q_TILES][4], dp[KT::KM1][KT::Q_TILES][4];
     dkdv_scores<KT, VT>(s, dp, k_x, q_y + q_buf);
-    dkdv_p_ds<KT, VT>(f, s, dp, s_lse, sP, sdS, b, h, m0, n0, key1, sw1, lane);
+    dkdv_p_ds<KT, VT>(f, s, dp, s_lse, p_st, b, h, m0, n0, key1, sw1, lane);
     __syncthreads();  // sP, sdS complete
     dkdv_accumulate<KT>(dk, dv, p_x, q_x + q_buf, sw2);
     if constexpr (ATOMIC_DQ) dkdv_dq_atomic<KT>(p, b, h, m0, ds_y, kt_x, warp, lane);

@@ -30,6 +30,21 @@ struct QueryTileWalk {
   __device__ __forceinline__ int m0(int it, int group) const {
     return (LOCKSTEP ? first + tiles - 1 - it / group : first + it % tiles) * BLOCK_M;
   }
+  // The default walk's iterations in order without a division per tile: `tile`
+  // starts at iteration 0 (the first tile of the group's first head, offset hg = 0)
+  // and `advance` steps it to the next iteration.
+  struct Tile {
+    int hg, m0;  // query head h_kv * group + hg, first row m0
+  };
+  __device__ __forceinline__ Tile tile0() const { return {0, first * BLOCK_M}; }
+  __device__ __forceinline__ void advance(Tile& t) const {
+    static_assert(!LOCKSTEP, "the lockstep walk keeps head() and m0()");
+    t.m0 += BLOCK_M;
+    if (t.m0 == (first + tiles) * BLOCK_M) {
+      t.m0 = first * BLOCK_M;
+      ++t.hg;
+    }
+  }
   __device__ __forceinline__ static int row_lo(const FwdParams& f, int m0) {
     return cmax(0, VT::q_begin(f, 0) - m0);
   }

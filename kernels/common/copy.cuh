@@ -18,7 +18,7 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
   if constexpr (VEC) {
     constexpr int CHUNKS = D_PAD / 8;
     constexpr int ROW_STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 0;
-    if constexpr (ROW_STEP > 0 && ROWS >= 4 * ROW_STEP) {
+    if constexpr (ROW_STEP > 0 && (ROWS >= 4 * ROW_STEP || (ROWS >= 2 * ROW_STEP && ROWS * D_PAD >= 64 * 64))) {
       // A thread keeps its column and steps ROW_STEP rows at a time, its addresses
       // computed once: the general loop below spends ~30 instructions a chunk on
       // them, which counts where a thread copies four chunks or more (flash_mma,

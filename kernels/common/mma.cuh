@@ -43,8 +43,23 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const u32 (&a)[4], u32 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d = a * b: the first k step of a product, with no accumulator to clear first
+// (the zero C operand becomes ptxas' zero register).
+template <class T>
+__device__ __forceinline__ void mma_16816_first(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1,
+                                                T t) {
+  d[0] = d[1] = d[2] = d[3] = 0.f;
+  mma_16816(d, a, b0, b1, t);
+}
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// A 32-bit store to shared memory at a shared-window address: offsets from one
+// base register become the store's immediate.
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v));
 }
 
 // Four 8x8 matrices of 16-bit values; lane l supplies the address of row l % 8 of

@@ -457,25 +457,35 @@ struct Scores {
       V::Drop::template keep_bits<TRANSPOSED, Frag::COLS / 2>(
           p, b * p.heads_q + h, TRANSPOSED ? j0 : i0, TRANSPOSED ? i0 : j0, f.row_lane,
           f.col_lane / 2, bits);
-    // map, not apply: its per-branch copies keep the mma backward's registers lower
-    // (apply spills flash_mma_bwd_dkdv at D = 112).
-    map<TRANSPOSED>(f, s, p, i0, j0, partial, 0.f, [&](float dot, int r, int c, int i, int j) {
+    const auto op = [&](float dot, int r, int c, int i, int j) {
       const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
       float& y = dp(Frag::at(r, c));
       float dpij = y;
       if constexpr (V::Drop::enabled) dpij = V::Drop::factor(p, bits, Frag::at(r, c)) * y;
       y = pij * (dpij - delta(r, c)) * V::Logits::grad(p, dot);
       return pij;
-    });
+    };
+    // map, not apply: its per-branch copies keep the mma backward's registers lower
+    // (apply spills flash_mma_bwd_dkdv at D = 112). Outside partial tiles P = 0 only
+    // by underflow or on rows past Sq, whose zero-filled dout and delta make dP -
+    // delta = 0 (every key there lies below Sk): dS needs no select.
+    if (partial) {
+      map<TRANSPOSED>(f, s, p, i0, j0, true, 0.f, op);
 #pragma unroll
-    for (int r = 0; r < Frag::ROWS; ++r)
+      for (int r = 0; r < Frag::ROWS; ++r)
 #pragma unroll
-      for (int c = 0; c < Frag::COLS; ++c) {
-        float& y = dp(Frag::at(r, c));
-        y = s(Frag::at(r, c)) == 0.f ? 0.f : y;   // masked (P selected to 0), not dropped
-        if constexpr (V::Drop::enabled)
-          s(Frag::at(r, c)) = V::Drop::factor(p, bits, Frag::at(r, c)) * s(Frag::at(r, c));
-      }
+        for (int c = 0; c < Frag::COLS; ++c) {
+          float& y = dp(Frag::at(r, c));
+          y = s(Frag::at(r, c)) == 0.f ? 0.f : y;  // masked (P selected to 0), not dropped
+        }
+    } else {
+      map<TRANSPOSED>(f, s, p, i0, j0, false, 0.f, op);
+    }
+    if constexpr (V::Drop::enabled) {
+#pragma unroll
+      for (int x = 0; x < Frag::ROWS * Frag::COLS; ++x)
+        s(x) = V::Drop::factor(p, bits, x) * s(x);
+    }
   }
 
   // V::score of query i, key j; a row past Sq (tile padding, never stored) skips a
