@@ -36,18 +36,26 @@ HOPPER_SMEM = 227 * _KB
 # dimension); dK and dV of those keys stay in registers for the whole block.
 #   (max D_PAD, BLOCK_M queries, BLOCK_N keys, warps, reason)
 DKDV_TILES = (
+    (32, 64, 128, 8, "D <= 32: as D = 65-128 (128-query tiles not measured there)"),
+    (64, 128, 128, 8,
+     "D = 33-64: 128-query tiles (S^T and dP^T 128 registers, dK and dV 64; 182 KB): half "
+     "the tiles' fixed costs of 64 rows. H100, bf16, S=4k/16k: 1.04-1.07x 64 rows"),
     (128, 64, 128, 8,
      "8 warps; in phase 2 two warps share 32 keys, one head-dim half each: dK, dV take "
      "D registers, S^T and dP^T 64 more (255 at D=128, no spills); 173 KB at D=128. "
      "H200, S=4096, bf16: 217 TFLOPs (FA2 289)"),
     (128, 32, 128, 8,
      "devices with less than 173 KB per block (A100: 163 KB): half the query tile"),
-    (192, 64, 64, 8,
+    (208, 64, 64, 8,
      "D > 128: 64 keys per block, four warps share 32 keys along the head dim, so dK, "
-     "dV stay at 128 registers; 173 KB of shared memory at D=192"),
+     "dV stay at 128 registers; 173 KB of shared memory at D=192, 185 KB at D=208"),
+    (224, 32, 64, 8,
+     "D_PAD = 224: 64-row query tiles spill 8-12 bytes in sm_80 builds"),
+    (256, 64, 64, 8,
+     "D_PAD = 240-256 on Hopper (222 KB at D=256; FA2's tile). H100, bf16, S=4k/16k: "
+     "1.10-1.12x 32 rows"),
     (256, 32, 64, 8,
-     "D > 192 (and A100 at D > 128): 64-row query tiles spill at D=224 (255 "
-     "registers); 32 rows take ~230 registers and 145 KB at D=256"),
+     "A100 at D > 128: 32-row query tiles, ~230 registers and 145 KB at D=256"),
 )
 
 # Deterministic dQ kernel tiles: (max D_PAD, BLOCK_N keys, warps); BLOCK_M = 16 * warps.
@@ -90,13 +98,14 @@ class Config:
 
 def config(head_dim: int, smem_limit: int = HOPPER_SMEM, narrow: bool = False) -> Config | None:
     """The tiles for ``head_dim`` within ``smem_limit``; ``narrow`` (dropout, whose keep
-    bits join S^T and dP^T: the 64-query tile spilled 8-40 bytes at D = 128) starts
+    bits join S^T and dP^T: the 64-query tile spilled 8-40 bytes at D = 128, the
+    128-query tile 616-760 at D = 64) skips the 128-query row and, past D = 64, starts
     from the 32-query row of the same head dims."""
     d_pad = -(-head_dim // 16) * 16
     dq = next((bn, w) for bound, bn, w in DQ_TILES if d_pad <= bound)
     for bound, bm, bn, warps, _reason in DKDV_TILES:
         c = Config(head_dim, bm, bn, warps, *dq)
-        if narrow and d_pad > 64 and bm > 32 and bound == 128:
+        if narrow and (bm == 128 or (d_pad > 64 and bm > 32 and bound == 128)):
             continue
         if d_pad <= bound and c.smem <= smem_limit and c.dq_smem <= smem_limit:
             return c

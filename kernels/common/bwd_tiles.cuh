@@ -19,16 +19,17 @@
 template <int BLOCK_M, int BLOCK_N, class VT, bool LOCKSTEP = false>
 struct QueryTileWalk {
   int first, tiles, iters;
+  Divisor by;  // iterations per head's tile (LOCKSTEP: the group's heads)
   __device__ __forceinline__ QueryTileWalk(const FwdParams& f, int n0)
       : first(VT::q_begin(f, n0) / BLOCK_M),
         tiles(cmax(0, ceil_div(VT::q_end(f, n0 + BLOCK_N - 1), BLOCK_M) - first)),
-        iters(f.group * tiles) {}
-  // group: f.group (read from the params where it is used, not held in a register)
+        iters(f.group * tiles), by(LOCKSTEP ? f.group : tiles) {}
+  // group: f.group
   __device__ __forceinline__ int head(int it, int h_kv, int group) const {
-    return h_kv * group + (LOCKSTEP ? it % group : it / tiles);
+    return h_kv * group + (LOCKSTEP ? by.mod(it) : by.div(it));
   }
   __device__ __forceinline__ int m0(int it, int group) const {
-    return (LOCKSTEP ? first + tiles - 1 - it / group : first + it % tiles) * BLOCK_M;
+    return (LOCKSTEP ? first + tiles - 1 - by.div(it) : first + by.mod(it)) * BLOCK_M;
   }
   // The default walk's iterations in order without a division per tile: `tile`
   // starts at iteration 0 (the first tile of the group's first head, offset hg = 0)

@@ -100,3 +100,25 @@ template <int A, int B> struct RoundUp { static constexpr int value = CeilDiv<A,
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+// x / d and x % d for 0 <= x < 2^31 and a divisor d >= 1 known only at run time:
+// a multiply-high and a shift where an integer division takes ~20 instructions.
+// With l = ceil(log2 d) and m = ceil(2^(31 + l) / d) < 2^32, x / d = (x m) >> (31 + l)
+// exactly for x < 2^31 (m d - 2^(31 + l) < d). d = 1 takes its own branch (m would be
+// 2^31 with a shift of -1). The one 64-bit division is the constructor's.
+struct Divisor {
+  int d;
+  u32 m;
+  int s;  // l - 1
+  __device__ __forceinline__ explicit Divisor(int d_) : d(d_), m(0), s(0) {
+    if (d > 1) {
+      const int l = 32 - __clz(d - 1);
+      m = u32(((1ull << (31 + l)) + u64(d) - 1) / u64(d));
+      s = l - 1;
+    }
+  }
+  __device__ __forceinline__ int div(int x) const {
+    return d == 1 ? x : int(__umulhi(u32(x), m) >> s);
+  }
+  __device__ __forceinline__ int mod(int x) const { return x - div(x) * d; }
+};
