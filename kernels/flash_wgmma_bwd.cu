@@ -644,15 +644,14 @@ struct DropBits {
 // dS^T [key][query] for dS K: da[ks][e] holds key key0 + g + 8 (e % 2), queries 16 ks
 // + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller fences and publishes.
 template <class KT>
-__device__ __forceinline__ void store_ds(unsigned char* ds_bytes, const u32 (&da)[KT::KV_STEPS][4],
-                                         int key0, int g, int t) {
+__device__ __forceinline__ void store_ds(u32 ds_tile, const u32 (&da)[KT::KV_STEPS][4], int key0,
+                                         int g, int t) {
+  const u32 lane = KT::DsTile::lane(ds_tile, key0 + g, 0) + 4 * t;
 #pragma unroll
   for (int ks = 0; ks < KT::KV_STEPS; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      *reinterpret_cast<u32*>(ds_bytes +
-                              KT::DsTile::offset(key0 + g + 8 * (e % 2), 2 * ks + e / 2) + 4 * t) =
-          da[ks][e];
+      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2), da[ks][e]);
 }
 
 // Issue x (=) A B^T over D_K: 64 keys of `a_tile` (from row a_row0, K-major) against
@@ -660,10 +659,12 @@ __device__ __forceinline__ void store_ds(unsigned char* ds_bytes, const u32 (&da
 template <class KT>
 __device__ __forceinline__ void issue_transposed(float (&x)[KT::BLOCK_M / 2], u32 a_tile,
                                                  int a_row0, u32 b_tile) {
+  const u64 a_desc = KT::KVTile::kmajor(a_tile, a_row0, 0), b_desc = KT::QTile::kmajor(b_tile, 0, 0);
 #pragma unroll
   for (int ks = 0; ks < KT::QK_STEPS; ++ks)
-    Wgmma<KT::BLOCK_M>::ss(x, KT::KVTile::kmajor(a_tile, a_row0, ks),
-                           KT::QTile::kmajor(b_tile, 0, ks), ks > 0, typename KT::T{});
+    Wgmma<KT::BLOCK_M>::ss(x, desc_advance(a_desc, KT::KVTile::kmajor_offset(ks)),
+                           desc_advance(b_desc, KT::QTile::kmajor_offset(ks)), ks > 0,
+                           typename KT::T{});
   wgmma_commit();
 }
 
@@ -672,9 +673,11 @@ __device__ __forceinline__ void issue_transposed(float (&x)[KT::BLOCK_M / 2], u3
 template <class KT>
 __device__ __forceinline__ void issue_accumulate(float (&acc)[KT::D / 2],
                                                  const u32 (&xa)[KT::KV_STEPS][4], u32 c_tile) {
+  const u64 c_desc = KT::QTile::mnmajor(c_tile, 0);
 #pragma unroll
   for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-    Wgmma<KT::D>::rs(acc, xa[ks], KT::QTile::mnmajor(c_tile, ks), typename KT::T{});
+    Wgmma<KT::D>::rs(acc, xa[ks], desc_advance(c_desc, KT::QTile::mnmajor_offset(ks)),
+                     typename KT::T{});
   wgmma_commit();
 }
 
@@ -682,10 +685,12 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[KT::D / 2],
 // sK's columns from `k_b` (MN-major); one commit group.
 template <class KT>
 __device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 ds_a, u32 k_b) {
+  const u64 a_desc = KT::DsTile::mnmajor(ds_a, 0), b_desc = KT::KVTile::mnmajor(k_b, 0);
 #pragma unroll
   for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
-    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, KT::DsTile::mnmajor(ds_a, ks),
-                                       KT::KVTile::mnmajor(k_b, ks), ks > 0, typename KT::T{});
+    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, desc_advance(a_desc, KT::DsTile::mnmajor_offset(ks)),
+                                       desc_advance(b_desc, KT::KVTile::mnmajor_offset(ks)),
+                                       ks > 0, typename KT::T{});
   wgmma_commit();
 }
 
@@ -732,18 +737,17 @@ struct Epilogue {
   template <int N>
   __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int it, int buf, int row0,
                                            int col0, int skip, int cols, int g, int t) const {
-    unsigned char* sdq = st.bytes(st.dq(buf));
+    // Column col0 + 8 dt + 2t is chunk col0 / 4 + 2 dt + t / 2 (col0 a multiple of 64:
+    // the chunk's low bit is the lane's, dt's bits above it), bytes 8 (t % 2) on.
+    const u32 lane = KT::DqTile::lane(st.dq(buf), row0 + g, col0 / 4 + t / 2) + 8 * (t % 2);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + 8 * r;
-      const bool zero = VT::Seqs::kRagged && sched.m0(it) + row >= p.fwd.seqlen_q;
+      const bool zero = VT::Seqs::kRagged && sched.m0(it) + row0 + g + 8 * r >= p.fwd.seqlen_q;
 #pragma unroll
       for (int dt = 0; dt < N / 8; ++dt) {
-        const int col = col0 + 8 * dt + 2 * t;
         if (8 * dt >= skip && 8 * dt < cols)
-          *reinterpret_cast<float2*>(sdq + KT::DqTile::offset(row, col / 4) + 4 * (col % 4)) =
-              zero ? make_float2(0.f, 0.f)
-                   : make_float2(dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
+          st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
+                          zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
       }
     }
   }
@@ -971,7 +975,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     if constexpr (DQ_HERE) {
       // sdS is free once the other warpgroup's dQ of tile it - 1 is done
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::THREADS);
-      store_ds<KT>(st.bytes(st.ds()), da, key0, g, t);
+      store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
       if (KT::STAGE_DQ && threadIdx.x == 0) bulk_wait_read<0>();  // tile it - 2's sdQ read
       named_barrier_sync(kBarDs, KT::THREADS);  // sdS complete; sdQ of tile it - 1 too
@@ -1114,7 +1118,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     pack_a<KT>(xa, x);
     if (wg == 0) drop.clear(xa);  // dV from P^T keep; warpgroup 1 took P^T itself
     if (DQ_HERE && wg == 1) {
-      store_ds<KT>(st.bytes(st.ds()), xa, key0, g, t);
+      store_ds<KT>(st.ds(), xa, key0, g, t);
       fence_proxy_async();
       named_barrier_arrive(kBarDs, KT::THREADS);
     }

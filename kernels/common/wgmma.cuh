@@ -63,6 +63,17 @@ struct SwizzledTile {
   __device__ __forceinline__ static u32 offset(int r, int c) {
     return (c / 8) * BLOCK_BYTES + r * 128 + (((c % 8) ^ (r % 8)) * 16);
   }
+  // A thread's stores into the tile with the swizzle's run-time part computed once:
+  // lane(tile, r0, c0) is chunk c0 of row r0 (tile 1024-byte aligned), and at(lane,
+  // dr, dc) chunk c0 + dc of row r0 + dr, for dr a multiple of 8 and dc whose low
+  // three bits miss c0's (so (c0 + dc) % 8 = c0 % 8 ^ dc % 8, no carry): one XOR
+  // with a constant per dc % 8, the rest the store's immediate offset.
+  __device__ __forceinline__ static u32 lane(u32 tile, int r0, int c0) {
+    return tile + offset(r0, c0);
+  }
+  __device__ __forceinline__ static u32 at(u32 lane_addr, int dr, int dc) {
+    return (lane_addr ^ u32((dc % 8) * 16)) + (dc / 8) * BLOCK_BYTES + dr * 128;
+  }
   // K-major operand (A, or B^T's rows): k16 step ks (columns 16ks..16ks+15) of the
   // rows from row0 (a multiple of 8) of the tile at shared address `tile`.
   // A loop over k16 steps can instead build the step-0 descriptor once and
