@@ -18,12 +18,15 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
   if constexpr (VEC) {
     constexpr int CHUNKS = D_PAD / 8;
     constexpr int ROW_STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 0;
-    if constexpr (ROW_STEP > 0 && (ROWS >= 4 * ROW_STEP || (ROWS >= 2 * ROW_STEP && ROWS * D_PAD >= 64 * 64))) {
+    // Four chunks a thread or more; two or three in tiles of 64 x 64 or more (the D = 32
+    // forward's 64 x 32 key tiles spilled 16 bytes on sm_80 with it).
+    constexpr bool STEPPED =
+        ROW_STEP > 0 && (ROWS >= 4 * ROW_STEP || (ROWS >= 2 * ROW_STEP && ROWS * D_PAD >= 64 * 64));
+    if constexpr (STEPPED) {
       // A thread keeps its column and steps ROW_STEP rows at a time, its addresses
-      // computed once: the general loop below spends ~30 instructions a chunk on
-      // them, which counts where a thread copies four chunks or more (flash_mma,
-      // H100: notes-kernel-comments.md). Unrolled by four: fully, the addresses
-      // stayed live and spilled at D = 128.
+      // computed once: the general loop below spends ~30-40 instructions a chunk on
+      // them (flash_mma, H100: notes-kernel-comments.md, notes-bwd-loops.md).
+      // Unrolled by four: fully, the addresses stayed live and spilled at D = 128.
       const int r0 = threadIdx.x / CHUNKS, col = (threadIdx.x % CHUNKS) * 8;
       const bool col_ok = col < D;
       const T* src = g + r0 * stride + col;
