@@ -15,15 +15,22 @@ from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors
 # rows, and 32 rows (two m16 tiles) let every K/V fragment read from shared memory
 # feed two MMAs. Dense masks need registers for their per-element reads, so they
 # take 16-row warps. Figures: bf16, S=4096, H200, 2026-11-22 (benchmarks/results).
-# (max D_PAD, plain config, dense-mask config, reason)
+# Packed sequences and dropout hold per-sequence params or Philox state beside the
+# fragments: their column keeps configs that do not spill with it.
+# (max D_PAD, plain config, dense-mask config, packed/dropout config, reason)
 TILES = (
-    (64, (128, 64, 4, 2), (128, 64, 8, 2),
-     "32 rows/warp: 232 vs 162 TFLOPs at 16 rows/warp; Q stays in registers"),
-    (128, (128, 64, 4, 2), (128, 64, 8, 2),
-     "32 rows/warp: 272 vs 198 TFLOPs; acc 128 + S 64 regs, no spills"),
-    (160, (128, 64, 8, 2), (64, 64, 4, 2),
+    (48, (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2),
+     "as D = 49-64 with 64-key tiles (96 not measured at D <= 48)"),
+    (64, (128, 96, 4, 2), (128, 64, 8, 2), (128, 64, 4, 2),
+     "32 rows/warp: 232 vs 162 TFLOPs at 16 rows/warp; Q stays in registers. 96-key "
+     "tiles (249 registers; 128 spill 72-92 B): H100, S=4k/16k, 1.03-1.11x 64 keys; "
+     "packed sequences and dropout spill 24-92 B with 96 and keep 64"),
+    (128, (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 2),
+     "32 rows/warp: 272 vs 198 TFLOPs; acc 128 + S 64 regs, no spills; packed sequences "
+     "and dropout spilled 48-92 B on sm_80 with 32-row warps: 16 rows"),
+    (160, (128, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2),
      "acc alone is D/2 regs: 16 rows/warp, 8 warps share each K/V tile"),
-    (256, (128, 64, 8, 2), (64, 32, 4, 2),
+    (256, (128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2),
      "as above (231 TFLOPs at D=256); dense masks need the narrower S tile to avoid spills"),
 )
 
@@ -35,12 +42,15 @@ SMALL_SMEM_TILES = ((64, 32, 4, 2), (64, 16, 4, 2))
 HOPPER_SMEM = 227 * 1024
 
 
-def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM):
-    """(BLOCK_M, BLOCK_N, warps, stages) for this head dim, mask and shared-memory budget."""
+def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM,
+              stateful: bool = False):
+    """(BLOCK_M, BLOCK_N, warps, stages) for this head dim, mask (``dense``), packed
+    sequences or dropout (``stateful``) and shared-memory budget."""
     d_pad = -(-head_dim // 16) * 16
-    for bound, plain, masked, _ in TILES:
+    for bound, plain, masked, lean, _ in TILES:
         if d_pad <= bound:
-            for cfg in ((masked if dense else plain),) + SMALL_SMEM_TILES:
+            first = masked if dense else lean if stateful else plain
+            for cfg in (first,) + SMALL_SMEM_TILES:
                 if _smem(d_pad, cfg) <= smem_limit:
                     return cfg
             break
@@ -52,16 +62,14 @@ def _smem(d_pad: int, cfg) -> int:
     return (bm + 2 * stages * bn) * (d_pad + 8) * 2
 
 
-def _narrow(vt: Variant, head_dim: int) -> bool:
-    """Whether the variant takes the dense-mask column of TILES (16-row warps): dense
-    masks, and packed sequences or dropout at 64 < D_PAD <= 128, whose per-sequence
-    params and Philox state spilled 48-92 bytes on sm_80 with 32-row warps (there the
-    plain row is at 255 registers)."""
-    return vt.reads_mask or ((vt.ragged or vt.dropout) and 64 < -(-head_dim // 16) * 16 <= 128)
+def _columns(vt: Variant) -> tuple[bool, bool]:
+    """(dense, stateful): which column of TILES the variant takes."""
+    return vt.reads_mask, vt.ragged or vt.dropout
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
-    bm, bn, warps, stages = cfg or tiles_for(head_dim, _narrow(vt, head_dim))
+    dense, stateful = _columns(vt)
+    bm, bn, warps, stages = cfg or tiles_for(head_dim, dense, stateful=stateful)
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
     expr = f"flash_mma_fwd<{traits}, {vt.cpp()}>"
@@ -75,7 +83,7 @@ def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.Ker
 # thread holds rows/warp * (D_PAD + BLOCK_N) / 32 accumulators and scores, which the
 # table keeps at most 192 (D=128: acc 128 + S 64, no spills); dense masks take
 # 16-row warps (their per-element reads need registers).
-CANDIDATE_POOL = ((128, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 2),
+CANDIDATE_POOL = ((128, 64, 4, 2), (128, 96, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 2),
                   (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 2),
                   (64, 64, 4, 3), (64, 16, 4, 2))
 MAX_CANDIDATES = 6
@@ -94,10 +102,11 @@ def config_fits(head_dim: int, cfg, dense: bool = False, smem_limit: int = HOPPE
             and (not dense or rows == 16) and _smem(d_pad, cfg) <= smem_limit)
 
 
-def candidates(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
+def candidates(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM,
+               stateful: bool = False) -> list[tuple]:
     """The table's config first, then the pool's fitting configs nearest to it (same
     rows per warp, nearest BLOCK_N, same stages)."""
-    table = tiles_for(head_dim, dense, smem_limit)
+    table = tiles_for(head_dim, dense, smem_limit, stateful)
     rows = table[0] // table[2]
     pool = [c for c in CANDIDATE_POOL if c != table and config_fits(head_dim, c, dense, smem_limit)]
     pool.sort(key=lambda c: (c[0] // c[2] != rows, abs(c[1] - table[1]), c[3] != table[3],
@@ -153,10 +162,12 @@ class FlashMma(Family):
         return lambda vec: _plan(p.head_dim, p.dtype, p.variant, vec, cfg)
 
     def table_config(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> tuple:
-        return tiles_for(p.head_dim, _narrow(p.variant, p.head_dim), smem_limit)
+        dense, stateful = _columns(p.variant)
+        return tiles_for(p.head_dim, dense, smem_limit, stateful)
 
     def candidates(self, p: Problem, smem_limit: int = HOPPER_SMEM) -> list[tuple]:
-        return candidates(p.head_dim, _narrow(p.variant, p.head_dim), smem_limit)
+        dense, stateful = _columns(p.variant)
+        return candidates(p.head_dim, dense, smem_limit, stateful)
 
     def launch(self, p: Problem, t: Tensors, stream, device_id: int, arch: str) -> None:
         """One call through the same launch object a hot call reuses (:meth:`prepare`)."""
