@@ -62,12 +62,19 @@ def opcode(text: str) -> str:
 
 
 def loops(instructions, labels):
-    """Every backward branch's body, largest first: (first, last address, body)."""
+    """Every backward branch's body, largest first: (first, last address, body).
+    Out-of-line code after the function's last unconditional EXIT (ptxas puts an
+    mbarrier wait's retry there) jumps back into the body when done: those branches
+    return, they do not close a loop, and are left out."""
+    exits = [addr for addr, text, _ in instructions if text == "EXIT"]
+    body_end = exits[-1] if exits else None
     found = []
     for addr, text, _ in instructions:
         m = _BRANCH.search(text)
         if m and labels.get(m["label"], addr) < addr:
             lo = labels[m["label"]]
+            if body_end is not None and lo < body_end < addr:
+                continue
             found.append((lo, addr, [x for x in instructions if lo <= x[0] <= addr]))
     return sorted(found, key=lambda x: -len(x[2]))
 

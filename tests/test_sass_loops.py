@@ -44,3 +44,18 @@ def test_parse_reads_addresses_lines_labels_and_opcodes():
 def test_loops_are_backward_branches_largest_first():
     found = sass_loops.loops(*sass_loops.parse(SASS))
     assert [(lo, hi, len(body)) for lo, hi, body in found] == [(0x10, 0x60, 6), (0x30, 0x40, 2)]
+
+
+STUBS = SASS.replace("""        /*0080*/                   EXIT ;
+""", """        /*0080*/                   EXIT ;
+.L_x_3:
+        /*0090*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R11+URZ], R14 ;
+        /*00a0*/              @!P0 BRA `(.L_x_3) ;
+        /*00b0*/                   BRA `(.L_x_1) ;
+""")
+
+
+def test_retry_stubs_after_the_last_exit_do_not_make_loops():
+    found = sass_loops.loops(*sass_loops.parse(STUBS))
+    assert [(lo, hi, len(body)) for lo, hi, body in found] == [
+        (0x10, 0x60, 6), (0x30, 0x40, 2), (0x90, 0xa0, 2)]
