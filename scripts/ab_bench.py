@@ -95,7 +95,7 @@ def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic
     return out
 
 
-def _warm_one(c, kernel="auto"):
+def _warm_one(c, kernel="auto", deterministic=False):
     """Compile (into the disk cache) the kernels of one cell, on a tiny problem."""
     import cupy
     import cupy_attention as ca
@@ -106,19 +106,20 @@ def _warm_one(c, kernel="auto"):
     k = cupy.random.default_rng(1).standard_normal((1, 2, small["sk"], c["d"]), dtype=cupy.float32).astype(q.dtype)
     o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True, kernel=kernel)
     if c["dir"] == "bwd":
-        ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"], kernel=kernel)
+        ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"], kernel=kernel,
+                              deterministic=deterministic)
     cupy.cuda.get_current_stream().synchronize()
     return True
 
 
-def prewarm(cells, workers: int = 12, kernel: str = "auto"):
+def prewarm(cells, workers: int = 12, kernel: str = "auto", deterministic: bool = False):
     """Every kernel the grid needs, compiled in parallel before any timing."""
     import concurrent.futures as cf
     import multiprocessing
 
     uniq = list({(c["dir"], c["dtype"], c["d"], c["causal"], c["sq"] == 1): c for c in cells}.values())
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_warm_one, uniq, [kernel] * len(uniq)))
+        list(pool.map(_warm_one, uniq, [kernel] * len(uniq), [deterministic] * len(uniq)))
 
 
 def key(c):
@@ -157,7 +158,7 @@ def main() -> int:
                    + ["--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel]
                    + ["--quick"] * a.quick + ["--deterministic"] * a.deterministic)
     if a.child:
-        prewarm(cells, kernel=a.kernel)
+        prewarm(cells, kernel=a.kernel, deterministic=a.deterministic)
         json.dump(run_tree(cells, a.reps, a.batches, a.kernel, a.deterministic), open(a.child, "w"))
         return 0
     results = {0: [], 1: []}

@@ -4,6 +4,8 @@ SwizzledTile's per-thread addresses (lane, at: the wgmma backward's dS^T and dQ 
 Compiled as the kernels are (NVRTC, include path kernels/, the device's arch)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -35,23 +37,24 @@ __global__ void swizzle(const int4* cases, int n, u32 tile, u32* got, u32* want)
 _SHAPES = ((64, 64), (64, 128), (128, 128), (64, 256), (128, 256))
 
 
-_FUNCTIONS: dict = {}
+@functools.lru_cache(maxsize=1)
+def _functions(arch: str):
+    """(module, {name expression: function}), compiled and loaded once, the way
+    jit.get_function loads kernels (the module stays referenced)."""
+    import cupy as cp
+
+    exprs = ["divide"] + [f"swizzle<{r}, {w}>" for r, w in _SHAPES]
+    cubin, lowered, log = jit.compile_source(_SOURCE, "device_helpers.cu", exprs, arch)
+    assert cubin is not None, log
+    module = cp.cuda.function.Module()
+    module.load(cubin)
+    return module, {expr: module.get_function(name) for expr, name in lowered.items()}
 
 
-def _functions(cp):
-    """{name expression: function}, compiled and loaded once (jit.get_function's way)."""
-    if not _FUNCTIONS:
-        from cupy_attention import device
+def _function(cp, expr: str):
+    from cupy_attention import device
 
-        arch = device.device_arch(cp.cuda.runtime.getDevice())
-        exprs = ["divide"] + [f"swizzle<{r}, {w}>" for r, w in _SHAPES]
-        cubin, lowered, log = jit.compile_source(_SOURCE, "device_helpers.cu", exprs, arch)
-        assert cubin is not None, log
-        module = cp.cuda.function.Module()
-        module.load(cubin)
-        _FUNCTIONS["module"] = module  # keeps the functions' module loaded
-        _FUNCTIONS.update({expr: module.get_function(name) for expr, name in lowered.items()})
-    return _FUNCTIONS
+    return _functions(device.device_arch(cp.cuda.runtime.getDevice()))[1][expr]
 
 
 def test_divisor_matches_integer_division():
@@ -64,7 +67,7 @@ def test_divisor_matches_integer_division():
     xs = np.concatenate([
         np.arange(0, 4096), 2 ** 31 - 1 - np.arange(0, 256), 2 ** np.arange(12, 31),
         2 ** np.arange(12, 31) - 1, rng.integers(0, 2 ** 31 - 1, 4096)]).astype(np.int32)
-    kernel = _functions(cp)["divide"]
+    kernel = _function(cp, "divide")
     d_dev, x_dev = cp.asarray(divisors), cp.asarray(xs)
     q = cp.full((divisors.size, xs.size), -1, dtype=cp.int32)
     r = cp.full_like(q, -1)
@@ -88,7 +91,7 @@ def test_swizzled_lane_addresses_match_offset(rows, cols):
                       for r0 in range(rows) for c0 in range(chunks)
                       for dr in range(0, rows - r0, 8) for dc in range(chunks - c0)
                       if not (c0 % 8) & (dc % 8)], dtype=np.int32)
-    kernel = _functions(cp)[f"swizzle<{rows}, {cols}>"]
+    kernel = _function(cp, f"swizzle<{rows}, {cols}>")
     n = len(cases)
     got, want = cp.zeros(n, dtype=cp.uint32), cp.ones(n, dtype=cp.uint32)
     kernel(((n + 255) // 256,), (256,), (cp.asarray(cases), np.int32(n), np.uint32(3 * 1024),
