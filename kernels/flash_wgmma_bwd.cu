@@ -709,10 +709,9 @@ struct Epilogue {
   // only columns col0 + [skip, cols) are added. Writes global memory only
   // (red.global.add: no ordering among blocks).
   template <int N>
-  __device__ __forceinline__ void add_dq(int it, const float (&dq)[N / 2], int row0, int col0,
-                                         int skip, int cols, int g, int t) const {
+  __device__ __forceinline__ void add_dq(int h, int m0, const float (&dq)[N / 2], int row0,
+                                         int col0, int skip, int cols, int g, int t) const {
     const FwdParams& f = p.fwd;
-    const int h = sched.head(it), m0 = sched.m0(it);
     float* dq_tile = p.dq_accum + (delta_row(p, sched.b, h) + m0) * KT::D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -913,7 +912,12 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
   Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, Sched> epi{p, st, sched};
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma
+  // descriptors derived from it stay in uniform registers (no R2UR per wgmma). Not
+  // under dropout, whose builds then spilled 28-240 bytes.
+  const int wg = VT::Drop::enabled ? int(threadIdx.x / 128)
+                                   : __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
   init_barriers(st);
@@ -942,7 +946,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     producer.fix(it, stage, it == sched.begin);
     if constexpr (DQ_HERE && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
       if (it > sched.begin)
-        epi.template add_dq<KT::DQ_N>(it - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+        epi.template add_dq<KT::DQ_N>(sched.head(it - 1), sched.m0(it - 1), dq, dq_row0, dq_col0, 0,
+                                      dq_cols, g, t);
     }
 
     wgmma_fence();  // s, dp, dq were read by ordinary code
@@ -1007,7 +1012,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   }
   if constexpr (DQ_HERE && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)
-      epi.template add_dq<KT::DQ_N>(sched.end - 1, dq, dq_row0, dq_col0, 0, dq_cols, g, t);
+      epi.template add_dq<KT::DQ_N>(sched.head(sched.end - 1), sched.m0(sched.end - 1), dq, dq_row0,
+                                    dq_col0, 0, dq_cols, g, t);
   }
   if constexpr (DQ_HERE && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
@@ -1053,7 +1059,12 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
   Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, Sched> epi{p, st, sched};
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma
+  // descriptors derived from it stay in uniform registers (no R2UR per wgmma). Not
+  // under dropout, whose builds then spilled 28-240 bytes.
+  const int wg = VT::Drop::enabled ? int(threadIdx.x / 128)
+                                   : __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
   init_barriers(st);
@@ -1073,7 +1084,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
-    const int m0 = sched.m0(it), stage = read.index();
+    const int h = sched.head(it), m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     // Tile it landed; both warpgroups are done with tile it - 1 (sP, sdS).
     mbarrier_wait(st.full(stage), read.phase());
@@ -1081,7 +1092,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     __syncthreads();
     // Both warpgroups hold the same elements of their X^T: each draws the keep flags,
     // before X^T takes its registers.
-    const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
+    const DropBits<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
@@ -1090,7 +1101,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     fence_regs(x);
 
     if (wg == 0) {
-      const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
+      const typename VT::Head hd = VT::Dense::head(f, sched.b, h);
       p_from_s<KT, VT>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       if constexpr (VT::Logits::kTransform) {
         float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
@@ -1134,7 +1145,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         issue_dq<KT>(dq, st.ds(), st.k() + (col0 / 64) * KT::KVTile::BLOCK_BYTES);
         wgmma_wait<0>();
         fence_regs(dq);
-        epi.template add_dq<KT::DQ_N>(it, dq, key0, col0, KT::dq_skip(wg), KT::dq_cols(round, wg),
+        epi.template add_dq<KT::DQ_N>(h, m0, dq, key0, col0, KT::dq_skip(wg), KT::dq_cols(round, wg),
                                       g, t);
       }
     }
