@@ -137,12 +137,20 @@ def fp32_rows_geometry(batch: int, heads: int, rows: int, width: int, box_rows: 
             (32, box_rows, 1, 1))
 
 
+# How many pointers (TileMaps) or pointer tuples (MapBuffers) an encoder remembers.
+# A training step calls each layer's attention with the activations the caching
+# allocator gave that layer the step before, so the working set is about the
+# model's layer count; a cache smaller than that misses on every call (it is
+# cleared when full), encoding three or more maps a call.
+MAPS_KEPT = 256
+
+
 class TileMaps:
     """Encodes one map geometry for new base pointers, remembering up to ``keep``
     of them (all forgotten when a new one finds the memory full). ``dtype``: the
     elements' CUtensorMapDataType (16-bit words unless told)."""
 
-    def __init__(self, geometry, keep: int = 8, dtype: int = _U16):
+    def __init__(self, geometry, keep: int = MAPS_KEPT, dtype: int = _U16):
         dims, strides, box = geometry
         self._args = (_Dims(*dims), _Strides(*strides), _Box(*box), _Box(1, 1, 1, 1))
         self._maps: dict = {}
@@ -190,7 +198,7 @@ class MapBuffers:
     when a new one finds the memory full: a loop reads the same few buffers every
     step."""
 
-    def __init__(self, encoders, keep: int = 8):
+    def __init__(self, encoders, keep: int = MAPS_KEPT):
         self.encoders = tuple(encoders)
         self.kept: dict = {}
         self._keep = keep

@@ -80,7 +80,15 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
     """``(out, lse, stream)`` of :func:`cupy_attention.attention` as a torch operator
     (``deterministic`` is the backward's: kept for the registered autograd formula;
     ``stream`` the dropout stream the backward redraws, ``dropout_seed`` -1: drawn)."""
-    stream = _stream(dropout_p, dropout_seed, dropout_offset)
+    return _attention_body(_stream(dropout_p, dropout_seed, dropout_offset), q, k, v, mask,
+                           alibi_slopes, causal, scale, layout, window_left, window_right,
+                           softcap, kernel, deterministic, dropout_p)
+
+
+def _attention_body(stream, q, k, v, mask, alibi_slopes, causal, scale, layout, window_left,
+                    window_right, softcap, kernel, deterministic, dropout_p, *_):
+    """The operator's work for a given dropout ``stream`` (the operator's inputs after
+    it; the seed and offset, already in the stream, are not read)."""
     out, lse = _attention(q, k, v, causal=causal, scale=scale, mask=mask, layout=layout,
                           return_lse=True, kernel=kernel,
                           window=_window(window_left, window_right), softcap=softcap,
@@ -163,24 +171,32 @@ def _eager(*tensors) -> bool:
         type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors if t is not None)
 
 
+_NO_STREAM = torch.zeros(2, dtype=torch.int64)  # the eager path's stream without dropout
+
+
 class _Eager(torch.autograd.Function):
     """The operators' autograd formula as a plain autograd.Function, for eager calls:
-    ``fwd``/``bwd`` are the operators' bodies, ``setup``/``backward`` their
-    registered context and backward functions (one formula for both paths)."""
+    ``body`` is the forward operator's body (its inputs after the dropout stream),
+    ``bwd`` the backward operator's, ``setup``/``backward`` their registered context
+    and backward functions (one formula for both paths). The operator's inputs come as
+    the tensors and one tuple of the rest (``options``), and only ``out`` is returned:
+    fewer arguments and outputs for autograd to walk; the LSE and the stream are saved
+    for the backward as intermediates (the formula takes no double backward). Without
+    dropout the stream is one constant tensor instead of a new one per call."""
 
     @staticmethod
-    def forward(ctx, fwd, bwd, setup, backward, *inputs):
-        output = fwd(*inputs)
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)   # no zeros for the LSE and the stream
+    def forward(ctx, body, bwd, setup, backward, options, *tensors):
+        inputs = tensors + options
+        dropout_p, seed, offset = options[-3:]
+        output = body(_stream(dropout_p, seed, offset) if dropout_p else _NO_STREAM, *inputs)
         setup(ctx, inputs, output)
-        ctx.bwd_impl, ctx.backward_impl, ctx.count = bwd, backward, len(inputs)
-        return output
+        ctx.bwd_impl, ctx.backward_impl, ctx.count = bwd, backward, len(tensors)
+        return output[0]
 
     @staticmethod
-    def backward(ctx, *grads):
-        grads = ctx.backward_impl(ctx, *grads, bwd=ctx.bwd_impl)
-        return (None,) * 4 + tuple(grads[:ctx.count])
+    def backward(ctx, dout):
+        grads = ctx.backward_impl(ctx, dout, None, None, bwd=ctx.bwd_impl)
+        return (None,) * 5 + tuple(grads[:ctx.count])
 
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
@@ -197,13 +213,14 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, layout="bhsd",
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
     _check_dropout(dropout_p, dropout_seed, dropout_offset)
-    args = (q, k, v, mask, alibi_slopes, bool(causal), None if scale is None else float(scale),
-            layout, window_left, window_right, softcap, kernel, bool(deterministic),
-            float(dropout_p), -1 if dropout_seed is None else int(dropout_seed),
-            int(dropout_offset or 0))
-    if _eager(q, k, v, mask, alibi_slopes):
-        return _Eager.apply(_attention_fwd, _attention_bwd, _setup_context, _backward, *args)[0]
-    return attention_fwd(*args)[0]
+    options = (bool(causal), None if scale is None else float(scale), layout, window_left,
+               window_right, softcap, kernel, bool(deterministic), float(dropout_p),
+               -1 if dropout_seed is None else int(dropout_seed), int(dropout_offset or 0))
+    tensors = (q, k, v, mask, alibi_slopes)
+    if _eager(*tensors):
+        return _Eager.apply(_attention_body, _attention_bwd, _setup_context, _backward, options,
+                            *tensors)
+    return attention_fwd(*tensors, *options)[0]
 
 
 def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -215,9 +232,16 @@ def _attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          dropout_offset: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, lse, stream)`` of :func:`cupy_attention.attention_varlen` as a torch
     operator (``stream``: the dropout stream, as :func:`attention`'s)."""
+    return _varlen_body(_stream(dropout_p, dropout_seed, dropout_offset), q, k, v, cu_seqlens_q,
+                        cu_seqlens_k, alibi_slopes, causal, scale, window_left, window_right,
+                        softcap, kernel, deterministic, check, dropout_p)
+
+
+def _varlen_body(stream, q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, causal, scale,
+                 window_left, window_right, softcap, kernel, deterministic, check, dropout_p, *_):
+    """As :func:`_attention_body`, for packed sequences."""
     from .varlen import attention_varlen as _varlen
 
-    stream = _stream(dropout_p, dropout_seed, dropout_offset)
     out, lse = _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
                        window=_window(window_left, window_right), softcap=softcap,
                        alibi_slopes=alibi_slopes, return_lse=True, kernel=kernel, check=check,
@@ -300,14 +324,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
     window_left, window_right = (NO_WINDOW, 0) if window is None else window
     softcap = check_softcap(softcap) or None
     _check_dropout(dropout_p, dropout_seed, dropout_offset)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, bool(causal),
-            None if scale is None else float(scale), window_left, window_right, softcap, kernel,
-            bool(deterministic), bool(check), float(dropout_p),
-            -1 if dropout_seed is None else int(dropout_seed), int(dropout_offset or 0))
-    if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes):
-        return _Eager.apply(_attention_varlen_fwd, _attention_varlen_bwd, _varlen_setup_context,
-                            _varlen_backward, *args)[0]
-    return attention_varlen_fwd(*args)[0]
+    options = (bool(causal), None if scale is None else float(scale), window_left, window_right,
+               softcap, kernel, bool(deterministic), bool(check), float(dropout_p),
+               -1 if dropout_seed is None else int(dropout_seed), int(dropout_offset or 0))
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    if _eager(*tensors):
+        return _Eager.apply(_varlen_body, _attention_varlen_bwd, _varlen_setup_context,
+                            _varlen_backward, options, *tensors)
+    return attention_varlen_fwd(*tensors, *options)[0]
 
 
 class CUDAAttention(torch.nn.Module):

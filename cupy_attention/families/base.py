@@ -99,8 +99,9 @@ class HotLaunch:
     ``variants(vec)`` returns (loaded kernel, grid, block, shared bytes) for the
     aligned (vec) or unaligned code path; the params struct is a packed template
     whose five leading pointers are patched per call. ``extra(vec, q, k, v, stream)``,
-    where given, returns the kernel arguments that follow the struct (flash_wgmma:
-    tensor maps of Q, K and V, and its work tile counter).
+    where given, returns the kernel arguments that follow the struct as ctypes objects
+    holding their bytes (jit's ``launch_packed`` ``tail``; flash_wgmma: tensor maps of
+    Q, K and V, its work tile counter and two ints).
     """
 
     def __init__(self, p: Problem, t: Tensors, strides_aligned: bool, variants, extra=None):
@@ -118,11 +119,8 @@ class HotLaunch:
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
         if cu is not None:
             _CU_POINTERS.pack_into(buf, _CU_OFFSET, *cu)
-        if self.extra is None:   # the struct alone: its bytes go to the driver as they are
-            kernel.launch_packed(grid, block, buf, smem, stream.ptr)
-            return
-        args = (np.frombuffer(buf, FWD_DTYPE)[0],) + self.extra(vec, q, k, v, stream)
-        kernel.launch(grid, block, args, smem, stream)
+        tail = () if self.extra is None else self.extra(vec, q, k, v, stream)
+        kernel.launch_packed(grid, block, buf, smem, stream.ptr, tail=tail)
 
 
 def grid_check(p: Problem) -> str | None:

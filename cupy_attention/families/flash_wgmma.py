@@ -14,6 +14,7 @@ counter per stream (:func:`tile_counter`).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 
@@ -304,6 +305,22 @@ def tile_counter(device_id: int, stream):
     return counter
 
 
+_counter_args: dict = {}  # (device, stream handle) -> the counter's address, for launch_packed
+
+
+def tile_counter_arg(device_id: int, stream) -> ctypes.c_uint64:
+    """:func:`tile_counter`'s address as a kernel argument (a hot launch's ``tail``);
+    kept per stream once the counter exists."""
+    key = (device_id, stream.ptr)
+    arg = _counter_args.get(key)
+    if arg is None:
+        counter = tile_counter(device_id, stream)
+        if counter is _NO_COUNTER:
+            return ctypes.c_uint64(0)
+        arg = _counter_args.setdefault(key, ctypes.c_uint64(counter.data.ptr))
+    return arg
+
+
 class FlashWgmma(FlashMma):
     name = "flash_wgmma"
     summary = "fused FlashAttention-3 style forward on Hopper tensor cores (wgmma, TMA)"
@@ -335,7 +352,7 @@ class FlashWgmma(FlashMma):
             return super().prepare(p, t, device_id, arch)
         mma_plan = self.planner(p, device_id)
         cfg = self.config_for(p, device_id)
-        q_maps, k_maps, v_maps = (
+        maps = tma.MapBuffers(
             tma.tile_maps(tma.map_geometry(batch, heads, n, p.head_dim, s, box_rows))
             for (heads, n), s, box_rows in zip(rows, strides, (64, cfg[1], cfg[1])))
         block_m = 64 * cfg[0]
@@ -355,10 +372,12 @@ class FlashWgmma(FlashMma):
         def grid(vec: bool):
             return (blocks,) if vec else None
 
+        ints = (ctypes.c_int32(int(shift)), ctypes.c_int32(int(section)))
+
         def extra(vec: bool, q: int, k: int, v: int, stream):
             if not vec:
                 return ()
-            return q_maps(q), k_maps(k), v_maps(v), tile_counter(device_id, stream), shift, section
+            return maps(q, k, v) + (tile_counter_arg(device_id, stream),) + ints
 
         return super().prepare(p, t, device_id, arch, plan, extra, grid)
 
