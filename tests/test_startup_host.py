@@ -131,10 +131,11 @@ def test_varlen_signature_separates_what_the_launch_depends_on():
 
 def test_hot_launch_patches_cu_seqlens():
     seen = []
-    # HotLaunch hands the packed struct's bytes to launch_packed (no extra arguments)
-    kernel = types.SimpleNamespace(launch_packed=lambda grid, block, params, smem, stream_ptr:
-                                   seen.append((np.frombuffer(bytes(params), FWD_DTYPE)[0],
-                                                stream_ptr)))
+    # HotLaunch hands the packed struct's bytes to launch_packed, and the family's
+    # further arguments (``extra``: flash_wgmma's maps, counter and ints) as its tail
+    kernel = types.SimpleNamespace(
+        launch_packed=lambda grid, block, params, smem, stream_ptr, tail=():
+        seen.append((np.frombuffer(bytes(params), FWD_DTYPE)[0], stream_ptr, tail)))
     stream = types.SimpleNamespace(ptr=1234)
     hl = HotLaunch.__new__(HotLaunch)
     hl.template = bytes(FWD_DTYPE.itemsize)
@@ -142,8 +143,12 @@ def test_hot_launch_patches_cu_seqlens():
     hl.variants = lambda vec: (kernel, (1,), (32,), 0)
     hl.run(16, 32, 48, 64, 80, stream, (96, 112))
     hl.run(16, 32, 48, 64, 0, stream)
-    (a, pa), (b, _) = seen
-    assert pa == 1234
+    hl.extra = lambda vec, q, k, v, s: ("maps of", q, k, v, "for", s.ptr, vec)
+    hl.run(16, 32, 48, 64, 0, stream)
+    hl.run(16, 32, 40, 64, 0, stream)   # v not 16-byte aligned: the unaligned kernel
+    (a, pa, ta), (b, _, tb), (_, _, tc), (_, _, td) = seen
+    assert pa == 1234 and ta == tb == ()
+    assert tc == ("maps of", 16, 32, 48, "for", 1234, True) and td[-1] is False
     assert [int(a[f]) for f in ("q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k")] == \
         [16, 32, 48, 64, 80, 96, 112]
     assert int(b["lse"]) == 0 and int(b["cu_seqlens_q"]) == 0, "the template's value kept"
