@@ -105,7 +105,7 @@ def test_no_work_tile_counter_is_allocated_during_a_capture():
     assert counter.dtype == np.uint64 and int(counter) == 0
     assert (0, CapturingStream.ptr) not in flash_wgmma._counters
     arg = flash_wgmma.tile_counter_arg(0, CapturingStream())  # a launch's tail argument
-    assert arg.value == 0 and (0, CapturingStream.ptr) not in flash_wgmma._counter_args
+    assert arg.value == 0 and (0, CapturingStream.ptr) not in flash_wgmma._counters
 
 
 @pytest.mark.parametrize("ptr, geometry, argument", [

@@ -278,8 +278,10 @@ CAUSAL_SECTION = 8
 CAUSAL_SECTION_MIN_KEYS = 2048
 
 
-_counters: dict = {}  # (device, stream handle) -> counter
+# (device, stream handle) -> (counter, its address as a kernel argument)
+_counters: dict = {}
 _NO_COUNTER = np.uint64(0)  # a null pointer: the kernel's fixed tile order
+_NO_COUNTER_ARG = ctypes.c_uint64(0)
 
 
 def tile_counter(device_id: int, stream):
@@ -293,32 +295,28 @@ def tile_counter(device_id: int, stream):
     and has no counter yet gets none (allocating there could fail the capture): the
     kernel then takes its tiles in a fixed order, which is slower only under the
     causal mask at long sequences."""
-    key = (device_id, stream.ptr)
-    counter = _counters.get(key)
-    if counter is None:
-        if stream.is_capturing():
-            return _NO_COUNTER
-        import cupy
-
-        with cupy.cuda.Device(device_id), stream:
-            counter = _counters.setdefault(key, cupy.zeros(1, dtype=cupy.uint32))
-    return counter
-
-
-_counter_args: dict = {}  # (device, stream handle) -> the counter's address, for launch_packed
+    entry = _counter_entry(device_id, stream)
+    return _NO_COUNTER if entry is None else entry[0]
 
 
 def tile_counter_arg(device_id: int, stream) -> ctypes.c_uint64:
-    """:func:`tile_counter`'s address as a kernel argument (a hot launch's ``tail``);
-    kept per stream once the counter exists."""
+    """:func:`tile_counter`'s address as a kernel argument (a launch's ``tail``)."""
+    entry = _counter_entry(device_id, stream)
+    return _NO_COUNTER_ARG if entry is None else entry[1]
+
+
+def _counter_entry(device_id: int, stream):
     key = (device_id, stream.ptr)
-    arg = _counter_args.get(key)
-    if arg is None:
-        counter = tile_counter(device_id, stream)
-        if counter is _NO_COUNTER:
-            return ctypes.c_uint64(0)
-        arg = _counter_args.setdefault(key, ctypes.c_uint64(counter.data.ptr))
-    return arg
+    entry = _counters.get(key)
+    if entry is None:
+        if stream.is_capturing():
+            return None
+        import cupy
+
+        with cupy.cuda.Device(device_id), stream:
+            counter = cupy.zeros(1, dtype=cupy.uint32)
+        entry = _counters.setdefault(key, (counter, ctypes.c_uint64(counter.data.ptr)))
+    return entry
 
 
 class FlashWgmma(FlashMma):
@@ -358,12 +356,12 @@ class FlashWgmma(FlashMma):
         block_m = 64 * cfg[0]
         if p.varlen:  # virtual query blocks (common/seqs.cuh); no shift, no sections
             tiles = (p.seqlen_q // block_m + p.batch) * p.heads_q
-            shift = section = np.int32(0)
+            shift = section = 0
         else:
             tiles = -(-p.seqlen_q // block_m) * p.heads_q * p.batch
-            shift = np.int32(query_shift(p.seqlen_q, p.seqlen_k, block_m, cfg[1],
-                                         p.variant.dropout) if p.causal else 0)
-            section = np.int32(l2_section(p))
+            shift = query_shift(p.seqlen_q, p.seqlen_k, block_m, cfg[1],
+                                p.variant.dropout) if p.causal else 0
+            section = l2_section(p)
         blocks = min(tiles, multiprocessor_count(device_id) * cfg[2])
 
         def plan(vec: bool):
@@ -372,7 +370,7 @@ class FlashWgmma(FlashMma):
         def grid(vec: bool):
             return (blocks,) if vec else None
 
-        ints = (ctypes.c_int32(int(shift)), ctypes.c_int32(int(section)))
+        ints = (ctypes.c_int32(shift), ctypes.c_int32(section))
 
         def extra(vec: bool, q: int, k: int, v: int, stream):
             if not vec:
