@@ -153,9 +153,20 @@ struct WgmmaBwdTraits {
   static constexpr bool WIDE = D > 128;           // flash_wgmma_bwd_dkdv_wide's split
   static constexpr int BLOCK_M = BLOCK_M_;        // queries per tile
   static constexpr int BLOCK_N = WIDE ? 64 : 128; // keys per block
-  static constexpr int THREADS = 256;
+  static constexpr int CONSUMERS = 256;           // the two MMA warpgroups' threads
+  static constexpr int THREADS = CONSUMERS;       // (BwdLaunch: a producer warpgroup too)
+  // D <= 128 with 64-query tiles: room for a third warpgroup (BwdLaunch) that issues
+  // the tensor copies and the dQ reductions, so the MMA warpgroups never wait for a
+  // copy engine operation or a turn (FlashAttention-3's layout). It gives up
+  // registers (setmaxnreg) to the consumers: 168 a thread at launch, 24 and 240 after.
+  static constexpr bool PRODUCER_WG_FITS = !WIDE && BLOCK_M == 64;
+  static constexpr int PRODUCER_REGS = 24;
+  static constexpr int CONSUMER_REGS = 240;       // (168 * 384 - 24 * 128) / 256
   static constexpr int kStages = 2;               // query-tile buffers: Q, dout, lse, delta
-  static constexpr int STAT_THREADS = 2 * BLOCK_M;  // one per lse or delta value of a tile
+  // Threads that copy a tile's lse and delta, one value each: the first STAT_THREADS
+  // (consumer) threads; thread 0, or the producer warpgroup's first, issues the
+  // tensor copies.
+  static constexpr int STAT_THREADS = 2 * BLOCK_M;
   // p_from_s: tiles that need no per-element test in code of their own (H100: causal
   // 1.11-1.18x at D = 64 and 128, S >= 4k), except the 128-query tiles past D = 64,
   // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy.
@@ -230,13 +241,18 @@ struct WgmmaBwdTraits {
   // empty[i] when every warp of the block is done with it.
   struct Barriers {
     u64 full[kStages], empty[kStages];
+    // PRODUCER_WG: sdQ buffer i staged by every consumer warp (dq_full[i]), and
+    // read by the copy engine's reduction (dq_empty[i], the reducer).
+    u64 dq_full[2], dq_empty[2];
   };
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
   static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
   static_assert(!WIDE || BLOCK_M == 64, "the wide kernel takes 64-query tiles");
-  static_assert(STAT_THREADS <= THREADS, "one thread per lse/delta value");
+  static_assert(STAT_THREADS <= CONSUMERS, "one consumer thread per lse/delta value");
+  static_assert(168 * (CONSUMERS + 128) >= PRODUCER_REGS * 128 + CONSUMER_REGS * CONSUMERS,
+                "the consumers take no more registers than the producer gave up");
   static_assert(KVTile::BYTES % 1024 == 0 && QTile::BYTES % 1024 == 0 && DsTile::BYTES % 1024 == 0,
                 "tiles stay on the 1024-byte boundaries of the swizzle");
 };
@@ -258,6 +274,17 @@ enum WgmmaBwdDq : int {
   kDqStaggered = 3, // turns, in its lockstep order or (an upper bound) its staggered one
 };
 
+// Whether the narrow kernel's instantiation runs the producer warpgroup, and its
+// threads (the host's Config.threads says the same). Only the ordered dQ takes it:
+// there it measured 1.16-1.26x (its turns and completions leave the MMA warpgroups),
+// the atomic dQ 0.95-0.98x (H100, D = 128; benchmarks/results/notes-deterministic-dq.md).
+template <class KT, class VT, int DQ>
+struct BwdLaunch {
+  static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && DQ >= kDqOrdered &&
+                                      !VT::Drop::enabled;  // (dropout's prologue spilled)
+  static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
+};
+
 extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
 
 // The Storage fields' shared addresses from one 32-bit base (storage.cuh), and plain
@@ -271,6 +298,10 @@ struct BwdSmem {
       : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
   __device__ __forceinline__ u32 full(int stage) const { return bars + 8 * stage; }
   __device__ __forceinline__ u32 empty(int stage) const { return bars + 8 * (KT::kStages + stage); }
+  __device__ __forceinline__ u32 dq_full(int buf) const { return bars + 8 * (2 * KT::kStages + buf); }
+  __device__ __forceinline__ u32 dq_empty(int buf) const {
+    return bars + 8 * (2 * KT::kStages + 2 + buf);
+  }
   __device__ __forceinline__ u32 k() const { return CA_FIELD(base, S, k); }
   __device__ __forceinline__ u32 v() const { return CA_FIELD(base, S, v); }
   __device__ __forceinline__ u32 q(int stage) const {
@@ -392,7 +423,7 @@ struct TileScheduler {
 template <class KT, class Tile, int ROWS>
 __device__ __forceinline__ void zero_rows(unsigned char* tile, int lo, int hi) {
   constexpr int CHUNKS = Tile::BYTES / 16;
-  for (int c = threadIdx.x; c < CHUNKS; c += KT::THREADS) {
+  for (int c = threadIdx.x; c < CHUNKS; c += KT::CONSUMERS) {  // consumer threads
     const int r = c / 8 % ROWS;
     if (r < lo || r >= hi) *reinterpret_cast<uint4*>(tile + 16 * c) = make_uint4(0, 0, 0, 0);
   }
@@ -416,42 +447,66 @@ struct Producer {
   // block's K and V too, on the same mbarrier. STATS_FREE: the caller knows that
   // every warp is past its reads of the stage's lse and delta (a barrier of the
   // block since), so only the copy engine's loads wait for the stage's release.
+  // The first STAT_THREADS threads, thread 0 the issuer (the producer warpgroup
+  // calls issue_copies and copy_stats itself: produce).
   template <bool STATS_FREE>
   __device__ __forceinline__ void load_q(int it, bool with_kv = false) {
-    const FwdParams& f = p.fwd;
     const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
-    const u32 full = st.full(stage);
     if (threadIdx.x < KT::STAT_THREADS) {
       if ((!STATS_FREE || threadIdx.x == 0) && it - sched.begin >= KT::kStages)
         mbarrier_wait(st.empty(stage), next.phase() ^ 1);
-      if (threadIdx.x == 0) {
-        constexpr u32 Q_BYTES = 2 * KT::QTile::BYTES, KV_BYTES = 2 * KT::KVTile::BYTES;
-        mbarrier_arrive_expect_tx(full, with_kv ? Q_BYTES + KV_BYTES : Q_BYTES);
-        // map coordinates: broadcast (stride 0) head or batch axes are maps of size
-        // 1; packed sequences are one batch entry, rows from the sequence's first
-        int q_row = m0, k_row = sched.n0;
-        if constexpr (VT::Seqs::kRagged)
-          q_row += f.cu_seqlens_q[sched.b], k_row += f.cu_seqlens_k[sched.b];
-        const int b = sched.b, h_kv = sched.h_kv;
-        constexpr int BLOCKS = KT::D_BLOCKS;
-        constexpr u32 Q_BLOCK = KT::QTile::BLOCK_BYTES, KV_BLOCK = KT::KVTile::BLOCK_BYTES;
-        tma_load_blocks<BLOCKS>(st.q(stage), Q_BLOCK, q_map, q_row, f.q_head_stride ? h : 0,
-                                f.q_batch_stride ? b : 0, full);
-        tma_load_blocks<BLOCKS>(st.dout(stage), Q_BLOCK, dout_map, q_row,
-                                p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0, full);
-        if (with_kv) {
-          tma_load_blocks<BLOCKS>(st.k(), KV_BLOCK, k_map, k_row, f.k_head_stride ? h_kv : 0,
-                                  f.k_batch_stride ? b : 0, full);
-          tma_load_blocks<BLOCKS>(st.v(), KV_BLOCK, v_map, k_row, f.v_head_stride ? h_kv : 0,
-                                  f.v_batch_stride ? b : 0, full);
-        }
-      }
-      const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-      const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
-      copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, Walk::row_hi(f, m0), f.lse);
-      mbarrier_arrive_on_copies(full);
+      if (threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
+      copy_stats(stage, h, m0, threadIdx.x);
     }
     next.advance();
+  }
+  // The issuer: the announcement of the bytes of query tile (head h, rows m0..) and
+  // its tensor copies into `stage` (with_kv: K and V too).
+  __device__ __forceinline__ void issue_copies(int stage, int h, int m0, bool with_kv) const {
+    const FwdParams& f = p.fwd;
+    const u32 full = st.full(stage);
+    constexpr u32 Q_BYTES = 2 * KT::QTile::BYTES, KV_BYTES = 2 * KT::KVTile::BYTES;
+    mbarrier_arrive_expect_tx(full, with_kv ? Q_BYTES + KV_BYTES : Q_BYTES);
+    // map coordinates: broadcast (stride 0) head or batch axes are maps of size
+    // 1; packed sequences are one batch entry, rows from the sequence's first
+    int q_row = m0, k_row = sched.n0;
+    if constexpr (VT::Seqs::kRagged)
+      q_row += f.cu_seqlens_q[sched.b], k_row += f.cu_seqlens_k[sched.b];
+    const int b = sched.b, h_kv = sched.h_kv;
+    constexpr int BLOCKS = KT::D_BLOCKS;
+    constexpr u32 Q_BLOCK = KT::QTile::BLOCK_BYTES, KV_BLOCK = KT::KVTile::BLOCK_BYTES;
+    tma_load_blocks<BLOCKS>(st.q(stage), Q_BLOCK, q_map, q_row, f.q_head_stride ? h : 0,
+                            f.q_batch_stride ? b : 0, full);
+    tma_load_blocks<BLOCKS>(st.dout(stage), Q_BLOCK, dout_map, q_row,
+                            p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0, full);
+    if (with_kv) {
+      tma_load_blocks<BLOCKS>(st.k(), KV_BLOCK, k_map, k_row, f.k_head_stride ? h_kv : 0,
+                              f.k_batch_stride ? b : 0, full);
+      tma_load_blocks<BLOCKS>(st.v(), KV_BLOCK, v_map, k_row, f.v_head_stride ? h_kv : 0,
+                              f.v_batch_stride ? b : 0, full);
+    }
+  }
+  // Value c (< STAT_THREADS: lse, then delta) of the query tile (head h, rows m0..)
+  // into `stage`, one arrival on the stage's full barrier once the copy landed.
+  __device__ __forceinline__ void copy_stats(int stage, int h, int m0, int c) const {
+    const FwdParams& f = p.fwd;
+    const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+    const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
+    copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, Walk::row_hi(f, m0), f.lse, c);
+    mbarrier_arrive_on_copies(st.full(stage));
+  }
+  // The producer warpgroup's stats thread r (< BLOCK_M): lse and delta of row r of
+  // the query tile (head h, rows m0..) into `stage` (copy_row_stats' layout), one
+  // arrival once both landed. (Two values a thread through copy_stats spilled at
+  // the producer's 24 registers.)
+  __device__ __forceinline__ void copy_stats_row(int stage, int h, int m0, int r) const {
+    const FwdParams& f = p.fwd;
+    const bool ok = r < Walk::row_hi(f, m0);
+    const u32 dst = st.stats(stage) + 4 * r;
+    cp_async_4(dst, ok ? f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0 + r
+                       : f.lse, ok);
+    cp_async_4(dst + 4 * KT::BLOCK_M, ok ? p.delta + delta_row(p, sched.b, h) + m0 + r : f.lse, ok);
+    mbarrier_arrive_on_copies(st.full(stage));
   }
 
   // The block's K and V with its first query tile (nothing without query tiles).
@@ -478,7 +533,7 @@ struct Producer {
     if (k_rows < KT::BLOCK_N)
       zero_rows<KT, typename KT::KVTile, KT::BLOCK_N>(st.bytes(st.k()), 0, k_rows);
     fence_proxy_async();
-    named_barrier_sync(kBarFix, KT::THREADS);
+    named_barrier_sync(kBarFix, KT::CONSUMERS);
   }
 };
 
@@ -772,18 +827,24 @@ struct Epilogue {
     return dq_turns(p) + (i64(sched.b) * f.heads_q + sched.head(it)) * tiles +
            sched.m0(it) / KT::BLOCK_M;
   }
-  __device__ __forceinline__ void wait_turn(int it) const {
-    const int* counter = turn_counter(it);
+  // (wait_turn returns the counter, for pass_turn.)
+  __device__ __forceinline__ int* wait_turn(int it) const {
+    int* counter = turn_counter(it);
     const int mine = sched.turn(it);
     while (ld_acquire_gpu(counter) != mine) {
     }
     fence_proxy_async_global();
+    return counter;
+  }
+  template <int PENDING>
+  __device__ __forceinline__ void pass_turn(int* counter) const {
+    bulk_wait<PENDING>();
+    fence_proxy_async_global();
+    red_release_gpu_add(counter, 1);
   }
   template <int PENDING>
   __device__ __forceinline__ void pass_turn(int it) const {
-    bulk_wait<PENDING>();
-    fence_proxy_async_global();
-    red_release_gpu_add(turn_counter(it), 1);
+    pass_turn<PENDING>(turn_counter(it));
   }
 
   // One warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV fragment)
@@ -874,15 +935,74 @@ __device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_key
 
 // The stages' mbarriers initialized and published to the block, before the block's
 // first loads.
-template <class KT>
+template <class KT, bool PRODUCER_WG = false>
 __device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
   if (threadIdx.x == 0) {
     for (int i = 0; i < KT::kStages; ++i) {
-      mbarrier_init(st.full(i), 1 + KT::STAT_THREADS);  // the announcer, the stats threads
-      mbarrier_init(st.empty(i), KT::THREADS / 32);     // lane 0 of each warp
+      // the announcer, the stats threads (the producer warpgroup's: one per row)
+      mbarrier_init(st.full(i), 1 + (PRODUCER_WG ? KT::BLOCK_M : KT::STAT_THREADS));
+      mbarrier_init(st.empty(i), KT::CONSUMERS / 32);   // lane 0 of each consumer warp
+    }
+    if (PRODUCER_WG) {
+      for (int i = 0; i < 2; ++i) {
+        mbarrier_init(st.dq_full(i), KT::CONSUMERS / 32);
+        mbarrier_init(st.dq_empty(i), 1);
+      }
     }
   }
   __syncthreads();
+}
+
+// The producer warpgroup (BwdLaunch::PRODUCER_WG), after setmaxnreg: once the
+// consumers released a query tile's stage, its first thread issues the tile's tensor
+// copies and its next two warps copy lse and delta (cp.async); its last warp adds each staged sdQ buffer into dq_accum
+// (REDUCE): it waits for the buffer (dq_full), takes the tile's turn (ORDERED),
+// issues the copy engine's reduction and, once that has read the buffer (ORDERED:
+// completed, and the turn passed), frees it (dq_empty) for the consumers' staging
+// two tiles on.
+template <class KT, bool ORDERED, bool REDUCE, class Sched>
+__device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
+                                        const Epilogue<KT, Sched>& epi, const BwdSmem<KT>& st,
+                                        const TmaMap& dq_map,
+                                        const Sched& sched) {
+  const int warp = (int(threadIdx.x) - KT::CONSUMERS) / 32;
+  if (warp == 0) {
+    if (threadIdx.x == KT::CONSUMERS) {
+      PipelineState<KT::kStages> next;
+      for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
+        if (it - sched.begin >= KT::kStages)
+          mbarrier_wait(st.empty(next.index()), next.phase() ^ 1);
+        producer.issue_copies(next.index(), sched.head(it), sched.m0(it), it == sched.begin);
+      }
+    }
+  } else if (warp < 3) {  // warps 1 and 2: lse and delta of row r each
+    const int r = int(threadIdx.x) - KT::CONSUMERS - 32;
+    PipelineState<KT::kStages> next;
+    for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
+      const int stage = next.index();
+      if (it - sched.begin >= KT::kStages) mbarrier_wait(st.empty(stage), next.phase() ^ 1);
+      producer.copy_stats_row(stage, sched.head(it), sched.m0(it), r);
+    }
+  } else if (REDUCE && warp == 3) {
+    const bool leader = threadIdx.x % 32 == 0;
+    for (int it = sched.begin; it < sched.end; ++it) {
+      const int rel = it - sched.begin, buf = rel & 1;
+      mbarrier_wait(st.dq_full(buf), (rel >> 1) & 1);
+      if (leader) {
+        if constexpr (ORDERED) {
+          int* counter = epi.wait_turn(it);
+          epi.reduce_dq(dq_map, it, buf);
+          epi.template pass_turn<0>(counter);
+        } else {
+          epi.reduce_dq(dq_map, it, buf);
+          bulk_wait_read<0>();
+        }
+        if (it + 2 < sched.end) mbarrier_arrive(st.dq_empty(buf));
+      }
+      __syncwarp();
+    }
+    if (leader) bulk_wait<0>();
+  }
 }
 
 // D <= 128: warpgroup w owns keys 64w..64w+63. Per tile: wait for the tile's copies,
@@ -891,13 +1011,14 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
 // kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
 // passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
 template <class KT, class VT, int DQ, bool SPLIT>
-__global__ void __launch_bounds__(KT::THREADS, 1)
+__global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                          const __grid_constant__ TmaMap dout_map,
                          const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
+  constexpr bool PWG = BwdLaunch<KT, VT, DQ>::PRODUCER_WG;
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
@@ -920,8 +1041,18 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * warp;  // this warp's first key within the block
-  init_barriers(st);
-  producer.load_first();
+  init_barriers<KT, PWG>(st);
+  if constexpr (PWG) {
+    if (threadIdx.x >= KT::CONSUMERS) {  // the producer warpgroup
+      setmaxnreg_dec<KT::PRODUCER_REGS>();
+      produce<KT, ORDERED, DQ_HERE && KT::STAGE_DQ>(producer, epi, st, dq_map, sched);
+      __syncthreads();  // the consumers' last: their MMAs on sK and sV are done
+      return;
+    }
+    setmaxnreg_inc<KT::CONSUMER_REGS>();
+  } else {
+    producer.load_first();
+  }
 
   float dk[KT::D / 2], dv[KT::D / 2];  // this warpgroup's 64 keys x D
 #pragma unroll
@@ -954,7 +1085,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
     // lse and delta of tile it - 1 were read before that tile's sdS barrier
-    if (it + 1 < sched.end) producer.template load_q<DQ_HERE>(it + 1);
+    if constexpr (!PWG) {
+      if (it + 1 < sched.end) producer.template load_q<DQ_HERE>(it + 1);
+    }
 
     wgmma_wait<1>();
     fence_regs(s);
@@ -979,13 +1112,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 
     if constexpr (DQ_HERE) {
       // sdS is free once the other warpgroup's dQ of tile it - 1 is done
-      if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::THREADS);
+      if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::CONSUMERS);
       store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
-      if (KT::STAGE_DQ && threadIdx.x == 0) bulk_wait_read<0>();  // tile it - 2's sdQ read
-      named_barrier_sync(kBarDs, KT::THREADS);  // sdS complete; sdQ of tile it - 1 too
+      if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
+        bulk_wait_read<0>();  // tile it - 2's sdQ read
+      named_barrier_sync(kBarDs, KT::CONSUMERS);  // sdS complete; sdQ of tile it - 1 too
       issue_dq<KT>(dq, dq_a, dq_b);
-      if constexpr (KT::STAGE_DQ) {
+      if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
           if constexpr (ORDERED) epi.wait_turn(it - 1);
           epi.reduce_dq(dq_map, it - 1, (it - 1) & 1);
@@ -1005,9 +1139,19 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     release(st, stage, lane);
     if constexpr (DQ_HERE) {
       fence_regs(dq);
-      if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::THREADS);
-      if constexpr (KT::STAGE_DQ)
+      if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::CONSUMERS);
+      if constexpr (KT::STAGE_DQ && PWG) {
+        // sdQ buffer `buf` once the reduction two tiles back has read it; then
+        // handed to the producer's reducer (dq_full)
+        const int rel = it - sched.begin, buf = rel & 1;
+        if (rel >= 2) mbarrier_wait(st.dq_empty(buf), ((rel >> 1) - 1) & 1);
+        epi.template stage_dq<KT::DQ_N>(dq, it, buf, dq_row0, dq_col0, 0, dq_cols, g, t);
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(st.dq_full(buf));
+      } else if constexpr (KT::STAGE_DQ) {
         epi.template stage_dq<KT::DQ_N>(dq, it, it & 1, dq_row0, dq_col0, 0, dq_cols, g, t);
+      }
     }
   }
   if constexpr (DQ_HERE && !KT::STAGE_DQ) {
@@ -1015,9 +1159,10 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       epi.template add_dq<KT::DQ_N>(sched.head(sched.end - 1), sched.m0(sched.end - 1), dq, dq_row0,
                                     dq_col0, 0, dq_cols, g, t);
   }
-  if constexpr (DQ_HERE && KT::STAGE_DQ) fence_proxy_async();  // the last tile's sdQ
+  if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG)
+    fence_proxy_async();  // the last tile's sdQ
   __syncthreads();  // every warpgroup's MMAs on sK and sV are done
-  if constexpr (DQ_HERE && KT::STAGE_DQ) {
+  if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG) {
     if (sched.end > sched.begin && threadIdx.x == 0) {
       if constexpr (ORDERED) {
         if (Sched::STAGGERED && sched.end - 2 >= sched.begin)

@@ -38,7 +38,7 @@ from . import flash_bwd, flash_mma_bwd, flash_wgmma
 from .base import CPP_DTYPE, SHORT_DTYPE, bhs_strides, grid_check
 
 _KB = 1024
-THREADS = 256     # two warpgroups
+THREADS = 256     # two MMA warpgroups (Config.threads: and a producer warpgroup)
 
 # Query-tile rows per head dim: the first row whose bound covers it. Up to D = 128
 # (flash_wgmma_bwd_dkdv, 128 keys a block, 64 per warpgroup), registers per thread:
@@ -83,6 +83,14 @@ class Config:
     def wide(self) -> bool:
         """``WgmmaBwdTraits::WIDE``: flash_wgmma_bwd_dkdv_wide's split by role."""
         return self.head_dim > 128
+
+    def threads(self, ordered: bool, vt: Variant) -> int:
+        """The dK/dV kernel's threads, as ``BwdLaunch`` decides them: two MMA
+        warpgroups, and a producer warpgroup in the ordered dQ mode where the tile is
+        64 queries of the narrow kernel (``PRODUCER_WG_FITS``), but not under dropout
+        (its prologue spilled at the 168 registers a thread of the launch)."""
+        producer = ordered and not self.wide and self.block_m == 64 and not vt.dropout
+        return THREADS + 128 if producer else THREADS
 
     @property
     def block_n(self) -> int:
@@ -328,8 +336,8 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     ordered = deterministic and _ordered(c, p.variant)
-    launches = flash_mma_bwd.pass_list(p, kernels[:3], (c.block_n, THREADS, c.smem), dq,
-                                       deterministic and not ordered)
+    dkdv = (c.block_n, c.threads(ordered, p.variant), c.smem)
+    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, deterministic and not ordered)
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)

@@ -67,11 +67,12 @@ struct QueryTileWalk {
 
 // lse then delta of rows m0..m0 + BLOCK_M - 1 (2 * BLOCK_M floats at shared address
 // dst, rows >= rows_valid zero-filled), one 4-byte cp.async by each of the first
-// 2 * BLOCK_M threads; the caller commits. `head` is any valid float address.
+// 2 * BLOCK_M threads (value c: thread c, unless told); the caller commits. `head`
+// is any valid float address.
 template <int BLOCK_M>
 __device__ __forceinline__ void copy_row_stats(u32 dst, const float* lse, const float* delta,
-                                               int rows_valid, const float* head) {
-  const int c = threadIdx.x;
+                                               int rows_valid, const float* head,
+                                               int c = threadIdx.x) {
   if (c < 2 * BLOCK_M) {
     const int r = c < BLOCK_M ? c : c - BLOCK_M;
     const bool ok = r < rows_valid;
