@@ -52,6 +52,43 @@ def test_smem_probe_catches_a_wrong_size():
     assert not ok and "SMEM_BYTES D=" in log, log
 
 
+LAUNCH_VARIANTS = (Variant(), Variant(True), Variant(True, dropout=True), Variant(softcap=30.0),
+                   Variant(True, (64, 0)), Variant(ragged=True))
+
+
+def threads_probe(lie: bool = False) -> str:
+    """static_asserts that the dK/dV kernel's threads (BwdLaunch) are the host's
+    (Config.threads) for every shipped config, these variants and every dQ mode."""
+    lines = ['#include "flash_wgmma_bwd.cu"']
+    for c in SHIPPED:
+        for vt in LAUNCH_VARIANTS:
+            for mode, cpp in fb.DQ_MODES.items():
+                threads = c.threads(mode in ("ordered", "staggered"), vt) + (32 if lie else 0)
+                traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, bf16>"
+                lines.append(f"static_assert(BwdLaunch<{traits}, {vt.cpp()}, {cpp}>::THREADS == "
+                             f'{threads}, "THREADS D={c.head_dim} {mode}{vt.suffix()}");')
+                if lie:
+                    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def test_host_threads_match_the_launch_bounds():
+    ok, log = nvrtc_probe(threads_probe(), jit.options_for("sm_90a"))
+    assert ok, f"flash_wgmma_bwd.py's Config.threads and BwdLaunch disagree:\n{log}"
+
+
+def test_threads_probe_catches_a_wrong_count():
+    ok, log = nvrtc_probe(threads_probe(lie=True), jit.options_for("sm_90a"))
+    assert not ok and "THREADS D=" in log, log
+
+
+def test_the_producer_warpgroup_runs_only_the_ordered_dq():
+    c = fb.config(128)
+    assert c.threads(True, Variant(True)) == 384
+    assert c.threads(False, Variant(True)) == c.threads(True, Variant(dropout=True)) == 256
+    assert fb.config(256).threads(True, Variant()) == 256   # the wide kernel
+
+
 def variant_spec(head_dim: int, variant: Variant, deterministic: bool) -> jit.KernelSpec:
     """The shipped dK/dV instantiation (softcap takes the 64-row tiles: fb.config; the
     deterministic mode's dQ ordered or separate: fb.specs)."""
