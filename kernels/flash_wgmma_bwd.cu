@@ -56,7 +56,14 @@
 //      there the key blocks that reach a query tile add into it one after another
 //      in a fixed order, each waiting for its turn on the tile's counter
 //      (Epilogue::wait_turn, pass_turn; the orders and why they cannot deadlock:
-//      TileScheduler), so dQ is bitwise reproducible. The warpgroups meet only at
+//      TileScheduler), so dQ is bitwise reproducible. In those two modes (not
+//      under dropout) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
+//      setmaxnreg), takes every copy and the dQ additions off the MMA warpgroups:
+//      its first thread issues the tensor copies, two warps the lse and delta
+//      copies, and its last warp waits for each staged sdQ buffer (mbarrier
+//      dq_full), takes the turn, adds, waits for the addition, passes the turn and
+//      frees the buffer (dq_empty) for the staging two tiles on (produce). The
+//      warpgroups meet only at
 //      kBarDs (and kBarDsFree); without dQ (kDqSeparate) not at all: each waits
 //      for its tile's copies, and the producer for the release of a stage by every
 //      warp (mbarriers full and empty, Producer). The async MMAs overlap the
