@@ -1030,7 +1030,11 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     # a window: the blocks that reach a tile start past the first (lowest_block)
     dict(dtype="bfloat16", D=96, Sq=2000, Sk=2000, B=1, Hq=4, Hkv=1, causal=True,
          window=(300, 0)),
-], ids=["d128-full", "d64-causal-sk-longer", "d96-window"])
+    # the producer warpgroup's edges: key blocks that one, two or no query tiles
+    # reach (a short window, Sk > Sq), GQA 3
+    dict(dtype="float16", D=112, Sq=200, Sk=700, B=2, Hq=6, Hkv=2, causal=True,
+         window=(64, 0)),
+], ids=["d128-full", "d64-causal-sk-longer", "d96-window", "d112-few-tiles"])
 @pytest.mark.parametrize("staggered", [False, True], ids=["lockstep", "staggered"])
 def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kernels):
     """The deterministic mode's ordered dQ (flash_wgmma_bwd_dkdv, kDqOrdered, and under
