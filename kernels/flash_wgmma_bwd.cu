@@ -270,6 +270,7 @@ enum WgmmaBwdBarrier : int {
   kBarDs = 4,       // sdS written (wide: by warpgroup 1; narrow: both), read by both (dQ)
   kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0)
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
+  kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
 };
 
 // Where the dK/dV kernel's dQ goes (its template parameter DQ).
@@ -503,17 +504,23 @@ struct Producer {
     mbarrier_arrive_on_copies(st.full(stage));
   }
   // The producer warpgroup's stats thread r (< BLOCK_M): lse and delta of row r of
-  // the query tile (head h, rows m0..) into `stage` (copy_row_stats' layout), one
-  // arrival once both landed. (Two values a thread through copy_stats spilled at
-  // the producer's 24 registers.)
+  // the query tile (head h, rows m0..) into `stage` (copy_row_stats' layout: zeros
+  // past the rows), then one arrival, whose release orders the stores before the
+  // consumers' wait. Plain loads and stores: the thread has nothing else to do, and
+  // the mbarrier is then the only ordering, which compute-sanitizer's racecheck
+  // follows (cp.async's arrive-on it did not). (Two values a thread through
+  // copy_stats spilled at the producer's 24 registers.)
   __device__ __forceinline__ void copy_stats_row(int stage, int h, int m0, int r) const {
     const FwdParams& f = p.fwd;
-    const bool ok = r < Walk::row_hi(f, m0);
+    float lse = 0.f, delta = 0.f;
+    if (r < Walk::row_hi(f, m0)) {
+      lse = f.lse[sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0 + r];
+      delta = p.delta[delta_row(p, sched.b, h) + m0 + r];
+    }
     const u32 dst = st.stats(stage) + 4 * r;
-    cp_async_4(dst, ok ? f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0 + r
-                       : f.lse, ok);
-    cp_async_4(dst + 4 * KT::BLOCK_M, ok ? p.delta + delta_row(p, sched.b, h) + m0 + r : f.lse, ok);
-    mbarrier_arrive_on_copies(st.full(stage));
+    st_shared_u32(dst, __float_as_uint(lse));
+    st_shared_u32(dst + 4 * KT::BLOCK_M, __float_as_uint(delta));
+    mbarrier_arrive(st.full(stage));
   }
 
   // The block's K and V with its first query tile (nothing without query tiles).
@@ -1052,8 +1059,11 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
   if constexpr (PWG) {
     if (threadIdx.x >= KT::CONSUMERS) {  // the producer warpgroup
       setmaxnreg_dec<KT::PRODUCER_REGS>();
+      // Returns without a block barrier: nothing it reads or writes is reused after
+      // (the reducer waited for its last reduction), and the consumers meet at
+      // kBarMmaDone among themselves (one __syncthreads in both roles would be two
+      // barrier instructions, which bar.sync's .aligned semantics forbid).
       produce<KT, ORDERED, DQ_HERE && KT::STAGE_DQ>(producer, epi, st, dq_map, sched);
-      __syncthreads();  // the consumers' last: their MMAs on sK and sV are done
       return;
     }
     setmaxnreg_inc<KT::CONSUMER_REGS>();
@@ -1168,7 +1178,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
   }
   if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG)
     fence_proxy_async();  // the last tile's sdQ
-  __syncthreads();  // every warpgroup's MMAs on sK and sV are done
+  // every warpgroup's MMAs on sK and sV are done
+  if constexpr (PWG) named_barrier_sync(kBarMmaDone, KT::CONSUMERS);
+  else __syncthreads();
   if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG) {
     if (sched.end > sched.begin && threadIdx.x == 0) {
       if constexpr (ORDERED) {
