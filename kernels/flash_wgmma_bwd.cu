@@ -174,6 +174,8 @@ struct WgmmaBwdTraits {
   // (consumer) threads; thread 0, or the producer warpgroup's first, issues the
   // tensor copies.
   static constexpr int STAT_THREADS = 2 * BLOCK_M;
+  // kBarDs with the producer warpgroup: the consumers and its BLOCK_M stats threads
+  static constexpr int DS_MEETING = CONSUMERS + BLOCK_M;
   // p_from_s: tiles that need no per-element test in code of their own (H100: causal
   // 1.11-1.18x at D = 64 and 128, S >= 4k), except the 128-query tiles past D = 64,
   // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy.
@@ -267,7 +269,8 @@ struct WgmmaBwdTraits {
 // Named barriers (bar.sync ids; 0 is __syncthreads', 1 and 2 warpgroup_barrier's).
 enum WgmmaBwdBarrier : int {
   kBarP = 3,        // wide: sP written by warpgroup 0, read by 1
-  kBarDs = 4,       // sdS written (wide: by warpgroup 1; narrow: both), read by both (dQ)
+  kBarDs = 4,       // sdS written (wide: by warpgroup 1; narrow: both), read by both (dQ);
+                    // narrow with the producer warpgroup, its stats threads too (DS_MEETING)
   kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0)
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
   kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
@@ -990,13 +993,17 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
       }
     }
   } else if (warp < 3) {  // warps 1 and 2: lse and delta of row r each
+    // A stage's lse and delta are free once the consumers met at kBarDs of the tile
+    // it held (past their last reads of them; earlier than its release): these
+    // warps take part in every tile's kBarDs, waiting in it before each reload.
     const int r = int(threadIdx.x) - KT::CONSUMERS - 32;
     PipelineState<KT::kStages> next;
     for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
-      const int stage = next.index();
-      if (it - sched.begin >= KT::kStages) mbarrier_wait(st.empty(stage), next.phase() ^ 1);
-      producer.copy_stats_row(stage, sched.head(it), sched.m0(it), r);
+      if (it - sched.begin >= KT::kStages) named_barrier_sync(kBarDs, KT::DS_MEETING);
+      producer.copy_stats_row(next.index(), sched.head(it), sched.m0(it), r);
     }
+    for (int it = max(sched.begin, sched.end - KT::kStages); it < sched.end; ++it)
+      named_barrier_arrive(kBarDs, KT::DS_MEETING);  // the last tiles' meetings
   } else if (REDUCE && warp == 3) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = sched.begin; it < sched.end; ++it) {
@@ -1134,7 +1141,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
       if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
         bulk_wait_read<0>();  // tile it - 2's sdQ read
-      named_barrier_sync(kBarDs, KT::CONSUMERS);  // sdS complete; sdQ of tile it - 1 too
+      // sdS complete; sdQ of tile it - 1 too (PWG: the stats warps join: produce)
+      named_barrier_sync(kBarDs, PWG ? KT::DS_MEETING : KT::CONSUMERS);
       issue_dq<KT>(dq, dq_a, dq_b);
       if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
