@@ -1002,8 +1002,10 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
       if (it - sched.begin >= KT::kStages) named_barrier_sync(kBarDs, KT::DS_MEETING);
       producer.copy_stats_row(next.index(), sched.head(it), sched.m0(it), r);
     }
+    // the last tiles' meetings, each waited for: an arrival on a meeting that has
+    // not completed would count toward it, not the next one
     for (int it = max(sched.begin, sched.end - KT::kStages); it < sched.end; ++it)
-      named_barrier_arrive(kBarDs, KT::DS_MEETING);  // the last tiles' meetings
+      named_barrier_sync(kBarDs, KT::DS_MEETING);
   } else if (REDUCE && warp == 3) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = sched.begin; it < sched.end; ++it) {
