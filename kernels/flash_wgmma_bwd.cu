@@ -999,13 +999,13 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
     const int r = int(threadIdx.x) - KT::CONSUMERS - 32;
     PipelineState<KT::kStages> next;
     for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
-      if (it - sched.begin >= KT::kStages) named_barrier_sync(kBarDs, KT::DS_MEETING);
+      if (it - sched.begin >= KT::kStages) role_barrier_sync(kBarDs, KT::DS_MEETING);
       producer.copy_stats_row(next.index(), sched.head(it), sched.m0(it), r);
     }
     // the last tiles' meetings, each waited for: an arrival on a meeting that has
     // not completed would count toward it, not the next one
     for (int it = max(sched.begin, sched.end - KT::kStages); it < sched.end; ++it)
-      named_barrier_sync(kBarDs, KT::DS_MEETING);
+      role_barrier_sync(kBarDs, KT::DS_MEETING);
   } else if (REDUCE && warp == 3) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = sched.begin; it < sched.end; ++it) {
@@ -1144,7 +1144,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
       if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
         bulk_wait_read<0>();  // tile it - 2's sdQ read
       // sdS complete; sdQ of tile it - 1 too (PWG: the stats warps join: produce)
-      named_barrier_sync(kBarDs, PWG ? KT::DS_MEETING : KT::CONSUMERS);
+      if constexpr (PWG) role_barrier_sync(kBarDs, KT::DS_MEETING);
+      else named_barrier_sync(kBarDs, KT::CONSUMERS);
       issue_dq<KT>(dq, dq_a, dq_b);
       if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {

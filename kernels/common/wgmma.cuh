@@ -110,6 +110,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
 }
+// named_barrier_sync for a barrier that warps of different roles wait in from
+// different code: bar.sync is barrier.sync.aligned, which promises one barrier
+// instruction for every thread (compute-sanitizer's synccheck holds a kernel to it).
+__device__ __forceinline__ void role_barrier_sync(int id, int count) {
+  asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
 
 // Hand registers between warpgroups (every thread of the warpgroup runs it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
