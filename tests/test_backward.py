@@ -977,8 +977,9 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
     (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the
-    wide kernel, D = 72-80 on 128-query tiles and packed sequences keep the separate
-    dQ pass. The family asks for a dq_accum with a turn counter per query tile."""
+    wide kernel and packed sequences keep the separate dQ pass. Without dropout it
+    takes 64-query tiles and the producer warpgroup where the default mode takes 128.
+    The family asks for a dq_accum with a turn counter per query tile."""
     from cupy_attention.dispatch import backward_families
     from cupy_attention.problem import Problem
     from cupy_attention.variant import Variant
@@ -988,16 +989,24 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
                        **kw)
 
     def names(d, vt, det):
-        return [s.name for s in flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16",
-                                                      vt, det)]
+        return [s.name for s in flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt, det),
+                                                      "bfloat16", vt, det)]
 
-    for d, causal in ((64, False), (64, True), (96, True), (128, False), (128, True), (72, True)):
+    for d, causal in ((64, False), (64, True), (72, False), (80, False), (96, True),
+                      (128, False), (128, True), (72, True)):
         vt = Variant(causal)
         assert flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         got = names(d, vt, True)
-        assert ",ordered-dq" in got[1] and got[2].startswith("flash_bwd_dq_convert"), got
-        assert ",atomic-dq" in names(d, vt, False)[1]
-    for d, causal in ((72, False), (80, False), (136, True), (256, False)):
+        assert ",BM=64," in got[1] and ",ordered-dq" in got[1], got
+        assert got[2].startswith("flash_bwd_dq_convert"), got
+        assert flash_wgmma_bwd.config(d, vt, True).threads(True, vt) == 384
+        default = names(d, vt, False)[1]
+        assert ",atomic-dq" in default
+        assert (",BM=128," in default) == (d == 64 or (d <= 80 and not causal)), default
+    vt = Variant(False, dropout=True)   # no producer warpgroup under dropout
+    assert ",BM=128," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
+    assert flash_wgmma_bwd.config(64, vt, True).threads(True, vt) == 256
+    for d, causal in ((136, True), (256, False)):
         assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         got = names(d, Variant(causal), True)
         assert "-dq" not in got[1] and got[2].startswith("flash_mma_bwd_dq"), got
@@ -1016,7 +1025,7 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     p = prob(128)                              # 64-query tiles: 16 per (batch, head)
     assert family.dq_accum_shape(p, False) == (2, 8, 1000, 128)
     assert family.dq_accum_shape(p, True) == (2 * 8 * 1000 * 128 + 2 * 8 * 16,)
-    assert flash_wgmma_bwd.dq_turns(prob(64)) == 2 * 8 * 8   # 128-query tiles
+    assert flash_wgmma_bwd.dq_turns(prob(64)) == 2 * 8 * 16   # 64-query tiles, as D = 128
     assert family.dq_accum_shape(prob(256), True) is None
     assert backward_families()["flash_mma"].dq_accum_shape(p, True) is None
 

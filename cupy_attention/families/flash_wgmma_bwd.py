@@ -142,21 +142,28 @@ BANDED_WIDE_ROWS_MAX_D = 64
 SPLIT_WIDE_ROWS_MAX_D = 64
 
 
-def _narrow_rows(vt: Variant | None, head_dim: int) -> bool:
+def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool:
     if vt is None:
         return False
     banded = vt.causal or vt.window is not None or vt.ragged
+    # the deterministic mode's ordered dQ on the producer warpgroup (64-query tiles,
+    # fixed lengths, no dropout: Config.threads) against the 128-query tiles' separate
+    # dQ pass (D = 72-80) or ordered dQ on the consumers (D = 64)
+    ordered_pwg = deterministic and not vt.ragged and not vt.dropout
     return (bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
-            or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D))
+            or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D) or ordered_pwg)
 
 
-def config(head_dim: int, vt: Variant | None = None) -> Config | None:
-    """The tile config for ``head_dim`` (and the variant ``vt``, when given)."""
+def config(head_dim: int, vt: Variant | None = None,
+           deterministic: bool = False) -> Config | None:
+    """The tile config for ``head_dim`` (and the variant ``vt``, when given) in the
+    default or the deterministic mode."""
     if head_dim % 8 or head_dim < 64:
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
-            return Config(head_dim, 64 if bm == 128 and _narrow_rows(vt, head_dim) else bm)
+            narrow = bm == 128 and _narrow_rows(vt, head_dim, deterministic)
+            return Config(head_dim, 64 if narrow else bm)
     return None
 
 
@@ -205,7 +212,7 @@ def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = Fals
 def staggered_turns(p: Problem, sms: int) -> bool:
     """The ordered dQ's staggered turns for ``p`` on a GPU of ``sms`` SMs: under an
     upper bound, where the grid holds STAGGERED_MIN_BLOCKS_PER_SM blocks an SM."""
-    c = config(p.head_dim, p.variant)
+    c = config(p.head_dim, p.variant, deterministic=True)
     blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
     return p.variant.band_flags[1] and blocks >= STAGGERED_MIN_BLOCKS_PER_SM * sms
 
@@ -213,7 +220,7 @@ def staggered_turns(p: Problem, sms: int) -> bool:
 def ordered_dq(p: Problem) -> bool:
     """Whether the deterministic backward of ``p`` takes the ordered dQ (one kernel
     fewer than the separate dQ pass, which recomputes P and dS)."""
-    c = config(p.head_dim, p.variant)
+    c = config(p.head_dim, p.variant, deterministic=True)
     return c is not None and _ordered(c, p.variant)
 
 
@@ -222,7 +229,7 @@ def dq_turns(p: Problem) -> int:
     (one per batch entry, query head and query tile; 0: no ordered dQ)."""
     if not ordered_dq(p):
         return 0
-    return p.batch * p.heads_q * -(-p.seqlen_q // config(p.head_dim, p.variant).block_m)
+    return p.batch * p.heads_q * -(-p.seqlen_q // config(p.head_dim, p.variant, True).block_m)
 
 
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
@@ -293,7 +300,7 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
           staggered: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
-    c = config(head_dim, vt)
+    c = config(head_dim, vt, deterministic)
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split,
                                                     staggered)
 
@@ -356,7 +363,7 @@ def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
         return t
     if t.dq_accum is None or t.dq_accum.size < t.delta.size * p.head_dim + dq_turns(p):
         raise ValueError("the ordered dQ needs dq_accum with room for its turn counters")
-    return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant).block_m)
+    return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant, True).block_m)
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -382,13 +389,13 @@ def ci_specs() -> list[jit.KernelSpec]:
         for dtype in ("float16", "bfloat16"):
             for causal in (False, True):
                 vt = Variant(causal)
-                c = config(d, vt)
                 for deterministic in (False, True):
+                    c = config(d, vt, deterministic)
                     out.append(dkdv_spec(c, dtype, vt, _dq_mode(c, vt, deterministic)))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
         vt = Variant(causal, ragged=True)
-        c = config(d, vt)
         for deterministic in (False, True):
+            c = config(d, vt, deterministic)
             out.append(dkdv_spec(c, "bfloat16", vt, _dq_mode(c, vt, deterministic)))
     vt = Variant(True, (32, 0), 30.0, ragged=True)
     out.append(dkdv_spec(config(96, vt), "float16", vt, "atomic"))
@@ -396,11 +403,11 @@ def ci_specs() -> list[jit.KernelSpec]:
     # with softcap (64-query tiles)
     for d in range(64, 129, 8):
         vt = Variant(True)
-        out.append(dkdv_spec(config(d, vt), ("float16", "bfloat16")[d % 16 // 8], vt,
+        out.append(dkdv_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt,
                              "staggered"))
     for d, vt in ((64, Variant(True, (256, 0))), (128, Variant(False, (128, 128), 30.0))):
         for mode in ("ordered", "staggered"):
-            out.append(dkdv_spec(config(d, vt), "bfloat16", vt, mode))
+            out.append(dkdv_spec(config(d, vt, True), "bfloat16", vt, mode))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
@@ -418,8 +425,8 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
                       (256, True)):
         vt = Variant(causal, dropout=True)
-        c = config(d, vt)
         for deterministic in (False, True):
+            c = config(d, vt, deterministic)
             out.append(dkdv_spec(c, "float16" if causal else "bfloat16", vt,
                                  _dq_mode(c, vt, deterministic)))
     for d, vt in ((128, Variant(True, softcap=30.0, dropout=True)),
