@@ -23,6 +23,9 @@ from helpers import nvrtc_probe
 
 SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
                  key=lambda c: c.head_dim)
+# and the deterministic mode's (64-query tiles where the default takes 128: D <= 80)
+SHIPPED_ALL = sorted({fb.config(d, Variant(), det) for d in range(64, fb.TILES[-1][0] + 1, 8)
+                      for det in (False, True)}, key=lambda c: (c.head_dim, c.block_m))
 
 
 def smem_probe(configs, lie: bool = False) -> str:
@@ -43,7 +46,7 @@ def test_every_head_dim_has_a_config():
 
 
 def test_host_shared_memory_matches_the_storage():
-    ok, log = nvrtc_probe(smem_probe(SHIPPED), jit.options_for("sm_90a"))
+    ok, log = nvrtc_probe(smem_probe(SHIPPED_ALL), jit.options_for("sm_90a"))
     assert ok, f"flash_wgmma_bwd.py's Config.smem and WgmmaBwdTraits::Storage disagree:\n{log}"
 
 
@@ -60,7 +63,7 @@ def threads_probe(lie: bool = False) -> str:
     """static_asserts that the dK/dV kernel's threads (BwdLaunch) are the host's
     (Config.threads) for every shipped config, these variants and every dQ mode."""
     lines = ['#include "flash_wgmma_bwd.cu"']
-    for c in SHIPPED:
+    for c in SHIPPED_ALL:
         for vt in LAUNCH_VARIANTS:
             for mode, cpp in fb.DQ_MODES.items():
                 threads = c.threads(mode in ("ordered", "staggered"), vt) + (32 if lie else 0)
@@ -83,6 +86,7 @@ def test_threads_probe_catches_a_wrong_count():
 
 
 def test_the_producer_warpgroup_runs_only_the_ordered_dq():
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 3   # D = 64, 72, 80 on 64-query tiles
     c = fb.config(128)
     assert c.threads(True, Variant(True)) == 384
     assert c.threads(False, Variant(True)) == c.threads(True, Variant(dropout=True)) == 256
@@ -92,7 +96,8 @@ def test_the_producer_warpgroup_runs_only_the_ordered_dq():
 def variant_spec(head_dim: int, variant: Variant, deterministic: bool) -> jit.KernelSpec:
     """The shipped dK/dV instantiation (softcap takes the 64-row tiles: fb.config; the
     deterministic mode's dQ ordered or separate: fb.specs)."""
-    return fb.specs(fb.config(head_dim, variant), "bfloat16", variant, deterministic)[1]
+    c = fb.config(head_dim, variant, deterministic)
+    return fb.specs(c, "bfloat16", variant, deterministic)[1]
 
 
 VARIANTS = [
