@@ -60,10 +60,11 @@
 //      under dropout) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
 //      setmaxnreg), takes every copy and the dQ additions off the MMA warpgroups:
 //      its first thread issues the tensor copies, two warps the lse and delta
-//      copies, and its last warp waits for each staged sdQ buffer (mbarrier
+//      copies (they join each tile's kBarDs meeting, after which the tile's stats
+//      are free), and its last warp waits for each staged sdQ buffer (mbarrier
 //      dq_full), takes the turn, adds, waits for the addition, passes the turn and
 //      frees the buffer (dq_empty) for the staging two tiles on (produce). The
-//      warpgroups meet only at
+//      MMA warpgroups meet only at
 //      kBarDs (and kBarDsFree); without dQ (kDqSeparate) not at all: each waits
 //      for its tile's copies, and the producer for the release of a stage by every
 //      warp (mbarriers full and empty, Producer). The async MMAs overlap the
@@ -287,8 +288,8 @@ enum WgmmaBwdDq : int {
 
 // Whether the narrow kernel's instantiation runs the producer warpgroup, and its
 // threads (the host's Config.threads says the same). Only the ordered dQ takes it:
-// there it measured 1.16-1.26x (its turns and completions leave the MMA warpgroups),
-// the atomic dQ 0.95-0.98x (H100, D = 128; benchmarks/results/notes-deterministic-dq.md).
+// there it measured 1.20-1.32x at D = 128 (its turns and completions leave the MMA
+// warpgroups), the atomic dQ 0.99-1.01x (H100; benchmarks/results/notes-deterministic-dq.md).
 template <class KT, class VT, int DQ>
 struct BwdLaunch {
   static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && DQ >= kDqOrdered &&
