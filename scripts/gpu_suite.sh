@@ -6,7 +6,7 @@
 # 1. device, driver, CuPy/NVRTC/torch versions
 # 2. the GPU tests: python3 -m pytest -m gpu -q (junit XML, full log, and the
 #    per-case error figures in $OUT/errors.jsonl); stops after GPU_SUITE_MAXFAIL failures
-# 3. compute-sanitizer memcheck (CuPy's pool off) and racecheck on
+# 3. compute-sanitizer memcheck (CuPy's pool off), racecheck and synccheck on
 #    scripts/sanitize_case.py: small launches of every kernel family
 # 4. SASS instruction counts (HMMA, spills) of the compiled cubins (cuobjdump)
 # 5. the quick benchmark, if the CLI has one
@@ -115,6 +115,9 @@ sanitize() {  # tool, extra args for sanitize_case.py
 }
 sanitize memcheck --no-pool
 sanitize racecheck
+# barriers met from different code or by a diverged warp (bar.sync is .aligned):
+# the producer warpgroup's first version passed every test and failed only here
+sanitize synccheck
 
 # 4 -------------------------------------------------------------------------------
 stage "SASS (cuobjdump)"
@@ -245,7 +248,8 @@ for (k, d), (n, r, e, s, lr) in sorted(ratios.items(), key=lambda kv: (str(kv[0]
     lines.append(f"| {k} | {d} | {n} | {r:.2f} | {e:.2e} | {s:.2e} | {lr:.2f} |")
 lines += ["", "## Sanitizers and SASS", "",
           f"- memcheck: {st.get('memcheck', 'not run')}",
-          f"- racecheck: {st.get('racecheck', 'not run')}"]
+          f"- racecheck: {st.get('racecheck', 'not run')}",
+          f"- synccheck: {st.get('synccheck', 'not run')}"]
 for k, v in sorted(hmma.items()):
     lines.append(f"- {k}: {len(v)} cubins, tensor-core MMA instructions {min(x for x, _ in v)}.."
                  f"{max(x for x, _ in v)}, local-memory (spill) instructions {max(y for _, y in v)}")
@@ -262,6 +266,7 @@ if first_failure:
     print(f"first failure: {first_failure[:240]}")
 print(f"memcheck: {st.get('memcheck', 'not run')}")
 print(f"racecheck: {st.get('racecheck', 'not run')}")
+print(f"synccheck: {st.get('synccheck', 'not run')}")
 print(f"{'kernel':12s} {'dtype':9s} {'cases':>5s} {'max ratio':>9s} {'max err':>9s} {'LSE ratio':>9s}")
 for (k, d), (n, r, e, s, lr) in sorted(ratios.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
     print(f"{str(k):12s} {str(d):9s} {n:5d} {r:9.2f} {e:9.2e} {lr:9.2f}")
