@@ -118,7 +118,8 @@ sanitize racecheck
 # barriers met from different code or by a diverged warp (bar.sync is .aligned):
 # the producer warpgroup's first version passed every test and failed only here.
 # The warp-specialized family only: under synccheck every family's cases take more
-# than the stage's 120 s (2026-11-27, H100: the first two families in 200 s).
+# than the stage's 120 s (2026-11-27, H100: 200 s covered decode's skips and five
+# flash_wgmma forward cases; the backward cases alone took under 60 s).
 sanitize synccheck --families flash_wgmma --backward-kernels flash_wgmma
 
 # 4 -------------------------------------------------------------------------------
