@@ -498,28 +498,32 @@ struct Producer {
                               f.v_batch_stride ? b : 0, full);
     }
   }
+  // The lse and delta of the query tile (head h, rows from m0) in global memory.
+  __device__ __forceinline__ const float* lse_rows(int h, int m0) const {
+    const FwdParams& f = p.fwd;
+    return f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+  }
+  __device__ __forceinline__ const float* delta_rows(int h, int m0) const {
+    return p.delta + delta_row(p, sched.b, h) + m0;
+  }
   // Value c (< STAT_THREADS: lse, then delta) of the query tile (head h, rows m0..)
   // into `stage`, one arrival on the stage's full barrier once the copy landed.
   __device__ __forceinline__ void copy_stats(int stage, int h, int m0, int c) const {
     const FwdParams& f = p.fwd;
-    const float* lse = f.lse + sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0;
-    const float* delta = p.delta + delta_row(p, sched.b, h) + m0;
-    copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse, delta, Walk::row_hi(f, m0), f.lse, c);
+    copy_row_stats<KT::BLOCK_M>(st.stats(stage), lse_rows(h, m0), delta_rows(h, m0),
+                                Walk::row_hi(f, m0), f.lse, c);
     mbarrier_arrive_on_copies(st.full(stage));
   }
   // The producer warpgroup's stats thread r (< BLOCK_M): lse and delta of row r of
   // the query tile (head h, rows m0..) into `stage` (copy_row_stats' layout: zeros
   // past the rows), then one arrival, whose release orders the stores before the
-  // consumers' wait. Plain loads and stores: the thread has nothing else to do, and
-  // the mbarrier is then the only ordering, which compute-sanitizer's racecheck
-  // follows (cp.async's arrive-on it did not). (Two values a thread through
-  // copy_stats spilled at the producer's 24 registers.)
+  // consumers' wait. Plain loads and stores: the thread has nothing else to do.
+  // (Two values a thread through copy_stats spilled at the producer's 24 registers.)
   __device__ __forceinline__ void copy_stats_row(int stage, int h, int m0, int r) const {
-    const FwdParams& f = p.fwd;
     float lse = 0.f, delta = 0.f;
-    if (r < Walk::row_hi(f, m0)) {
-      lse = f.lse[sched.b * f.lse_batch_stride + h * f.lse_head_stride + m0 + r];
-      delta = p.delta[delta_row(p, sched.b, h) + m0 + r];
+    if (r < Walk::row_hi(p.fwd, m0)) {
+      lse = lse_rows(h, m0)[r];
+      delta = delta_rows(h, m0)[r];
     }
     const u32 dst = st.stats(stage) + 4 * r;
     st_shared_u32(dst, __float_as_uint(lse));
@@ -971,13 +975,14 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
   __syncthreads();
 }
 
-// The producer warpgroup (BwdLaunch::PRODUCER_WG), after setmaxnreg: once the
-// consumers released a query tile's stage, its first thread issues the tile's tensor
-// copies and its next two warps copy lse and delta (cp.async); its last warp adds each staged sdQ buffer into dq_accum
-// (REDUCE): it waits for the buffer (dq_full), takes the tile's turn (ORDERED),
-// issues the copy engine's reduction and, once that has read the buffer (ORDERED:
-// completed, and the turn passed), frees it (dq_empty) for the consumers' staging
-// two tiles on.
+// The producer warpgroup (BwdLaunch::PRODUCER_WG), after setmaxnreg. Its first
+// thread issues a query tile's tensor copies once the consumers released the stage
+// (empty); its next two warps copy the tile's lse and delta once the consumers met
+// at kBarDs of the tile the stage held; its last warp adds each staged sdQ buffer
+// into dq_accum (REDUCE): it waits for the buffer (dq_full), takes the tile's turn
+// (ORDERED), issues the copy engine's reduction and, once that has read the buffer
+// (ORDERED: completed, and the turn passed), frees it (dq_empty) for the consumers'
+// staging two tiles on.
 template <class KT, bool ORDERED, bool REDUCE, class Sched>
 __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
                                         const Epilogue<KT, Sched>& epi, const BwdSmem<KT>& st,
