@@ -67,6 +67,10 @@ struct WgmmaTraits {
   static constexpr int STAGES = STAGES_;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int MIN_BLOCKS = MIN_BLOCKS_;       // blocks per SM
+  // ALiBi's line per row (softmax_fast, VT::kLinearBias): a third copy of the score
+  // loop, which spilled 8-76 bytes past D = 224 (D = 256; packed sequences from
+  // D = 232; ptxas of CUDA 13).
+  static constexpr bool LINE_BIAS = D <= 224;
   // Registers per thread at launch (ptxas allocates the __launch_bounds__ cap when
   // the kernel hands registers around); the producer gives registers up and the
   // consumers take exactly what it freed (setmaxnreg.inc would wait forever for more).
@@ -489,6 +493,17 @@ struct Consumer {
   // which keeps the plain kernel's code as it was.)
   __device__ __forceinline__ bool softmax_fast(float (&sum)[2], int j, bool masked) {
     if (VT::kTransform || (VT::kCausal && masked)) {
+      if constexpr (VT::kLinearBias && KT::LINE_BIAS) {  // ALiBi off the diagonal: a line per row
+        const float side =
+            masked ? 0.f
+                   : VT::line_side(p, q0 + row0, q0 + row0 + 15, k0(j), k0(j) + KT::BLOCK_N - 1);
+        if (side != 0.f) {
+          Scores<VT>::shifted_line(
+              Frag(lane), [&](int i) -> float& { return s[i]; }, p, dense, q0 + row0, k0(j), side,
+              [&](int r) { return -sm.row[r].m_i; }, [](float x) { return fast_exp2(x); });
+          return FragSoftmax<KT::N_TILES>::sums(s, sum);
+        }
+      }
       Scores<VT>::map(Frag(lane), [&](int i) -> float& { return s[i]; }, p, q0 + row0, k0(j),
                       masked, 0.f, [&](float x, int r, int, int i, int jj) {
                         return fast_exp2(VT::kTransform

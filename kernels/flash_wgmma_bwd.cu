@@ -612,6 +612,33 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
     }
   }
 }
+// P^T as p_from_s_tile<KT, VT, 0> where the warp's keys x the tile lie on one side
+// `side` of the diagonal under a bias that is a line in the key (VT::kLinearBias,
+// ALiBi): per query column the line along this thread's two keys j0 + g + 8 r
+// (Dense::line from one conversion per tile), so a score costs one FFMA beside the
+// logits' (the one with r = 0 none).
+template <class KT, class VT>
+__device__ __forceinline__ void p_from_s_line(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+                                              const float* s_lse, typename VT::Head hd, int m0,
+                                              int j0, int g, int t, float side) {
+  const float off0 = float(VT::Dense::offset(f, m0 + 2 * t, j0 + g));
+#pragma unroll
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float l = c ? lse.y : lse.x;
+      const float lse2 = (m0 + col + c < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+      const auto line = VT::Dense::line(hd, off0 + float(8 * nt + c), side, -lse2);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float& x = s[nt * 4 + 2 * r + c];
+        x = fast_exp2(VT::Logits::shifted(f, x, fmaf(line.b, float(8 * r), line.a)));
+      }
+    }
+  }
+}
 template <class KT, class VT>
 __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                          const float* s_lse, typename VT::Head hd, int m0,
@@ -619,6 +646,11 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   static_assert(!VT::Dense::reads, "no dense masks in this family");
   const int g = lane / 4, t = lane % 4;
   const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
+  if constexpr (VT::kLinearBias && KT::SPLIT_P) {  // warp-uniform; a third copy spilled
+                                                   // the 128-query tiles at D = 80
+    const float side = partial ? 0.f : VT::line_side(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
+    if (side != 0.f) return p_from_s_line<KT, VT>(s, f, s_lse, hd, m0, j0, g, t, side);
+  }
   if constexpr (!KT::SPLIT_P) {
     p_from_s_tile<KT, VT, 2>(s, f, s_lse, hd, m0, j0, g, t, partial);
   } else if (partial) {  // warp-uniform: other tiles run code without the test

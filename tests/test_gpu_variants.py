@@ -73,15 +73,19 @@ def _cases(families):
 
 
 def _alibi_cases(families):
-    """ALiBi with per-(batch, head) slopes [B, Hq] at B = 2, beside the sampled grid."""
+    """ALiBi with per-(batch, head) slopes [B, Hq] at B = 2, beside the sampled grid;
+    cases 2-3 are long enough that whole key tiles lie on either side of the diagonal
+    (where the kernels take the bias as a line in the key: AlibiBias::line)."""
     out = []
+    cases = ((True, (333, 517)), (False, (517, 333)), (False, (1031, 777)), (True, (777, 1031)))
     for fam in families:
-        for idx, (causal, shape) in enumerate(((True, (333, 517)), (False, (517, 333)))):
+        dims = HEAD_DIMS.get(fam, OTHER_HEAD_DIMS)
+        for idx, (causal, shape) in enumerate(cases):
             out.append(pytest.param(dict(
                 family=fam, causal=causal, window=(-1, -1), softcap=None, alibi=True, batch=2,
-                head_dim=HEAD_DIMS.get(fam, OTHER_HEAD_DIMS)[idx], shape=shape,
-                dtype=DTYPES[idx], layout=LAYOUTS[idx], heads_kv=HKV[idx + 1],
-                deterministic=idx == 1), id=f"{fam}-alibi-batch-slopes-{idx}"))
+                head_dim=dims[idx % len(dims)], shape=shape,
+                dtype=DTYPES[idx % 2], layout=LAYOUTS[idx % 2], heads_kv=HKV[(idx + 1) % 3],
+                deterministic=idx % 2 == 1), id=f"{fam}-alibi-batch-slopes-{idx}"))
     return out
 
 

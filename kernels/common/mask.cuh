@@ -12,12 +12,14 @@
 //                                   it in registers instead of recomputing b and h
 //   apply(p, hd, i, j, s2)          the score in the exp2 domain after masking;
 //                                   -inf means "not attended"
+//   kLinear; side(), line()         (a computed bias only) the bias is a line in the
+//                                   key on either side of the diagonal (ALiBi)
 // Scores are selected, never multiplied, so NaN/Inf in masked K stays out.
 #pragma once
 #include "params.cuh"
 
 struct NoDense {
-  static constexpr bool enabled = false, reads = false;
+  static constexpr bool enabled = false, reads = false, kLinear = false;
   struct Head {};
   __device__ __forceinline__ static Head head(const FwdParams&, int, int) { return {}; }
   __device__ __forceinline__ static float apply(const FwdParams&, Head, int, int, float s2) {
@@ -37,7 +39,7 @@ __device__ __forceinline__ i64 mask_offset(const FwdParams& p, MaskHead hd, int 
 }
 
 struct BoolDense {
-  static constexpr bool enabled = true, reads = true;
+  static constexpr bool enabled = true, reads = true, kLinear = false;
   using Head = MaskHead;
   __device__ __forceinline__ static Head head(const FwdParams& p, int b, int h) {
     return mask_head(p, b, h);
@@ -50,7 +52,7 @@ struct BoolDense {
 };
 
 struct AddDense {
-  static constexpr bool enabled = true, reads = true;
+  static constexpr bool enabled = true, reads = true, kLinear = false;
   using Head = MaskHead;
   __device__ __forceinline__ static Head head(const FwdParams& p, int b, int h) {
     return mask_head(p, b, h);
@@ -70,7 +72,7 @@ struct AddDense {
 // lengths). The slope is per query head: alibi_slopes[b * alibi_batch_stride + h],
 // fp32 ([Hq]: batch stride 0, or [B, Hq]); Head is it in the exp2 domain.
 struct AlibiBias {
-  static constexpr bool enabled = true, reads = false;
+  static constexpr bool enabled = true, reads = false, kLinear = true;
   struct Head {
     float slope2;
   };
@@ -80,6 +82,28 @@ struct AlibiBias {
   __device__ __forceinline__ static float apply(const FwdParams& p, Head hd, int i, int j,
                                                 float s2) {
     return fmaf(-hd.slope2, distance(p, i, j), s2);
+  }
+  // kLinear: on one side of the diagonal the bias is a line in the key. side() of
+  // rows [i_first, i_last] x keys [j_first, j_last]: +1 where every key lies at or
+  // left of every row's diagonal (j <= i + Sk - Sq), -1 at or right of it, 0 where
+  // the diagonal crosses them. line(): row i's bias + shift over the keys j0 + c of
+  // such a block, a + b c, from off = offset(p, i, j0) as a float (a kernel that
+  // walks many rows adds compile-time steps to one conversion); one FFMA with a
+  // compile-time c per score (Scores::shifted_line) where apply spends four
+  // instructions.
+  __device__ __forceinline__ static float side(const FwdParams& p, int i_first, int i_last,
+                                               int j_first, int j_last) {
+    return offset(p, i_first, j_last) >= 0 ? 1.f : offset(p, i_last, j_first) <= 0 ? -1.f : 0.f;
+  }
+  __device__ __forceinline__ static int offset(const FwdParams& p, int i, int j) {
+    return i - j + (p.seqlen_k - p.seqlen_q);
+  }
+  struct Line {
+    float a, b;
+  };
+  __device__ __forceinline__ static Line line(Head hd, float off, float side, float shift) {
+    const float b = side * hd.slope2;  // |offset(i, j0 + c)| = side (off - c)
+    return {fmaf(-b, off, shift), b};
   }
   // The score before the bias: what a backward that recovers the logits from P
   // (s2 = log2 P + lse2) needs under a logits transform.
@@ -94,7 +118,7 @@ struct AlibiBias {
   // the integer x is added into the mantissa of 1.5 * 2^23, exact for |x| < 2^22
   // (the host refuses longer sequences), and i - j + const folds into that add.
   __device__ __forceinline__ static float distance(const FwdParams& p, int i, int j) {
-    const int x = i - j + (p.seqlen_k - p.seqlen_q);
+    const int x = offset(p, i, j);
     return fabsf(__int_as_float(0x4B400000 + x) - 12582912.f);
   }
 };

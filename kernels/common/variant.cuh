@@ -244,6 +244,12 @@ struct Variant {
   // tiles from the diagonal outward (flash_wgmma's TileScheduler::key_block).
   static constexpr bool kDiagonalFirst = DenseT::enabled && !DenseT::reads;
   static constexpr bool kCausal = BandT::kHi;  // heaviest query tiles last: schedule them first
+  // A computed bias that is a line in the key on either side of the diagonal
+  // (Dense::kLinear: ALiBi), taken as one (line_side: which side a block lies on, 0
+  // none; Scores::shifted_line) without a logits transform: beside softcap's two MUFU
+  // operations per score the line saves little, and its code path spilled 8 bytes
+  // (flash_wgmma D = 64 causal, the ordered backward at D = 128).
+  static constexpr bool kLinearBias = DenseT::kLinear && !LogitsT::kTransform;
   static constexpr bool kTransform = LogitsT::kTransform || DenseT::enabled;
 
   __device__ __forceinline__ static int kv_begin(const FwdParams& p, int q_first) {
@@ -263,6 +269,11 @@ struct Variant {
                                                  int k_first, int k_last) {
     return DenseT::reads || k_last >= p.seqlen_k ||
            !BandT::covers(p, q_first, q_last, k_first, k_last);
+  }
+  __device__ __forceinline__ static float line_side(const FwdParams& p, int q_first, int q_last,
+                                                    int k_first, int k_last) {
+    if constexpr (kLinearBias) return DenseT::side(p, q_first, q_last, k_first, k_last);
+    return 0.f;
   }
   // Key j lies in row i's band and below Sk (the dense mask is score's business).
   // Unclipped bounds: j >= 0 always and j < Sk is tested once, so a causal element
@@ -428,11 +439,46 @@ struct Scores {
     }
   }
 
+  // x = op(V::shifted(x) with shift(r)) for every element of fragment `f` (tile
+  // corner query i0, key j0) of a block without masked elements whose rows and keys
+  // lie on one side `side` of the diagonal (V::line_side != 0): the bias of each row
+  // is then a line in the key (Dense::line), one FFMA per score with a compile-time
+  // column offset.
+  template <class Frag, class At, class Shift, class Op>
+  __device__ __forceinline__ static void shifted_line(const Frag& f, At&& at, const FwdParams& p,
+                                                      typename V::Head hd, int i0, int j0,
+                                                      float side, Shift&& shift, Op&& op) {
+    static_assert(V::kLinearBias, "a bias that is a line in the key");
+#pragma unroll
+    for (int r = 0; r < Frag::ROWS; ++r) {
+      const int i = i0 + f.row_lane + Frag::row(r);
+      const auto line =
+          V::Dense::line(hd, float(V::Dense::offset(p, i, j0 + f.col_lane)), side, shift(r));
+#pragma unroll
+      for (int c = 0; c < Frag::COLS; ++c) {
+        float& x = at(Frag::at(r, c));
+        x = op(V::Logits::shifted(p, x, fmaf(line.b, float(Frag::col(c)), line.a)));
+      }
+    }
+  }
+
   // The forward's scores of one fragment: x = V::score(x) in the exp2 domain, -inf
   // where masked (EXACT as PlainLogits says).
   template <bool EXACT = false, class Frag, class At>
   __device__ __forceinline__ static void forward(const Frag& f, At&& at, const FwdParams& p, int b,
                                                  int h, int i0, int j0, bool partial) {
+    if constexpr (V::kLinearBias && !EXACT) {  // off the diagonal: a line per row
+      const int row = i0 + f.row_lane, col = j0 + f.col_lane;
+      const float side =
+          partial ? 0.f
+                  : V::line_side(p, row + Frag::row(0), row + Frag::row(Frag::ROWS - 1),
+                                 col + Frag::col(0), col + Frag::col(Frag::COLS - 1));
+      if (side != 0.f) {
+        shifted_line(f, at, p, V::Dense::head(p, b, h), i0, j0, side, [](int) { return 0.f; },
+                     [](float x) { return x; });
+        return;
+      }
+    }
     apply(f, at, p, i0, j0, partial, -CA_INF, ScoreOp<V, EXACT>{p, b, h});
   }
 
