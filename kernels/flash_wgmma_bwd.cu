@@ -31,7 +31,8 @@
 //        issue dK_w += dS^T Q       wgmma rs, Q MN-major, N = D
 //        (DQ_HERE) once the other warpgroup's dQ of the last tile is done with
 //        sdS (kBarDsFree), dS^T to sdS [key][query]; the two warpgroups meet
-//        (kBarDs: sdS complete), then
+//        (kBarDs: sdS complete), then (with the producer warpgroup, dK is issued
+//        after dQ instead, and dQ staged while dK runs)
 //        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
 //                                   B = K (MN-major), K = the block's 128 keys.
 //                                   BLOCK_M = 64: warpgroup w computes the 64
@@ -56,14 +57,17 @@
 //      there the key blocks that reach a query tile add into it one after another
 //      in a fixed order, each waiting for its turn on the tile's counter
 //      (Epilogue::wait_turn, pass_turn; the orders and why they cannot deadlock:
-//      TileScheduler), so dQ is bitwise reproducible. In those two modes (not
+//      TileScheduler), so dQ is bitwise reproducible. In those two modes and in
+//      the atomic one over fixed lengths without a split (64-query tiles, not
 //      under dropout) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
 //      setmaxnreg), takes every copy and the dQ additions off the MMA warpgroups:
 //      its first thread issues the tensor copies, two warps the lse and delta
 //      copies (they join each tile's kBarDs meeting, after which the tile's stats
 //      are free), and its last warp waits for each staged sdQ buffer (mbarrier
-//      dq_full), takes the turn, adds, waits for the addition, passes the turn and
-//      frees the buffer (dq_empty) for the staging two tiles on (produce). The
+//      dq_full), takes the turn (ordered), adds, waits for the addition (or its
+//      read), passes the turn and frees the buffer (dq_empty) for the staging two
+//      tiles on (produce); the MMA warpgroups then issue dQ before dK and stage
+//      it while dK runs. The
 //      MMA warpgroups meet only at
 //      kBarDs (and kBarDsFree); without dQ (kDqSeparate) not at all: each waits
 //      for its tile's copies, and the producer for the release of a stage by every
@@ -287,13 +291,18 @@ enum WgmmaBwdDq : int {
 };
 
 // Whether the narrow kernel's instantiation runs the producer warpgroup, and its
-// threads (the host's Config.threads says the same). Only the ordered dQ takes it:
-// there it measured 1.20-1.32x at D = 128 (its turns and completions leave the MMA
-// warpgroups), the atomic dQ 0.99-1.01x (H100; benchmarks/results/notes-deterministic-dq.md).
-template <class KT, class VT, int DQ>
+// threads (the host's Config.threads says the same). The ordered dQ takes it (there
+// it measured 1.20-1.32x at D = 128: its turns and completions leave the MMA
+// warpgroups), and so does the atomic dQ over fixed lengths without a split, where
+// with dQ issued before dK (the kernel's DQ_FIRST) it measured 0.98-1.05x at D = 128
+// (alone 0.99-1.01x; H100; benchmarks/results/notes-deterministic-dq.md,
+// notes-bwd-loops.md §11). Not under dropout (its prologue spilled), nor with packed
+// sequences or a split (108-124 and 8 bytes spilled at the producer's 240 registers).
+template <class KT, class VT, int DQ, bool SPLIT>
 struct BwdLaunch {
-  static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && DQ >= kDqOrdered &&
-                                      !VT::Drop::enabled;  // (dropout's prologue spilled)
+  static constexpr bool PRODUCER_WG =
+      KT::PRODUCER_WG_FITS && KT::STAGE_DQ && !VT::Drop::enabled &&
+      (DQ >= kDqOrdered || (DQ == kDqAtomic && !SPLIT && !VT::Seqs::kRagged));
   static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
 };
 
@@ -1072,14 +1081,18 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
 // kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
 // passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
 template <class KT, class VT, int DQ, bool SPLIT>
-__global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
+__global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                          const __grid_constant__ TmaMap dout_map,
                          const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
-  constexpr bool PWG = BwdLaunch<KT, VT, DQ>::PRODUCER_WG;
+  constexpr bool PWG = BwdLaunch<KT, VT, DQ, SPLIT>::PRODUCER_WG;
+  // With the producer warpgroup, dQ is issued before dK and staged while dK runs
+  // (dK's wgmma reads only Q from shared memory): 1.00-1.04x in the deterministic
+  // mode; without it, on the atomic dQ, 0.98-1.02x (H100; notes-bwd-loops.md §11).
+  constexpr bool DQ_FIRST = PWG;
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
@@ -1171,8 +1184,10 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
     drop.apply(f, dp);
     ds_from_dp<KT>(dp, s, st.delta(stage), t);
     pack_a<KT>(da, dp);
-    wgmma_fence();
-    issue_accumulate<KT>(dk, da, q_tile);
+    if constexpr (!DQ_FIRST) {
+      wgmma_fence();
+      issue_accumulate<KT>(dk, da, q_tile);
+    }
 
     if constexpr (DQ_HERE) {
       // sdS is free once the other warpgroup's dQ of tile it - 1 is done
@@ -1184,7 +1199,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
       // sdS complete; sdQ of tile it - 1 too (PWG: the stats warps join: produce)
       if constexpr (PWG) role_barrier_sync(kBarDs, KT::DS_MEETING);
       else named_barrier_sync(kBarDs, KT::CONSUMERS);
+      if constexpr (DQ_FIRST) wgmma_fence();
       issue_dq<KT>(dq, dq_a, dq_b);
+      if constexpr (DQ_FIRST) issue_accumulate<KT>(dk, da, q_tile);
       if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
           if constexpr (ORDERED) epi.wait_turn(it - 1);
@@ -1197,12 +1214,17 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
         }
       }
     }
-    wgmma_wait<0>();
-    fence_regs(dk);
-    fence_regs(dv);
-    fence_regs(pa);
-    fence_regs(da);
-    release(st, stage, lane);
+    // Every MMA of the tile done: its registers and its stage free.
+    const auto retire = [&] {
+      wgmma_wait<0>();
+      fence_regs(dk);
+      fence_regs(dv);
+      fence_regs(pa);
+      fence_regs(da);
+      release(st, stage, lane);
+    };
+    if constexpr (DQ_FIRST) wgmma_wait<1>();  // dQ done, dK may run on
+    else retire();
     if constexpr (DQ_HERE) {
       fence_regs(dq);
       if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::CONSUMERS);
@@ -1219,6 +1241,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ>::THREADS), 1)
         epi.template stage_dq<KT::DQ_N>(dq, it, it & 1, dq_row0, dq_col0, 0, dq_cols, g, t);
       }
     }
+    if constexpr (DQ_FIRST) retire();
   }
   if constexpr (DQ_HERE && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)

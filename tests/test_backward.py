@@ -999,13 +999,13 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
         got = names(d, vt, True)
         assert ",BM=64," in got[1] and ",ordered-dq" in got[1], got
         assert got[2].startswith("flash_bwd_dq_convert"), got
-        assert flash_wgmma_bwd.config(d, vt, True).threads(True, vt) == 384
+        assert flash_wgmma_bwd.config(d, vt, True).threads("ordered", vt) == 384
         default = names(d, vt, False)[1]
         assert ",atomic-dq" in default
         assert (",BM=128," in default) == (d == 64 or (d <= 80 and not causal)), default
     vt = Variant(False, dropout=True)   # no producer warpgroup under dropout
     assert ",BM=128," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
-    assert flash_wgmma_bwd.config(64, vt, True).threads(True, vt) == 256
+    assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 256
     for d, causal in ((136, True), (256, False)):
         assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         got = names(d, Variant(causal), True)

@@ -61,17 +61,20 @@ LAUNCH_VARIANTS = (Variant(), Variant(True), Variant(True, dropout=True), Varian
 
 def threads_probe(lie: bool = False) -> str:
     """static_asserts that the dK/dV kernel's threads (BwdLaunch) are the host's
-    (Config.threads) for every shipped config, these variants and every dQ mode."""
+    (Config.threads) for every shipped config, these variants, every dQ mode and, for
+    the atomic one, with and without a split."""
     lines = ['#include "flash_wgmma_bwd.cu"']
     for c in SHIPPED_ALL:
         for vt in LAUNCH_VARIANTS:
             for mode, cpp in fb.DQ_MODES.items():
-                threads = c.threads(mode in ("ordered", "staggered"), vt) + (32 if lie else 0)
-                traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, bf16>"
-                lines.append(f"static_assert(BwdLaunch<{traits}, {vt.cpp()}, {cpp}>::THREADS == "
-                             f'{threads}, "THREADS D={c.head_dim} {mode}{vt.suffix()}");')
-                if lie:
-                    return "\n".join(lines) + "\n"
+                for split in (False, True) if mode == "atomic" else (False,):
+                    threads = c.threads(mode, vt, split) + (32 if lie else 0)
+                    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, bf16>"
+                    launch = f"BwdLaunch<{traits}, {vt.cpp()}, {cpp}, {str(split).lower()}>"
+                    lines.append(f"static_assert({launch}::THREADS == {threads}, "
+                                 f'"THREADS D={c.head_dim} {mode}{vt.suffix()} split={split}");')
+                    if lie:
+                        return "\n".join(lines) + "\n"
     return "\n".join(lines) + "\n"
 
 
@@ -85,12 +88,19 @@ def test_threads_probe_catches_a_wrong_count():
     assert not ok and "THREADS D=" in log, log
 
 
-def test_the_producer_warpgroup_runs_only_the_ordered_dq():
+def test_where_the_producer_warpgroup_runs():
     assert len(SHIPPED_ALL) == len(SHIPPED) + 3   # D = 64, 72, 80 on 64-query tiles
     c = fb.config(128)
-    assert c.threads(True, Variant(True)) == 384
-    assert c.threads(False, Variant(True)) == c.threads(True, Variant(dropout=True)) == 256
-    assert fb.config(256).threads(True, Variant()) == 256   # the wide kernel
+    assert c.threads("ordered", Variant(True)) == c.threads("staggered", Variant()) == 384
+    assert c.threads("atomic", Variant(True)) == 384
+    # not under dropout, nor for the atomic dQ with packed sequences or a split, nor
+    # without dQ, nor on 128-query tiles or in the wide kernel
+    assert c.threads("ordered", Variant(dropout=True)) == 256
+    assert c.threads("atomic", Variant(True, ragged=True)) == 256
+    assert c.threads("atomic", Variant(True), split=True) == 256
+    assert c.threads("separate", Variant()) == 256
+    assert fb.config(64).threads("atomic", Variant()) == 256       # 128-query tiles
+    assert fb.config(256).threads("ordered", Variant()) == 256     # the wide kernel
 
 
 def variant_spec(head_dim: int, variant: Variant, deterministic: bool) -> jit.KernelSpec:

@@ -84,12 +84,15 @@ class Config:
         """``WgmmaBwdTraits::WIDE``: flash_wgmma_bwd_dkdv_wide's split by role."""
         return self.head_dim > 128
 
-    def threads(self, ordered: bool, vt: Variant) -> int:
+    def threads(self, dq: str, vt: Variant, split: bool = False) -> int:
         """The dK/dV kernel's threads, as ``BwdLaunch`` decides them: two MMA
-        warpgroups, and a producer warpgroup in the ordered dQ mode where the tile is
-        64 queries of the narrow kernel (``PRODUCER_WG_FITS``), but not under dropout
-        (its prologue spilled at the 168 registers a thread of the launch)."""
-        producer = ordered and not self.wide and self.block_m == 64 and not vt.dropout
+        warpgroups, and a producer warpgroup where the tile is 64 queries of the
+        narrow kernel (``PRODUCER_WG_FITS``) in the ordered dQ modes and in the atomic
+        one over fixed lengths without a split, but not under dropout (its prologue
+        spilled at the 168 registers a thread of the launch)."""
+        modes = ("ordered", "staggered") + (() if vt.ragged or split else ("atomic",))
+        producer = (dq in modes and not self.wide and self.block_m == 64 and self.stage_dq
+                    and not vt.dropout)
         return THREADS + 128 if producer else THREADS
 
     @property
@@ -343,7 +346,8 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     ordered = deterministic and _ordered(c, p.variant)
-    dkdv = (c.block_n, c.threads(ordered, p.variant), c.smem)
+    dkdv = (c.block_n, c.threads(_dq_mode(c, p.variant, deterministic, staggered), p.variant,
+                                 split), c.smem)
     launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, deterministic and not ordered)
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
