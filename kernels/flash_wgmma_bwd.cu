@@ -296,13 +296,16 @@ enum WgmmaBwdDq : int {
 // warpgroups), and so does the atomic dQ over fixed lengths without a split, where
 // with dQ issued before dK (the kernel's DQ_FIRST) it measured 0.98-1.05x at D = 128
 // (alone 0.99-1.01x; H100; benchmarks/results/notes-deterministic-dq.md,
-// notes-bwd-loops.md §11). Not under dropout (its prologue spilled), nor with packed
-// sequences or a split (108-124 and 8 bytes spilled at the producer's 240 registers).
+// notes-bwd-loops.md §11). Not under dropout (its prologue spilled), nor, for the
+// atomic dQ, with packed sequences, a split or softcap with ALiBi (108-124, 8 and 12
+// bytes spilled at the consumers' 240 registers).
 template <class KT, class VT, int DQ, bool SPLIT>
 struct BwdLaunch {
-  static constexpr bool PRODUCER_WG =
-      KT::PRODUCER_WG_FITS && KT::STAGE_DQ && !VT::Drop::enabled &&
-      (DQ >= kDqOrdered || (DQ == kDqAtomic && !SPLIT && !VT::Seqs::kRagged));
+  static constexpr bool ATOMIC_FITS = !SPLIT && !VT::Seqs::kRagged &&
+                                      !(VT::Logits::kTransform && VT::Dense::enabled);
+  static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && KT::STAGE_DQ &&
+                                      !VT::Drop::enabled &&
+                                      (DQ >= kDqOrdered || (DQ == kDqAtomic && ATOMIC_FITS));
   static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
 };
 

@@ -56,7 +56,8 @@ def test_smem_probe_catches_a_wrong_size():
 
 
 LAUNCH_VARIANTS = (Variant(), Variant(True), Variant(True, dropout=True), Variant(softcap=30.0),
-                   Variant(True, (64, 0)), Variant(ragged=True))
+                   Variant(True, (64, 0)), Variant(ragged=True), Variant(dense="alibi"),
+                   Variant(True, softcap=30.0, dense="alibi"))
 
 
 def threads_probe(lie: bool = False) -> str:
@@ -98,6 +99,8 @@ def test_where_the_producer_warpgroup_runs():
     assert c.threads("ordered", Variant(dropout=True)) == 256
     assert c.threads("atomic", Variant(True, ragged=True)) == 256
     assert c.threads("atomic", Variant(True), split=True) == 256
+    assert c.threads("atomic", Variant(True, softcap=30.0, dense="alibi")) == 256
+    assert c.threads("ordered", Variant(True, softcap=30.0, dense="alibi")) == 384
     assert c.threads("separate", Variant()) == 256
     assert fb.config(64).threads("atomic", Variant()) == 256       # 128-query tiles
     assert fb.config(256).threads("ordered", Variant()) == 256     # the wide kernel

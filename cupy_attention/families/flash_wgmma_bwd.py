@@ -88,9 +88,10 @@ class Config:
         """The dK/dV kernel's threads, as ``BwdLaunch`` decides them: two MMA
         warpgroups, and a producer warpgroup where the tile is 64 queries of the
         narrow kernel (``PRODUCER_WG_FITS``) in the ordered dQ modes and in the atomic
-        one over fixed lengths without a split, but not under dropout (its prologue
-        spilled at the 168 registers a thread of the launch)."""
-        modes = ("ordered", "staggered") + (() if vt.ragged or split else ("atomic",))
+        one over fixed lengths without a split or softcap with ALiBi, but not under
+        dropout (its prologue spilled at the 168 registers a thread of the launch)."""
+        atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none"))
+        modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
         producer = (dq in modes and not self.wide and self.block_m == 64 and self.stage_dq
                     and not vt.dropout)
         return THREADS + 128 if producer else THREADS
