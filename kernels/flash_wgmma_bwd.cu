@@ -592,6 +592,11 @@ __device__ __forceinline__ void release(const BwdSmem<KT>& st, int stage, int la
 // keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
 // 13). Reads lse of the tile's stage.
 // TEST: the variant's per-element test (0: none, 1: every element, 2: where `partial`).
+// lse2 of query i from its lse l: +inf for rows past Sq and rows that attend
+// nothing, so P = exp2(-inf) = 0.
+__device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) {
+  return (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+}
 template <class KT, class VT, int TEST>
 __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                               const float* s_lse, typename VT::Head hd, int m0,
@@ -603,9 +608,7 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = m0 + col + c;
-      const float l = c ? lse.y : lse.x;
-      // Rows past Sq and rows that attend nothing: +inf, so P = exp2(-inf) = 0.
-      const float lse2 = (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+      const float lse2 = query_lse2(f, i, c ? lse.y : lse.x);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
@@ -640,8 +643,7 @@ __device__ __forceinline__ void p_from_s_line(float (&s)[KT::BLOCK_M / 2], const
     const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const float l = c ? lse.y : lse.x;
-      const float lse2 = (m0 + col + c < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+      const float lse2 = query_lse2(f, m0 + col + c, c ? lse.y : lse.x);
       const auto line = VT::Dense::line(hd, off0 + float(8 * nt + c), side, -lse2);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
