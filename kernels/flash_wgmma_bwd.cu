@@ -582,6 +582,12 @@ __device__ __forceinline__ void release(const BwdSmem<KT>& st, int stage, int la
 // ---------------------------------------------------------------------------
 // Consumer steps: one warp's registers; the caller fences and waits around them.
 
+// lse2 of query i from its lse l: +inf for rows past Sq and rows that attend
+// nothing, so P = exp2(-inf) = 0.
+__device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) {
+  return (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+}
+
 // P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
 // query m0 + 8 nt + 2 t + c, of the query head whose dense state is `hd`
 // (VT::Dense::head). The variant: its score (VT::score: logits, a computed bias),
@@ -591,16 +597,20 @@ __device__ __forceinline__ void release(const BwdSmem<KT>& st, int stage, int la
 // rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
 // keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
 // 13). Reads lse of the tile's stage.
-// TEST: the variant's per-element test (0: none, 1: every element, 2: where `partial`).
-// lse2 of query i from its lse l: +inf for rows past Sq and rows that attend
-// nothing, so P = exp2(-inf) = 0.
-__device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) {
-  return (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
-}
+// TEST: the variant's per-element test (0: none, 1: every element, 2: where
+// `partial`), or TEST_LINE: none, and the warp's keys x the tile lie on one side
+// `side` of the diagonal under a bias that is a line in the key (VT::kLinearBias,
+// ALiBi): per query column the line along this thread's two keys j0 + g + 8 r
+// (Dense::line from one conversion per tile), so a score costs one FFMA beside the
+// logits' (the one with r = 0 none).
+constexpr int TEST_LINE = 3;
 template <class KT, class VT, int TEST>
 __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                               const float* s_lse, typename VT::Head hd, int m0,
-                                              int j0, int g, int t, bool partial) {
+                                              int j0, int g, int t, bool partial,
+                                              float side = 0.f) {
+  [[maybe_unused]] float off0 = 0.f;
+  if constexpr (TEST == TEST_LINE) off0 = float(VT::Dense::offset(f, m0 + 2 * t, j0 + g));
 #pragma unroll
   for (int nt = 0; nt < KT::Q_TILES; ++nt) {
     const int col = nt * 8 + 2 * t;
@@ -609,6 +619,12 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
     for (int c = 0; c < 2; ++c) {
       const int i = m0 + col + c;
       const float lse2 = query_lse2(f, i, c ? lse.y : lse.x);
+      [[maybe_unused]] const auto line = [&] {
+        if constexpr (TEST == TEST_LINE)
+          return VT::Dense::line(hd, off0 + float(8 * nt + c), side, -lse2);
+        else
+          return 0;
+      }();
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = j0 + g + 8 * r;
@@ -617,38 +633,14 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
           if constexpr (VT::kTransform) return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2));
           else return fast_exp2(fmaf(dot, f.scale_log2, -lse2));
         };
-        if constexpr (TEST == 2) {  // the exp2 under the test: fewer registers live
+        if constexpr (TEST == TEST_LINE) {
+          x = fast_exp2(VT::Logits::shifted(f, x, fmaf(line.b, float(8 * r), line.a)));
+        } else if constexpr (TEST == 2) {  // the exp2 under the test: fewer registers live
           x = !partial || VT::keep(f, i, j) ? p_of(x) : 0.f;
         } else {
           const float e = p_of(x);
           x = TEST == 0 || VT::keep(f, i, j) ? e : 0.f;
         }
-      }
-    }
-  }
-}
-// P^T as p_from_s_tile<KT, VT, 0> where the warp's keys x the tile lie on one side
-// `side` of the diagonal under a bias that is a line in the key (VT::kLinearBias,
-// ALiBi): per query column the line along this thread's two keys j0 + g + 8 r
-// (Dense::line from one conversion per tile), so a score costs one FFMA beside the
-// logits' (the one with r = 0 none).
-template <class KT, class VT>
-__device__ __forceinline__ void p_from_s_line(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
-                                              const float* s_lse, typename VT::Head hd, int m0,
-                                              int j0, int g, int t, float side) {
-  const float off0 = float(VT::Dense::offset(f, m0 + 2 * t, j0 + g));
-#pragma unroll
-  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
-    const int col = nt * 8 + 2 * t;
-    const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const float lse2 = query_lse2(f, m0 + col + c, c ? lse.y : lse.x);
-      const auto line = VT::Dense::line(hd, off0 + float(8 * nt + c), side, -lse2);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float& x = s[nt * 4 + 2 * r + c];
-        x = fast_exp2(VT::Logits::shifted(f, x, fmaf(line.b, float(8 * r), line.a)));
       }
     }
   }
@@ -663,7 +655,8 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   if constexpr (VT::kLinearBias && KT::SPLIT_P) {  // warp-uniform; a third copy spilled
                                                    // the 128-query tiles at D = 80
     const float side = partial ? 0.f : VT::line_side(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
-    if (side != 0.f) return p_from_s_line<KT, VT>(s, f, s_lse, hd, m0, j0, g, t, side);
+    if (side != 0.f)
+      return p_from_s_tile<KT, VT, TEST_LINE>(s, f, s_lse, hd, m0, j0, g, t, false, side);
   }
   if constexpr (!KT::SPLIT_P) {
     p_from_s_tile<KT, VT, 2>(s, f, s_lse, hd, m0, j0, g, t, partial);

@@ -346,10 +346,9 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if maps is None:   # writes dK, dV itself: no split
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
-    ordered = deterministic and _ordered(c, p.variant)
-    dkdv = (c.block_n, c.threads(_dq_mode(c, p.variant, deterministic, staggered), p.variant,
-                                 split), c.smem)
-    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, deterministic and not ordered)
+    mode = _dq_mode(c, p.variant, deterministic, staggered)
+    dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
+    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate")
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
