@@ -40,7 +40,12 @@
 //                                   below D (an MN-major B operand starts on a
 //                                   block; one N for both warpgroups keeps ptxas
 //                                   from serializing the wgmma of a divergent
-//                                   path); BLOCK_M = 128: the queries 64w..
+//                                   path); BLOCK_M = 128: the queries 64w..;
+//                                   BLOCK_M = 80 (non-causal D = 88-128, the
+//                                   producer warpgroup): dQ^T = K^T dS^T, the 64
+//                                   head-dim rows of sK's block w, N = 80, staged
+//                                   transposed into one sdQ buffer; dV is issued
+//                                   after dS^T is computed (LATE_DV)
 //        wait for everything; release the stage; (STAGE_DQ) dQ / scale into sdQ
 //      buffer it % 2 (fp32, the 128-byte swizzle of 32-column blocks: no bank
 //      conflicts beyond the two wavefronts of a warp's float2 stores); after the
@@ -171,7 +176,7 @@ struct WgmmaBwdTraits {
   // the tensor copies and the dQ reductions, so the MMA warpgroups never wait for a
   // copy engine operation or a turn (FlashAttention-3's layout). It gives up
   // registers (setmaxnreg) to the consumers: 168 a thread at launch, 24 and 240 after.
-  static constexpr bool PRODUCER_WG_FITS = !WIDE && BLOCK_M == 64;
+  static constexpr bool PRODUCER_WG_FITS = !WIDE && (BLOCK_M == 64 || BLOCK_M == 80);
   static constexpr int PRODUCER_REGS = 24;
   static constexpr int CONSUMER_REGS = 240;       // (168 * 384 - 24 * 128) / 256
   static constexpr int kStages = 2;               // query-tile buffers: Q, dout, lse, delta
@@ -179,12 +184,12 @@ struct WgmmaBwdTraits {
   // (consumer) threads; thread 0, or the producer warpgroup's first, issues the
   // tensor copies.
   static constexpr int STAT_THREADS = 2 * BLOCK_M;
-  // kBarDs with the producer warpgroup: the consumers and its BLOCK_M stats threads
-  static constexpr int DS_MEETING = CONSUMERS + BLOCK_M;
+  // kBarDs with the producer warpgroup: the consumers and its two stats warps
+  static constexpr int DS_MEETING = CONSUMERS + 64;
   // p_from_s: tiles that need no per-element test in code of their own (H100: causal
   // 1.11-1.18x at D = 64 and 128, S >= 4k), except the 128-query tiles past D = 64,
   // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy.
-  static constexpr bool SPLIT_P = !(BLOCK_M == 128 && D > 64);
+  static constexpr bool SPLIT_P = !(BLOCK_M == 128 && D > 64) && BLOCK_M != 80;
   static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
@@ -197,9 +202,19 @@ struct WgmmaBwdTraits {
   // warpgroup w computes DQ_N = max(64, D - 64) columns from 64w (past D = 128 the
   // two ranges overlap) and keeps those below DQ_SPLIT (w = 0, about half of D) or
   // from it on (w = 1); with four blocks, warpgroup w takes blocks w and w + 2.
+  // BLOCK_M = 80 (FlashAttention-3's non-causal tile at D = 128: S^T, dP^T and dQ at
+  // N = 80 read 4.5 KB of shared memory per 40 clocks against N = 64's 4 KB per 32):
+  // no m64 tile of queries, so dQ^T = K^T dS^T (DQ_TRANSPOSED), warpgroup w the 64
+  // rows of D in sK's block w (A = sK read MN-major, B = sdS [key][query] MN-major),
+  // N = BLOCK_M; rows past D are zeros (sK's columns past D are) and not staged.
   static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
+  static constexpr bool DQ_TRANSPOSED = BLOCK_M % 64 != 0;
   static constexpr int D_BLOCKS = (D + 63) / 64;
-  static constexpr int DQ_N = DQ_SPLIT_ROWS ? D : D_BLOCKS == 3 ? D - 64 : 64;
+  static constexpr int DQ_N =
+      DQ_TRANSPOSED ? BLOCK_M : DQ_SPLIT_ROWS ? D : D_BLOCKS == 3 ? D - 64 : 64;
+  // dV issued once dS^T is computed, not while: P^T's 16-bit copy is then not live
+  // beside S^T and dP^T in fp32 (at BLOCK_M = 80, 584-900 B spilled with it).
+  static constexpr bool LATE_DV = DQ_TRANSPOSED;
   static constexpr int DQ_ROUNDS = D_BLOCKS == 4 ? 2 : 1;
   // D / 2 rounded down to a multiple of 8 (in 64..D - 64 for three blocks)
   static constexpr int DQ_SPLIT = D_BLOCKS == 3 ? D / 16 * 8 : 64;
@@ -242,13 +257,19 @@ struct WgmmaBwdTraits {
   // floats met each bank eight times).
   static constexpr int DQ_BOXES = WIDE ? 1 : (D + 31) / 32;  // (the wide kernel has no sdQ)
   using DqTile = SwizzledTile<BLOCK_M, 64 * DQ_BOXES>;
+  // Two sdQ buffers where they fit; one at BLOCK_M = 80 (D = 128: 217 KB with it),
+  // which only the producer warpgroup's handshake (dq_full, dq_empty) runs.
+  template <int BUFFERS>
   struct StagedTiles : Tiles {
-    alignas(1024) unsigned char dq[2][DqTile::BYTES];
+    alignas(1024) unsigned char dq[BUFFERS][DqTile::BYTES];
   };
+  static constexpr bool TWO_DQ = !WIDE && sizeof(StagedTiles<2>) + SMEM_SLACK <= 227 * 1024;
   static constexpr bool STAGE_DQ =
-      !WIDE && sizeof(StagedTiles) + SMEM_SLACK <= 227 * 1024;
+      TWO_DQ || (!WIDE && DQ_TRANSPOSED && sizeof(StagedTiles<1>) + SMEM_SLACK <= 227 * 1024);
+  static constexpr int DQ_BUFFERS = TWO_DQ ? 2 : 1;
   using Storage = typename SelectType<
-      WIDE, WideTiles, typename SelectType<STAGE_DQ, StagedTiles, Tiles>::type>::type;
+      WIDE, WideTiles,
+      typename SelectType<STAGE_DQ, StagedTiles<DQ_BUFFERS>, Tiles>::type>::type;
   static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
   // The stages' mbarriers, in the alignment slack (slack_addr: D = 72..80 fill shared
   // memory to the last 1024 bytes): full[i] completes when stage i's copies landed,
@@ -262,7 +283,9 @@ struct WgmmaBwdTraits {
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
   static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
-  static_assert(BLOCK_M == 64 || BLOCK_M == 128, "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
+  static_assert(BLOCK_M == 64 || BLOCK_M == 80 || BLOCK_M == 128,
+                "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
+  static_assert(!DQ_TRANSPOSED || (!WIDE && STAGE_DQ), "dQ^T is staged (one buffer)");
   static_assert(!WIDE || BLOCK_M == 64, "the wide kernel takes 64-query tiles");
   static_assert(STAT_THREADS <= CONSUMERS, "one consumer thread per lse/delta value");
   static_assert(168 * (CONSUMERS + 128) >= PRODUCER_REGS * 128 + CONSUMER_REGS * CONSUMERS,
@@ -398,7 +421,10 @@ struct TileScheduler {
   using VT = VT_;
   static constexpr bool STAGGERED = STAGGERED_;
   static_assert(!STAGGERED || (ORDERED && VT::Band::kHi), "staggered turns need an upper bound");
-  using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT, ORDERED && !STAGGERED>;
+  // (80-query tiles walk in lockstep in the atomic mode too: the default walk's
+  // registers spilled 24-88 bytes there, at the consumers' 240)
+  using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT,
+                             (ORDERED && !STAGGERED) || KT::DQ_TRANSPOSED>;
   const FwdParams& f;
   const int n_block, n0, h_kv, b;
   const Walk walk;
@@ -526,11 +552,11 @@ struct Producer {
                                 Walk::row_hi(f, m0), f.lse, c);
     mbarrier_arrive_on_copies(st.full(stage));
   }
-  // The producer warpgroup's stats thread r (< BLOCK_M): lse and delta of row r of
-  // the query tile (head h, rows m0..) into `stage` (copy_row_stats' layout: zeros
-  // past the rows), then one arrival, whose release orders the stores before the
-  // consumers' wait. Plain loads and stores: the thread has nothing else to do.
-  // (Two values a thread through copy_stats spilled at the producer's 24 registers.)
+  // The producer warpgroup's stats thread: lse and delta of row r of the query tile
+  // (head h, rows m0..) into `stage` (copy_row_stats' layout: zeros past the rows),
+  // then one arrival, whose release orders the stores before the consumers' wait.
+  // Plain loads and stores: the thread has nothing else to do. (Two values a thread
+  // through copy_stats spilled at the producer's 24 registers.)
   __device__ __forceinline__ void copy_stats_row(int stage, int h, int m0, int r) const {
     float lse = 0.f, delta = 0.f;
     if (r < Walk::row_hi(p.fwd, m0)) {
@@ -810,6 +836,21 @@ __device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 ds_a, u3
   wgmma_commit();
 }
 
+// DQ_TRANSPOSED: issue dq^T = K^T dS^T over the block's keys: A = sK's 64-column
+// block at `k_a` (MN-major: TRANS_A), B = sdS [key][query] (MN-major: TRANS_B), N =
+// BLOCK_M; one commit group. dq[nt * 4 + 2 r + c] is head-dim row 16 k + g + 8 r of
+// the block (warp k of the warpgroup), query 8 nt + 2 t + c.
+template <class KT>
+__device__ __forceinline__ void issue_dq_t(float (&dq)[KT::DQ_N / 2], u32 k_a, u32 ds_b) {
+  const u64 a_desc = KT::KVTile::mnmajor(k_a, 0), b_desc = KT::DsTile::mnmajor(ds_b, 0);
+#pragma unroll
+  for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
+    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, desc_advance(a_desc, KT::KVTile::mnmajor_offset(ks)),
+                                       desc_advance(b_desc, KT::DsTile::mnmajor_offset(ks)),
+                                       ks > 0, typename KT::T{});
+  wgmma_commit();
+}
+
 // ---------------------------------------------------------------------------
 // Epilogue: the dQ reductions (per tile) and the dK, dV stores (once).
 template <class KT, class Sched>
@@ -863,6 +904,32 @@ struct Epilogue {
         if (8 * dt >= skip && 8 * dt < cols)
           st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
                           zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
+      }
+    }
+  }
+  // DQ_TRANSPOSED: a warpgroup's dQ^T fragment (issue_dq_t's layout; head-dim rows
+  // d0 + g + 8 r, d0 = 64 w + 16 k) into buffer `buf` of sdQ, transposed: one float a
+  // store, a warp's 32 of one instruction in 8 distinct chunks of 4 rows (the
+  // swizzle), no bank twice. Rows of D past the head dim are not staged.
+  __device__ __forceinline__ void stage_dq_t(const float (&dq)[KT::DQ_N / 2], int it, int buf,
+                                             int d0, int g, int t) const {
+    // Float column d = d0 + g + 8 r is chunk d0 / 4 + g / 4 + 2 r, bytes 4 (g % 4) on
+    // (d0 a multiple of 16: 2 r misses the chunk's low bit, g / 4); query row 8 nt + 2 t
+    // + c: one lane address per c (DqTile::lane, at).
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const u32 lane = KT::DqTile::lane(st.dq(buf), 2 * t + c, d0 / 4 + g / 4) + 4 * (g % 4);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (d0 + 8 * r < KT::D) {  // warp-uniform: D is a multiple of 8
+#pragma unroll
+          for (int nt = 0; nt < KT::Q_TILES; ++nt) {
+            const bool zero =
+                VT::Seqs::kRagged && sched.m0(it) + 8 * nt + 2 * t + c >= p.fwd.seqlen_q;
+            st_shared_u32(KT::DqTile::at(lane, 8 * nt, 2 * r),
+                          __float_as_uint(zero ? 0.f : dq[nt * 4 + 2 * r + c]));
+          }
+        }
       }
     }
   }
@@ -1037,7 +1104,7 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
         producer.issue_copies(next.index(), sched.head(it), sched.m0(it), it == sched.begin);
       }
     }
-  } else if (warp < 3) {  // warps 1 and 2: lse and delta of row r each
+  } else if (warp < 3) {  // warps 1 and 2: lse and delta of rows r, r + 64, ...
     // A stage's lse and delta are free once the consumers met at kBarDs of the tile
     // it held (past their last reads of them; earlier than its release): these
     // warps take part in every tile's kBarDs, waiting in it before each reload.
@@ -1046,6 +1113,8 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
     for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
       if (it - sched.begin >= KT::kStages) role_barrier_sync(kBarDs, KT::DS_MEETING);
       producer.copy_stats_row(next.index(), sched.head(it), sched.m0(it), r);
+      if (KT::BLOCK_M > 64 && r + 64 < KT::BLOCK_M)  // (a loop spilled at 24 registers)
+        producer.copy_stats_row(next.index(), sched.head(it), sched.m0(it), r + 64);
     }
     // the last tiles' meetings, each waited for: an arrival on a meeting that has
     // not completed would count toward it, not the next one
@@ -1054,8 +1123,8 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
   } else if (REDUCE && warp == 3) {
     const bool leader = threadIdx.x % 32 == 0;
     for (int it = sched.begin; it < sched.end; ++it) {
-      const int rel = it - sched.begin, buf = rel & 1;
-      mbarrier_wait(st.dq_full(buf), (rel >> 1) & 1);
+      const int rel = it - sched.begin, buf = rel % KT::DQ_BUFFERS;
+      mbarrier_wait(st.dq_full(buf), (rel / KT::DQ_BUFFERS) & 1);
       if (leader) {
         if constexpr (ORDERED) {
           int* counter = epi.wait_turn(it);
@@ -1065,7 +1134,7 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
           epi.reduce_dq(dq_map, it, buf);
           bulk_wait_read<0>();
         }
-        if (it + 2 < sched.end) mbarrier_arrive(st.dq_empty(buf));
+        if (it + KT::DQ_BUFFERS < sched.end) mbarrier_arrive(st.dq_empty(buf));
       }
       __syncwarp();
     }
@@ -1138,11 +1207,18 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   u32 da[KT::KV_STEPS][4];            // dS^T in 16 bits: the A operand of dS^T Q
   float dq[KT::DQ_N / 2];             // dQ tile slice (see DQ_SPLIT_ROWS)
 
-  // dQ operands: rows (queries) or columns (head dim) of this warpgroup.
-  const u32 dq_a = st.ds() + (KT::DQ_SPLIT_ROWS ? wg * KT::BLOCK_N * 128 : 0);  // 64-column block wg
+  // dQ operands: rows (queries) or columns (head dim) of this warpgroup (DQ_TRANSPOSED:
+  // dq^T's A is sK's block wg, its B sdS).
+  const u32 dq_a = KT::DQ_TRANSPOSED
+                       ? st.k() + wg * (KT::BLOCK_N * 128)
+                       : st.ds() + (KT::DQ_SPLIT_ROWS ? wg * KT::BLOCK_N * 128 : 0);
   const int dq_col0 = KT::dq_col0(0, wg), dq_cols = KT::dq_cols(0, wg);
-  const u32 dq_b = st.k() + (dq_col0 / 64) * (KT::BLOCK_N * 128);
+  const u32 dq_b = KT::DQ_TRANSPOSED ? st.ds() : st.k() + (dq_col0 / 64) * (KT::BLOCK_N * 128);
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
+  static_assert(!KT::DQ_TRANSPOSED || PWG || !DQ_HERE,
+                "dQ^T's single sdQ buffer takes the producer warpgroup's handshake");
+  static_assert(!KT::LATE_DV || !VT::Logits::kTransform,
+                "dV after dS^T: P^T must not be scaled by d s / d dot yet");
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
@@ -1170,17 +1246,21 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     // (Drawn here rather than before S^T and dP^T: fewer spills with packed sequences.)
     const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
-    pack_a<KT>(pa, s);
-    drop.clear(pa);  // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T
-    if constexpr (VT::Logits::kTransform)
-      p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
-    wgmma_fence();
-    issue_accumulate<KT>(dv, pa, o_tile);
+    const auto issue_dv = [&] {
+      pack_a<KT>(pa, s);
+      drop.clear(pa);  // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T
+      if constexpr (VT::Logits::kTransform)
+        p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+      wgmma_fence();
+      issue_accumulate<KT>(dv, pa, o_tile);
+    };
+    if constexpr (!KT::LATE_DV) issue_dv();
 
-    wgmma_wait<1>();
+    wgmma_wait<KT::LATE_DV ? 0 : 1>();
     fence_regs(dp);
     drop.apply(f, dp);
     ds_from_dp<KT>(dp, s, st.delta(stage), t);
+    if constexpr (KT::LATE_DV) issue_dv();
     pack_a<KT>(da, dp);
     if constexpr (!DQ_FIRST) {
       wgmma_fence();
@@ -1198,7 +1278,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (PWG) role_barrier_sync(kBarDs, KT::DS_MEETING);
       else named_barrier_sync(kBarDs, KT::CONSUMERS);
       if constexpr (DQ_FIRST) wgmma_fence();
-      issue_dq<KT>(dq, dq_a, dq_b);
+      if constexpr (KT::DQ_TRANSPOSED) issue_dq_t<KT>(dq, dq_a, dq_b);
+      else issue_dq<KT>(dq, dq_a, dq_b);
       if constexpr (DQ_FIRST) issue_accumulate<KT>(dk, da, q_tile);
       if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
@@ -1227,11 +1308,15 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       fence_regs(dq);
       if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::CONSUMERS);
       if constexpr (KT::STAGE_DQ && PWG) {
-        // sdQ buffer `buf` once the reduction two tiles back has read it; then
-        // handed to the producer's reducer (dq_full)
-        const int rel = it - sched.begin, buf = rel & 1;
-        if (rel >= 2) mbarrier_wait(st.dq_empty(buf), ((rel >> 1) - 1) & 1);
-        epi.template stage_dq<KT::DQ_N>(dq, it, buf, dq_row0, dq_col0, 0, dq_cols, g, t);
+        // sdQ buffer `buf` once the reduction DQ_BUFFERS tiles back has read it;
+        // then handed to the producer's reducer (dq_full)
+        constexpr int B = KT::DQ_BUFFERS;
+        const int rel = it - sched.begin, buf = rel % B;
+        if (rel >= B) mbarrier_wait(st.dq_empty(buf), ((rel / B) - 1) & 1);
+        if constexpr (KT::DQ_TRANSPOSED)
+          epi.stage_dq_t(dq, it, buf, 64 * wg + 16 * (warp % 4), g, t);
+        else
+          epi.template stage_dq<KT::DQ_N>(dq, it, buf, dq_row0, dq_col0, 0, dq_cols, g, t);
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbarrier_arrive(st.dq_full(buf));

@@ -33,7 +33,7 @@ def grid(quick: bool):
                 for causal in (False, True):
                     cells.append(dict(dir="fwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
                                       b=16384 // s, h=2048 // d))
-                    if not quick and d in (64, 128, 256, 80, 160) and dtype == "bfloat16":
+                    if not quick and d in (64, 128, 256, 80, 96, 160) and dtype == "bfloat16":
                         cells.append(dict(dir="bwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
                                           b=16384 // s, h=2048 // d))
     for d in (64, 128):

@@ -437,7 +437,8 @@ def test_wgmma_backward_tiles_with_dropout():
     for d in range(64, 257, 8):
         vt = Variant(False, dropout=True)
         assert flash_wgmma_bwd.config(d, vt).block_m == (128 if d <= 64 else 64)
-        assert flash_wgmma_bwd.config(d, Variant()).block_m == (128 if d <= 80 else 64)
+        assert flash_wgmma_bwd.config(d, Variant()).block_m == (
+            128 if d <= 80 else 80 if d <= 128 else 64)   # (80: non-causal, unsplit)
         assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 64 else 64)
         vt = Variant(d % 16 == 0, dropout=True)
         for deterministic in (False, True):

@@ -92,8 +92,8 @@ class Config:
         dropout (its prologue spilled at the 168 registers a thread of the launch)."""
         atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none"))
         modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
-        producer = (dq in modes and not self.wide and self.block_m == 64 and self.stage_dq
-                    and not vt.dropout)
+        producer = (dq in modes and not self.wide and self.block_m in (64, 80)
+                    and self.stage_dq and not vt.dropout)
         return THREADS + 128 if producer else THREADS
 
     @property
@@ -109,22 +109,40 @@ class Config:
         the tile's dQ in fp32 rows of D)."""
         if self.wide:
             return self._tiles + self.block_n * self.block_m * 4
-        return self._tiles + (self._sdq if self.stage_dq else 0)
+        return self._staged_tiles + self._sdq if self.stage_dq else self._tiles
 
     @property
     def stage_dq(self) -> bool:
         """``WgmmaBwdTraits::STAGE_DQ``: the narrow kernel's dQ through sdQ and bulk
-        reductions, where sdQ fits in 227 KB beside the tiles."""
-        return not self.wide and self._tiles + self._sdq <= 227 * _KB
+        reductions, where sdQ fits in 227 KB beside the tiles: two buffers, or one
+        for 80-query tiles (dQ^T, the producer warpgroup's handshake only)."""
+        return self._dq_buffers > 0
 
     @property
-    def _tiles(self) -> int:
+    def _dq_buffers(self) -> int:
+        if self.wide:
+            return 0
+        for buffers in (2, 1) if self.block_m % 64 else (2,):
+            if self._staged_tiles + buffers * self._sdq_tile <= 227 * _KB:
+                return buffers
+        return 0
+
+    @property
+    def _staged_tiles(self) -> int:   # sdQ starts on a 1024-byte boundary
+        return -(-(self._tiles - 1024) // 1024) * 1024 + 1024
+
+    @property
+    def _tiles(self) -> int:   # sdS [key][query]: whole 64-column blocks of queries
         d, bm, bn = flash_wgmma.d_pad(self.head_dim), self.block_m, self.block_n
-        return (2 * bn * d + 4 * bm * d + bn * bm) * 2 + 4 * bm * 4 + 1024
+        return (2 * bn * d + 4 * bm * d + bn * -(-bm // 64) * 64) * 2 + 4 * bm * 4 + 1024
 
     @property
-    def _sdq(self) -> int:   # two tiles of dQ in fp32, columns rounded up to 32
-        return 2 * self.block_m * -(-self.head_dim // 32) * 32 * 4
+    def _sdq(self) -> int:
+        return self._dq_buffers * self._sdq_tile
+
+    @property
+    def _sdq_tile(self) -> int:   # one tile of dQ in fp32, columns rounded up to 32
+        return self.block_m * -(-self.head_dim // 32) * 32 * 4
 
 
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
@@ -158,17 +176,34 @@ def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool
             or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D) or ordered_pwg)
 
 
-def config(head_dim: int, vt: Variant | None = None,
-           deterministic: bool = False) -> Config | None:
+def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,
+           split: bool = False) -> Config | None:
     """The tile config for ``head_dim`` (and the variant ``vt``, when given) in the
-    default or the deterministic mode."""
+    default or the deterministic mode, of the split kernel where ``split``."""
     if head_dim % 8 or head_dim < 64:
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
             narrow = bm == 128 and _narrow_rows(vt, head_dim, deterministic)
+            if bm == 64 and bound == 128 and not split and _rows80(vt, head_dim):
+                return Config(head_dim, 80)
             return Config(head_dim, 64 if narrow else bm)
     return None
+
+
+# 80-query tiles (FlashAttention-3's non-causal tile at D = 128): S^T, dP^T and dQ^T
+# at N = 80 ask less of shared memory per clock than N = 64, which the 64-query tiles
+# saturate (benchmarks/results/notes-bwd-loops.md section 11). The kernel takes them
+# on the producer warpgroup only (one sdQ buffer fits), so fixed lengths, no split
+# (kv_splits decides with the split kernel's 64-query tiles), no dropout; not under a
+# band (FlashAttention-3 keeps 64 there) nor softcap (dV issued after dS^T, LATE_DV,
+# needs P^T unscaled). H100, 2026-11-27: 1.01-1.11x the 64-query tiles at D = 96-128.
+ROWS80_MIN_D = 88
+
+
+def _rows80(vt: Variant | None, head_dim: int) -> bool:
+    return (vt is not None and ROWS80_MIN_D <= head_dim <= 128 and not vt.causal
+            and vt.window is None and not vt.ragged and not vt.dropout and not vt.softcap)
 
 
 # Where the dK/dV kernel's dQ goes (kernels/flash_wgmma_bwd.cu: WgmmaBwdDq):
@@ -267,7 +302,7 @@ MIN_SPLIT_TILES = 4
 
 def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
     """Blocks per block of keys for ``p`` on a GPU of ``sms`` SMs (1: no split)."""
-    c = config(p.head_dim, p.variant)
+    c = config(p.head_dim, p.variant, split=True)
     if deterministic or p.varlen or c is None:
         return 1
     if c.block_m == 128 and p.head_dim > SPLIT_WIDE_ROWS_MAX_D:
@@ -304,7 +339,7 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
           staggered: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
-    c = config(head_dim, vt, deterministic)
+    c = config(head_dim, vt, deterministic, split)
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split,
                                                     staggered)
 
@@ -422,9 +457,9 @@ def ci_specs() -> list[jit.KernelSpec]:
     for i, d in enumerate((64, 88, 96, 128, 136, 192, 256)):
         dtype, causal = ("float16", "bfloat16")[i % 2], i % 3 != 1
         vt = Variant(causal)
-        out.append(dkdv_spec(config(d, vt), dtype, vt, "atomic", True))
+        out.append(dkdv_spec(config(d, vt, split=True), dtype, vt, "atomic", True))
     vt = Variant(True, softcap=30.0)
-    out.append(dkdv_spec(config(128, vt), "bfloat16", vt, "atomic", True))
+    out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
     # dropout, on its rows (_narrow_rows), both dQ modes
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
                       (256, True)):
