@@ -135,17 +135,24 @@ def _signature(dout, q, k, v, out, lse, causal, scale, layout, window, softcap, 
         return None
 
 
-class _HotBackward:
+class HotBackward:
+    """One signature's backward launches, repeated with new pointers and fresh
+    gradients, delta and dq_accum (``delta_shape``: [B, Hq, Sq] unless given;
+    attention_varlen_backward's is [Hq, total_q])."""
+
     def __init__(self, kind: str, device_id: int, p: Problem, launcher, q, k,
-                 accum_shape: tuple | None):
+                 accum_shape: tuple | None, delta_shape: tuple | None = None):
         self.kind, self.device_id, self.launcher = kind, device_id, launcher
         self.q_shape, self.kv_shape = tuple(q.shape), tuple(k.shape)
-        self.delta_shape = (p.batch, p.heads_q, p.seqlen_q)
+        self.delta_shape = delta_shape or (p.batch, p.heads_q, p.seqlen_q)
         self.accum_shape = accum_shape
         self.kv_accum_shape = ((p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
                                if launcher.kv_splits > 1 else None)
 
-    def __call__(self, dout, q, k, v, out, lse):
+    def __call__(self, dout, q, k, v, out, lse, cu=None, check=None):
+        """(dq, dk, dv), or None where the general path must run. ``cu``: the
+        (cu_seqlens_q, cu_seqlens_k) arrays of packed sequences; ``check``: called
+        before the launch unless the stream is capturing a graph."""
         cupy = _device.require_cupy()
         if not on_device(cupy, self.device_id):
             return None
@@ -165,6 +172,8 @@ class _HotBackward:
             def zeros(shape):
                 return cupy.zeros(shape, dtype=cupy.float32)
             ptr, stream, f32 = cupy_ptr, cupy.cuda.get_current_stream(), cupy.float32
+        if check is not None and not stream.is_capturing():
+            check()
         dq, dk, dv = empty(self.q_shape), empty(self.kv_shape), empty(self.kv_shape)
         delta = empty(self.delta_shape, dtype=f32)
         accum = None if self.accum_shape is None else empty(self.accum_shape, dtype=f32)
@@ -172,7 +181,8 @@ class _HotBackward:
                                                                zeros(self.kv_accum_shape))
         if not self.launcher.run(ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dout),
                                  ptr(dq), ptr(dk), ptr(dv), ptr(accum), ptr(delta), stream.ptr,
-                                 ptr(kv[0]), ptr(kv[1])):
+                                 ptr(kv[0]), ptr(kv[1]),
+                                 None if cu is None else (ptr(cu[0]), ptr(cu[1]))):
             return None
         return dq, dk, dv
 
@@ -207,7 +217,7 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
                 arch = _device.device_arch(ctx.device_id)
                 launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
                 if launcher is not None:
-                    _HOT.put(hot_key, _HotBackward(ctx.kind, ctx.device_id, p, launcher, q, k,
+                    _HOT.put(hot_key, HotBackward(ctx.kind, ctx.device_id, p, launcher, q, k,
                                                    accum_shape))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 

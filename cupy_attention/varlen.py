@@ -23,7 +23,7 @@ import numpy as np
 from . import device as _device
 from . import dispatch, interop
 from .arrays import host64, like, slopes_view
-from .backward import check_options
+from .backward import HotBackward, check_options
 from .calls import HotCache, allocator, array_signature, backward_family, hot_io
 from .errors import DeviceMismatchError, DTypeError, ShapeError, translate_oom
 from .families import flash_bwd
@@ -196,6 +196,41 @@ class VarlenHotCall:
         return (out, lse) if return_lse else out
 
 
+# The backward's hot path, the same way: gradients, delta and dq_accum fresh each call,
+# the launches of the first call with new pointers, cu_seqlens included. No ALiBi or
+# dropout.
+HOT_BACKWARD = HotCache(1024)
+
+
+def backward_signature(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                       window, softcap, deterministic, kernel):
+    """What a varlen backward's launches depend on, hashable; None where there is no
+    fast path (as :func:`signature`)."""
+    try:
+        desc = array_signature((dout, q, k, v, out, lse, cu_q, cu_k))
+        if desc is None:
+            return None
+        key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
+               None if window is None else tuple((type(x), x) for x in window),
+               type(softcap), softcap, type(deterministic), deterministic, kernel)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+class VarlenHotBackward:
+    """One signature's backward (``hot``: a backward.HotBackward), with the lengths
+    checked on the host where the caller asks."""
+
+    def __init__(self, p: Problem, hot: HotBackward):
+        self.p, self.hot = p, hot
+
+    def __call__(self, dout, q, k, v, out, lse, cu_q, cu_k, check):
+        return self.hot(dout, q, k, v, out, lse, cu=(cu_q, cu_k),
+                        check=(lambda: check_seqlens(self.p, cu_q, cu_k)) if check else None)
+
+
 @translate_oom
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                      *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
@@ -292,7 +327,19 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     the forward took them (dropout's seed and offset required with ``dropout_p``).
     ``deterministic`` as :func:`cupy_attention.attention_backward`.
     ``kernel``: ``"auto"``, ``"flash_wgmma"``, ``"flash_mma"`` or ``"reference"``.
+    ``check``: as :func:`attention_varlen`'s; a call with the signature of an earlier
+    one (no ALiBi, no dropout) skips validation and planning.
     """
+    hot_key = None
+    if alibi_slopes is None and not dropout_p and kernel != "reference":
+        hot_key = backward_signature(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, causal, scale, window, softcap,
+                                     deterministic, kernel)
+        hot = HOT_BACKWARD.get(hot_key)
+        if hot is not None:
+            grads = hot(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, check)
+            if grads is not None:
+                return grads
     p = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         causal=causal, scale=scale, window=window, softcap=softcap,
                         alibi_slopes=alibi_slopes, dropout_p=dropout_p,
@@ -326,19 +373,27 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         dv = alloc(kc.shape, qc.dtype, empty)
         if not empty:
             lc = interop.to_cupy(lse, "lse", ctx)
-            if lc.strides[-1] != 4:
+            lse_as_given = lc.strides[-1] == 4   # (a hot call passes lse's own pointer)
+            if not lse_as_given:
                 lc = cupy.ascontiguousarray(lc)
+            delta_shape = (p.heads_q, p.seqlen_q)
+            accum_shape = None if deterministic else (p.heads_q, p.seqlen_q, p.head_dim)
             t = flash_bwd.BwdTensors(
                 fwd=Tensors(qc, kc, vc, oc, lc, None,
                             _device_ints(cu_seqlens_q, "cu_seqlens_q", ctx),
                             _device_ints(cu_seqlens_k, "cu_seqlens_k", ctx),
                             slopes_view(alibi_slopes, ctx)),
                 dout=dc, dq=dq, dk=dk, dv=dv,
-                delta=alloc((p.heads_q, p.seqlen_q), cupy.float32, False),
-                dq_accum=None if deterministic else alloc(
-                    (p.heads_q, p.seqlen_q, p.head_dim), cupy.float32, False))
-            family.launch(p, t, ctx.stream, ctx.device_id, _device.device_arch(ctx.device_id),
-                          deterministic)
+                delta=alloc(delta_shape, cupy.float32, False),
+                dq_accum=None if accum_shape is None else alloc(accum_shape, cupy.float32, False))
+            arch = _device.device_arch(ctx.device_id)
+            family.launch(p, t, ctx.stream, ctx.device_id, arch, deterministic)
+            if hot_key is not None and ctx.kind in ("cupy", "torch") and lse_as_given \
+                    and len(HOT_BACKWARD) < HOT_BACKWARD.limit:
+                launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
+                if launcher is not None:
+                    HOT_BACKWARD.put(hot_key, VarlenHotBackward(p, HotBackward(
+                        ctx.kind, ctx.device_id, p, launcher, q, k, accum_shape, delta_shape)))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 

@@ -553,8 +553,8 @@ def _compile_into_cache(job):
 def _compile_recorded(run, workers=None) -> int:
     """Run ``run()`` with the JIT's ``get_function`` replaced by a recorder (nothing
     is launched on the device), then compile every recorded (spec, arch) in a process
-    pool into the disk cache. Hot-call entries made meanwhile (of ``attention`` and
-    ``attention_varlen``), which would hold the recorder's fake kernels, are dropped.
+    pool into the disk cache. Hot-call entries made meanwhile (of every hot cache),
+    which would hold the recorder's fake kernels, are dropped.
     Returns how many compiled."""
     import concurrent.futures as cf
     import multiprocessing
@@ -580,7 +580,7 @@ def _compile_recorded(run, workers=None) -> int:
         wanted[(spec, arch)] = None
         return _NoLaunch()
 
-    caches = (api._HOT, varlen.HOT, decode._HOT, backward._HOT)
+    caches = (api._HOT, varlen.HOT, varlen.HOT_BACKWARD, decode._HOT, backward._HOT)
     before = [set(cache.entries) for cache in caches]
     real = jit.get_function, jit.LoadedKernel.launch, jit.LoadedKernel.launch_packed
     jit.get_function = record

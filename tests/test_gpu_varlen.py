@@ -252,3 +252,62 @@ def test_varlen_hot_path_matches_the_general_path(kind):
     bad[1], bad[2] = 250, 203
     with pytest.raises(ca.ShapeError, match="must not decrease"):
         run(b, bad)
+
+
+@pytest.mark.parametrize("kind", ["cupy", "torch"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_varlen_backward_hot_path_matches_the_general_path(kind, deterministic):
+    """attention_varlen_backward's hot path runs for a repeated signature with new
+    values and new lengths: the deterministic mode bitwise the general path's
+    gradients, the atomic mode equal up to the order of its fp32 dQ sums."""
+    import cupy
+
+    from cupy_attention import varlen
+
+    torch = pytest.importorskip("torch") if kind == "torch" else None
+    rng = np.random.default_rng(12)
+
+    def case(lens):
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        arrs = [rng.standard_normal((int(cu[-1]), h, 128)).astype(np.float16)
+                for h in (4, 2, 2, 4)]
+        if torch is not None:
+            return [torch.from_numpy(a).cuda() for a in arrs], torch.from_numpy(cu).cuda()
+        return [cupy.asarray(a) for a in arrs], cupy.asarray(cu)
+
+    def grads(arrs, cu, **kw):
+        q, k, v, dout = arrs
+        out, lse = ca.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True)
+        return ca.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, causal=True,
+                                            deterministic=deterministic, **kw)
+
+    def host(x):
+        return (x.float().cpu().numpy() if torch is not None else x.get()).astype(np.float64)
+
+    saved = dict(varlen.HOT_BACKWARD.entries)
+    varlen.HOT_BACKWARD.entries.clear()
+    try:
+        a, cu_a = case([100, 0, 37, 219])
+        grads(a, cu_a)                                 # registers the signature
+        (key, entry), = varlen.HOT_BACKWARD.entries.items()
+        ran = []
+
+        def counting(*args):
+            ran.append(1)
+            return entry(*args)
+
+        varlen.HOT_BACKWARD.entries[key] = counting
+        b, cu_b = case([3, 300, 50, 3])                # same totals and B: same signature
+        hot = [grads(b, cu_b, check=check) for check in (True, False)]
+        assert len(ran) == 2, "the hot path ran"
+        varlen.HOT_BACKWARD.entries.clear()
+        general = grads(b, cu_b)
+    finally:
+        varlen.HOT_BACKWARD.entries.clear()
+        varlen.HOT_BACKWARD.entries.update(saved)
+    for got in hot:
+        for name, x, y in zip(("dq", "dk", "dv"), got, general):
+            if deterministic or name != "dq":
+                assert (host(x) == host(y)).all(), name
+            else:
+                assert np.abs(host(x) - host(y)).max() <= 1e-2 * max(1.0, np.abs(host(y)).max())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cupy_attention as ca
-from cupy_attention import device, varlen
+from cupy_attention import backward, device, varlen
 from cupy_attention.errors import ShapeError
 from cupy_attention.families.base import HotLaunch
 from cupy_attention.params import FWD_DTYPE
@@ -188,7 +188,7 @@ def test_backward_hot_call_allocates_and_patches(fake_cupy, monkeypatch, determi
     rec = BwdRecorder()
     # the separate dQ pass's deterministic mode: no dq_accum
     accum = None if deterministic else (p.batch, p.heads_q, p.seqlen_q, p.head_dim)
-    backward._HOT.put(key, backward._HotBackward("cupy", 0, p, rec, q, k, accum))
+    backward._HOT.put(key, backward.HotBackward("cupy", 0, p, rec, q, k, accum))
     dq, dk, dv = ca.attention_backward(dout, q, k, v, out, lse, causal=True,
                                        deterministic=deterministic)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
@@ -208,7 +208,7 @@ def test_backward_hot_call_declines_what_it_cannot_launch(fake_cupy, monkeypatch
     monkeypatch.setattr(backward, "_HOT", backward.HotCache(4))
     fake_cupy.cuda.get_current_stream().ptr = 77
     dout, q, k, v, out, lse, p = _bwd_case()
-    hot = backward._HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k,
+    hot = backward.HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k,
                                 (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     assert hot(dout, q, k, v, out, lse) is None
     sig = lambda **kw: backward._signature(  # noqa: E731
@@ -220,6 +220,62 @@ def test_backward_hot_call_declines_what_it_cannot_launch(fake_cupy, monkeypatch
     assert None not in keys and len(set(keys)) == len(keys)
     assert backward._signature(np.zeros(3), q, k, v, out, lse, True, None, "bhsd", None, None,
                                False, "auto") is None
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_varlen_backward_hot_call_patches_pointers_and_honours_check(fake_cupy, monkeypatch,
+                                                                    deterministic):
+    """attention_varlen_backward's hot path: fresh gradients like q, k, v, delta
+    [Hq, total_q], dq_accum [Hq, total_q, D] only in the atomic mode, the call's
+    cu_seqlens pointers patched in, and ``check=True`` still refusing bad lengths."""
+    monkeypatch.setattr(varlen, "HOT_BACKWARD", varlen.HotCache(4))
+    fake_cupy.cuda.get_current_stream().ptr = 77
+    q, k, v, cu, p = _varlen_case()
+    out = FakeArray(q.shape, "float16", 0x6000)
+    dout = FakeArray(q.shape, "float16", 0x7000)
+    lse = FakeArray((4, 20), "float32", 0x8000)
+    key = varlen.backward_signature(dout, q, k, v, out, lse, cu, cu, None, None, True, None,
+                                    None, None, deterministic, "auto")
+    assert key is not None
+    rec = BwdRecorder()
+    accum = None if deterministic else (4, 20, 64)
+    varlen.HOT_BACKWARD.put(key, varlen.VarlenHotBackward(p, backward.HotBackward(
+        "cupy", 0, p, rec, q, k, accum, (4, 20))))
+    dq, dk, dv = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu, cu, causal=True,
+                                              deterministic=deterministic)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    (args,) = rec.calls
+    assert args[:6] == (0x1000, 0x2000, 0x3000, 0x6000, 0x8000, 0x7000)
+    assert args[6:9] == (dq.data.ptr, dk.data.ptr, dv.data.ptr)
+    assert (args[9] == 0) == deterministic, "dq_accum only in the atomic mode"
+    assert args[10] != 0 and args[11] == 77 and args[-1] == (0x4000, 0x4000)
+    bad = FakeArray(cu.shape, "int32", 0x5000, (0, 7, 5, 20))
+    with pytest.raises(ShapeError, match="must not decrease"):
+        ca.attention_varlen_backward(dout, q, k, v, out, lse, bad, bad, causal=True,
+                                     deterministic=deterministic)
+    assert len(rec.calls) == 1, "nothing launched for refused lengths"
+    ca.attention_varlen_backward(dout, q, k, v, out, lse, bad, bad, causal=True,
+                                 deterministic=deterministic, check=False)
+    assert rec.calls[-1][-1] == (0x5000, 0x5000), "check=False: the fast path, no host read"
+
+
+def test_varlen_backward_signature_separates_what_the_launches_depend_on():
+    q, k, v, cu, _ = _varlen_case()
+    out, dout = FakeArray(q.shape, "float16", 0x6000), FakeArray(q.shape, "float16", 0x7000)
+    lse = FakeArray((4, 20), "float32", 0x8000)
+    base = dict(max_q=None, max_k=None, causal=True, scale=None, window=None, softcap=None,
+                deterministic=False, kernel="auto")
+    sig = lambda *a, **kw: varlen.backward_signature(  # noqa: E731
+        *(a or (dout, q, k, v, out, lse, cu, cu)), **{**base, **kw})
+    lse_t = FakeArray((4, 20), "float32", 0x8000)
+    lse_t.strides = (4, 16)   # a transposed view
+    keys = [sig(), sig(causal=False), sig(scale=0.5), sig(window=(8, 0)), sig(softcap=30.0),
+            sig(deterministic=True), sig(deterministic=1), sig(kernel="flash_mma"), sig(max_k=9),
+            sig(dout, q, k, v, out, lse_t, cu, cu)]
+    assert None not in keys and len(set(keys)) == len(keys)
+    assert sig(dout, q, k, v, out, lse, np.zeros(4, np.int32), cu) is None, "host cu_seqlens"
+    assert varlen.signature(q, k, v, cu, cu, None, None, True, None, None, None, False,
+                            "auto") != sig(), "the forward's keys are its own"
 
 
 def test_hot_backward_patches_every_pointer():

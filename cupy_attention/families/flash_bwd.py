@@ -23,7 +23,7 @@ from .. import jit
 from ..variant import Variant
 from ..params import BWD_DTYPE, make_struct
 from ..problem import DTYPES, Problem
-from .base import (_POINTERS, CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
+from .base import (_CU_OFFSET, _CU_POINTERS, _POINTERS, CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
                    fwd_params, grid_check)
 
 _KB = 1024
@@ -252,11 +252,15 @@ class HotBackward:
 
     def run(self, q: int, k: int, v: int, out: int, lse: int, dout: int, dq: int, dk: int,
             dv: int, dq_accum: int, delta: int, stream_ptr: int, dk_accum: int = 0,
-            dv_accum: int = 0) -> bool:
+            dv_accum: int = 0, cu: tuple | None = None) -> bool:
+        """Launch for these pointers; ``cu``: packed sequences' (cu_seqlens_q,
+        cu_seqlens_k) pointers, patched in too (None keeps the template's)."""
         if self.aligned and (q | k | v | dout) & 15:
             return False
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, out, lse)
+        if cu is not None:
+            _CU_POINTERS.pack_into(buf, _CU_OFFSET, *cu)   # BwdParams starts with FwdParams
         _GRAD_POINTERS.pack_into(buf, _GRAD_OFFSET, dout, dq, dk, dv, dq_accum, delta, dk_accum,
                                  dv_accum)
         run_passes(self.launches, buf, stream_ptr, (q, k, v, dout, dq_accum))
