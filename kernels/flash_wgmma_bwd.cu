@@ -671,8 +671,9 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
     }
   }
 }
+// Returns whether the warp's keys x the tile are partial (warp-uniform).
 template <class KT, class VT>
-__device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
+__device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                          const float* s_lse, typename VT::Head hd, int m0,
                                          int j0, int lane) {
   static_assert(!VT::Dense::reads, "no dense masks in this family");
@@ -681,8 +682,10 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   if constexpr (VT::kLinearBias && KT::SPLIT_P) {  // warp-uniform; a third copy spilled
                                                    // the 128-query tiles at D = 80
     const float side = partial ? 0.f : VT::line_side(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
-    if (side != 0.f)
-      return p_from_s_tile<KT, VT, TEST_LINE>(s, f, s_lse, hd, m0, j0, g, t, false, side);
+    if (side != 0.f) {
+      p_from_s_tile<KT, VT, TEST_LINE>(s, f, s_lse, hd, m0, j0, g, t, false, side);
+      return false;
+    }
   }
   if constexpr (!KT::SPLIT_P) {
     p_from_s_tile<KT, VT, 2>(s, f, s_lse, hd, m0, j0, g, t, partial);
@@ -691,6 +694,7 @@ __device__ __forceinline__ void p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   } else {
     p_from_s_tile<KT, VT, 0>(s, f, s_lse, hd, m0, j0, g, t, false);
   }
+  return partial;
 }
 
 // Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
@@ -718,9 +722,12 @@ __device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
   }
 }
 
-// dS^T = P^T (dP^T - delta) in place of dP^T, selected to 0 where P = 0 (`pt` is
-// P^T, or P^T * d s / d dot under a logits transform). Reads delta of the stage.
-template <class KT>
+// dS^T = P^T (dP^T - delta) in place of dP^T (`pt` is P^T, or P^T * d s / d dot
+// under a logits transform), with SELECT selected to 0 where P = 0: where the warp's
+// keys x the tile are partial (p_from_s), a masked key's dP^T - delta may be NaN
+// (non-finite values past Sk or under the mask), 0 * NaN. Elsewhere P = 0 only by
+// underflow, beside finite dP^T - delta. Reads delta of the stage.
+template <class KT, bool SELECT = true>
 __device__ __forceinline__ void ds_from_dp(float (&dp)[KT::BLOCK_M / 2],
                                            const float (&pt)[KT::BLOCK_M / 2],
                                            const float* s_delta, int t) {
@@ -731,7 +738,7 @@ __device__ __forceinline__ void ds_from_dp(float (&dp)[KT::BLOCK_M / 2],
     for (int e = 0; e < 4; ++e) {
       const int idx = nt * 4 + e;
       const float dl = e % 2 ? delta.y : delta.x;
-      dp[idx] = pt[idx] == 0.f ? 0.f : pt[idx] * (dp[idx] - dl);
+      dp[idx] = SELECT && pt[idx] == 0.f ? 0.f : pt[idx] * (dp[idx] - dl);
     }
   }
 }
@@ -1160,6 +1167,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   // (dK's wgmma reads only Q from shared memory): 1.00-1.04x in the deterministic
   // mode; without it, on the atomic dQ, 0.98-1.02x (H100; notes-bwd-loops.md §11).
   constexpr bool DQ_FIRST = PWG;
+  constexpr bool DS_SPLIT = KT::SPLIT_P && !VT::Seqs::kRagged;
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
@@ -1243,7 +1251,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     wgmma_wait<1>();
     fence_regs(s);
     const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
-    p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+    const bool partial = p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     // (Drawn here rather than before S^T and dP^T: fewer spills with packed sequences.)
     const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     const auto issue_dv = [&] {
@@ -1259,7 +1267,11 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     wgmma_wait<KT::LATE_DV ? 0 : 1>();
     fence_regs(dp);
     drop.apply(f, dp);
-    ds_from_dp<KT>(dp, s, st.delta(stage), t);
+    // dS^T's select only where the tile is partial: in code of its own where that
+    // spills nothing (not the 80- or 128-query tiles past D = 64, nor packed
+    // sequences: 16-260 bytes, ptxas of CUDA 13)
+    if (!DS_SPLIT || partial) ds_from_dp<KT>(dp, s, st.delta(stage), t);  // warp-uniform
+    else ds_from_dp<KT, false>(dp, s, st.delta(stage), t);
     if constexpr (KT::LATE_DV) issue_dv();
     pack_a<KT>(da, dp);
     if constexpr (!DQ_FIRST) {
