@@ -830,32 +830,25 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[KT::D / 2],
   wgmma_commit();
 }
 
-// Issue dq = dS K over the block's keys: A = sdS from `ds_a` (MN-major: TRANS_A), B =
-// sK's columns from `k_b` (MN-major); one commit group.
-template <class KT>
-__device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 ds_a, u32 k_b) {
-  const u64 a_desc = KT::DsTile::mnmajor(ds_a, 0), b_desc = KT::KVTile::mnmajor(k_b, 0);
+// Issue dQ over the block's keys, both operands MN-major (TRANS_A, TRANS_B), K = the
+// block's keys; one commit group. dQ = dS K: A = sdS at `a` (ATile = DsTile), B = sK's
+// columns at `b` (BTile = KVTile). DQ_TRANSPOSED, dQ^T = K^T dS^T: A = sK's 64-column
+// block at `a`, B = sdS [key][query] (N = BLOCK_M); dq[nt * 4 + 2 r + c] is then
+// head-dim row 16 k + g + 8 r of the block (warp k of the warpgroup), query 8 nt +
+// 2 t + c.
+template <class KT, class ATile = typename KT::DsTile, class BTile = typename KT::KVTile>
+__device__ __forceinline__ void issue_dq(float (&dq)[KT::DQ_N / 2], u32 a, u32 b) {
+  const u64 a_desc = ATile::mnmajor(a, 0), b_desc = BTile::mnmajor(b, 0);
 #pragma unroll
   for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
-    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, desc_advance(a_desc, KT::DsTile::mnmajor_offset(ks)),
-                                       desc_advance(b_desc, KT::KVTile::mnmajor_offset(ks)),
+    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, desc_advance(a_desc, ATile::mnmajor_offset(ks)),
+                                       desc_advance(b_desc, BTile::mnmajor_offset(ks)),
                                        ks > 0, typename KT::T{});
   wgmma_commit();
 }
-
-// DQ_TRANSPOSED: issue dq^T = K^T dS^T over the block's keys: A = sK's 64-column
-// block at `k_a` (MN-major: TRANS_A), B = sdS [key][query] (MN-major: TRANS_B), N =
-// BLOCK_M; one commit group. dq[nt * 4 + 2 r + c] is head-dim row 16 k + g + 8 r of
-// the block (warp k of the warpgroup), query 8 nt + 2 t + c.
 template <class KT>
 __device__ __forceinline__ void issue_dq_t(float (&dq)[KT::DQ_N / 2], u32 k_a, u32 ds_b) {
-  const u64 a_desc = KT::KVTile::mnmajor(k_a, 0), b_desc = KT::DsTile::mnmajor(ds_b, 0);
-#pragma unroll
-  for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
-    Wgmma<KT::DQ_N>::template ss<1, 1>(dq, desc_advance(a_desc, KT::KVTile::mnmajor_offset(ks)),
-                                       desc_advance(b_desc, KT::DsTile::mnmajor_offset(ks)),
-                                       ks > 0, typename KT::T{});
-  wgmma_commit();
+  issue_dq<KT, typename KT::KVTile, typename KT::DsTile>(dq, k_a, ds_b);
 }
 
 // ---------------------------------------------------------------------------
