@@ -218,7 +218,7 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
                 launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
                 if launcher is not None:
                     _HOT.put(hot_key, HotBackward(ctx.kind, ctx.device_id, p, launcher, q, k,
-                                                   accum_shape))
+                                                  accum_shape))
         return tuple(interop.from_cupy(x, ctx) for x in (dq, dk, dv))
 
 

@@ -163,13 +163,20 @@ def signature(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap,
     """What a varlen launch depends on, hashable; None where there is no fast path
     (NumPy or other producers, host cu_seqlens, unhashable arguments: validation then
     names what is wrong)."""
+    return _key((q, k, v, cu_q, cu_k), max_q, max_k, causal, scale, window, softcap,
+                bool(return_lse), kernel)
+
+
+def _key(arrays, max_q, max_k, causal, scale, window, softcap, *rest):
+    """The hot-path key of both directions: the arrays' signature, the arguments both
+    take, then ``rest``; None as :func:`signature` says."""
     try:
-        desc = array_signature((q, k, v, cu_q, cu_k))
+        desc = array_signature(arrays)
         if desc is None:
             return None
         key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
                None if window is None else tuple((type(x), x) for x in window),
-               type(softcap), softcap, bool(return_lse), kernel)
+               type(softcap), softcap) + rest
         hash(key)
         return key
     except (AttributeError, TypeError):
@@ -206,17 +213,8 @@ def backward_signature(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal
                        window, softcap, deterministic, kernel):
     """What a varlen backward's launches depend on, hashable; None where there is no
     fast path (as :func:`signature`)."""
-    try:
-        desc = array_signature((dout, q, k, v, out, lse, cu_q, cu_k))
-        if desc is None:
-            return None
-        key = (desc, type(max_q), max_q, type(max_k), max_k, bool(causal), type(scale), scale,
-               None if window is None else tuple((type(x), x) for x in window),
-               type(softcap), softcap, type(deterministic), deterministic, kernel)
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
-        return None
+    return _key((dout, q, k, v, out, lse, cu_q, cu_k), max_q, max_k, causal, scale, window,
+                softcap, type(deterministic), deterministic, kernel)
 
 
 class VarlenHotBackward:

@@ -209,7 +209,7 @@ def test_backward_hot_call_declines_what_it_cannot_launch(fake_cupy, monkeypatch
     fake_cupy.cuda.get_current_stream().ptr = 77
     dout, q, k, v, out, lse, p = _bwd_case()
     hot = backward.HotBackward("cupy", 0, p, BwdRecorder(ok=False), q, k,
-                                (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+                               (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     assert hot(dout, q, k, v, out, lse) is None
     sig = lambda **kw: backward._signature(  # noqa: E731
         *(dout, q, k, v, out, lse), **{**dict(causal=True, scale=None, layout="bhsd",

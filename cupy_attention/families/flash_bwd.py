@@ -23,8 +23,8 @@ from .. import jit
 from ..variant import Variant
 from ..params import BWD_DTYPE, make_struct
 from ..problem import DTYPES, Problem
-from .base import (_CU_OFFSET, _CU_POINTERS, _POINTERS, CPP_DTYPE, SHORT_DTYPE, Tensors, bhs_strides,
-                   fwd_params, grid_check)
+from .base import (_CU_OFFSET, _CU_POINTERS, _POINTERS, CPP_DTYPE, SHORT_DTYPE, Tensors,
+                   bhs_strides, fwd_params, grid_check)
 
 _KB = 1024
 SM80_SMEM = 163 * _KB
