@@ -50,6 +50,11 @@ class CompileError(AttentionError, RuntimeError):
         self.log = log
         super().__init__(f"NVRTC failed to compile {spec_name}:\n{log}")
 
+    def __reduce__(self):
+        # rebuilt from its fields, so that it crosses process boundaries (a process
+        # pool's worker that compiles ahead pickles it)
+        return type(self), (self.spec_name, self.log)
+
 
 class DriverError(AttentionError, RuntimeError):
     """The CUDA driver refused a step of a launch: its setup (such as a tensor map) or

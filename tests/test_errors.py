@@ -15,9 +15,11 @@ from cupy_attention.errors import (
     AttentionError,
     CompileError,
     DeviceMismatchError,
+    DriverError,
     DTypeError,
     LayoutError,
     NoDeviceError,
+    OutOfMemoryError,
     ShapeError,
     UnsupportedError,
 )
@@ -225,3 +227,20 @@ def test_family_min_compute_capability(name):
     if min_cc > 50:
         reason = family.check(p, min_cc - 10)
         assert reason and "compute capability" in reason
+
+
+@pytest.mark.parametrize("exc", [
+    ShapeError("q: shape"), LayoutError("k: strides"), DTypeError("v: dtype"),
+    DeviceMismatchError("k: device"), UnsupportedError("head dim"),
+    NoDeviceError("no GPU"), CompileError("flash[D=64]", "error: line 3"),
+    DriverError("launch refused", kernel="flash[D=64]", status=700),
+    OutOfMemoryError("attention: the GPU ran out of memory"),
+])
+def test_errors_survive_pickling(exc):
+    # a process pool's worker (compiling ahead, say) hands its exception back pickled;
+    # one that cannot be rebuilt breaks the pool instead of reaching the caller
+    import pickle
+
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is type(exc) and str(back) == str(exc)
+    assert vars(back) == vars(exc)
