@@ -74,7 +74,7 @@ TILES = (
     (256, (2, 64, 1, 2), (2, 64, 1, 2),
      "[1] 663 / 559, 648 / 633; acc alone is D/2 registers, and K and V take D rounded up "
      "to 64 columns: 195 KB at D=256; BLOCK_N = 80 (227 KB with the slots and barriers in "
-     "the alignment slack; 8-64 bytes spilled) measured 0.93-0.97x at S = 1k-4k and "
+     "the alignment slack; 8-64 bytes spilled) measured 0.93-1.00x at S = 1k-4k and "
      "1.00-1.01x at 16k, H100 2026-11-27 (h100-wgmma-fwd-d256-bn80-rejected-ab.json)"),
 )
 
