@@ -22,7 +22,8 @@ reference backward.
 paged ones, lengths off every tile, forced split counts (the merge), GQA with Sq > 1.
 
 --no-pool turns CuPy's memory pool off (cupy.cuda.set_allocator(None)), so
-memcheck sees every allocation's real bounds.
+memcheck sees every allocation's real bounds. --dims 64,256 keeps the cases of those
+head dims only (forward and backward), for a quicker run on the kernels a change touched.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true", help="attention_decode cases only")
     ap.add_argument("--backward-kernels", nargs="*", default=list(BACKWARD_KERNELS),
                     help=f"default: {' '.join(BACKWARD_KERNELS)}")
+    ap.add_argument("--dims", type=lambda s: {int(x) for x in s.split(",")},
+                    help="comma-separated head dims: only their cases (default: all)")
     args = ap.parse_args(argv)
+    keep = (lambda D: D in args.dims) if args.dims else (lambda D: True)
 
     import cupy
 
@@ -106,6 +110,8 @@ def main(argv=None) -> int:
         dtype = "float16" if "float16" in family.dtypes else family.dtypes[0]
         cases = CASES + (PERSISTENT_CASES if name == "flash_wgmma" else ())
         for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in cases:
+            if not keep(D):
+                continue
             q, k, v = host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D)
             mask = None
             if mask_kind == "bool":
@@ -141,7 +147,7 @@ def main(argv=None) -> int:
             print(f"{'ok   ' if ok else 'WRONG'} {label}: max err {err:.2e} "
                   f"({time.perf_counter() - t0:.1f}s)", flush=True)
     if not args.no_backward:
-        bad += backward_cases(cupy, ca, rng, args.backward_kernels)
+        bad += backward_cases(cupy, ca, rng, args.backward_kernels, keep)
     print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
     return 1 if bad else 0
 
@@ -196,14 +202,14 @@ def decode_cases(cupy, ca, rng) -> int:
     return bad
 
 
-def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS) -> int:
+def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, keep=lambda D: True) -> int:
     """Each backward kernel and dQ mode on the unmasked CASES; returns the wrong count."""
     from cupy_attention.errors import UnsupportedError
     from cupy_attention.reference import attention_backward_reference
 
     bad = 0
     for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in CASES:
-        if mask_kind:
+        if mask_kind or not keep(D):
             continue
         q, k, v = host_inputs(rng, "float16", B, Hq, Hkv, Sq, Sk, D)
         dout = rng.standard_normal(q.shape).astype(q.dtype)
