@@ -165,7 +165,7 @@ def _run(family, p: Problem, ctx, q, k, v, mask, out, lse_out, return_lse, hot_k
             else:
                 arch = _device.device_arch(ctx.device_id)
                 family.launch(p, tensors, ctx.stream, ctx.device_id, arch)
-                if hot_key is not None and ctx.kind in ("torch", "cupy") and len(_HOT) < _HOT.limit:
+                if hot_key is not None and ctx.kind in ("torch", "cupy") and not _HOT.full:
                     launcher = family.prepare(p, tensors, ctx.device_id, arch)
                     if launcher is not None:
                         _HOT.put(hot_key, _HotCall(ctx.kind, ctx.device_id, p, launcher))

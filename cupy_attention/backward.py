@@ -213,7 +213,7 @@ def _run(p: Problem, ctx, dout, q, k, v, out, lse, mask, deterministic, family,
                             device_mask(interop.to_cupy(mask, "mask", ctx), p), (dq, dk, dv),
                             scratch, deterministic, slopes_view(alibi_slopes, ctx), kv)
             if hot_key is not None and ctx.kind in ("torch", "cupy") and \
-                    t.fwd.lse is lc and len(_HOT) < _HOT.limit:
+                    t.fwd.lse is lc and not _HOT.full:
                 arch = _device.device_arch(ctx.device_id)
                 launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
                 if launcher is not None:

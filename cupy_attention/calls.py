@@ -121,8 +121,13 @@ class HotCache:
     def get(self, key):
         return self.entries.get(key) if key is not None else None
 
+    @property
+    def full(self) -> bool:
+        """No more entries are kept (callers skip preparing one)."""
+        return len(self.entries) >= self.limit
+
     def put(self, key, hot) -> None:
-        if key is not None and len(self.entries) < self.limit:
+        if key is not None and not self.full:
             self.entries[key] = hot
 
     def __len__(self) -> int:

@@ -305,7 +305,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max
                             slopes_view(alibi_slopes, ctx))
                 arch = _device.device_arch(ctx.device_id)
                 family.launch(p, t, ctx.stream, ctx.device_id, arch)
-                if hot_key is not None and ctx.kind in ("cupy", "torch"):
+                if hot_key is not None and ctx.kind in ("cupy", "torch") and not HOT.full:
                     launcher = family.prepare(p, t, ctx.device_id, arch)
                     if launcher is not None:
                         HOT.put(hot_key, VarlenHotCall(ctx.kind, ctx.device_id, p, launcher))
@@ -387,7 +387,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
             arch = _device.device_arch(ctx.device_id)
             family.launch(p, t, ctx.stream, ctx.device_id, arch, deterministic)
             if hot_key is not None and ctx.kind in ("cupy", "torch") and lse_as_given \
-                    and len(HOT_BACKWARD) < HOT_BACKWARD.limit:
+                    and not HOT_BACKWARD.full:
                 launcher = family.prepare(p, t, ctx.device_id, arch, deterministic)
                 if launcher is not None:
                     HOT_BACKWARD.put(hot_key, VarlenHotBackward(p, HotBackward(

@@ -298,3 +298,16 @@ def test_hot_backward_patches_every_pointer():
     assert [int(fwd[f]) for f in ("q", "k", "v", "o", "lse")] == [16, 32, 48, 64, 80]
     assert [int(s[f]) for f in ("dout", "dq", "dk", "dv", "dq_accum", "delta")] == \
         [96, 112, 128, 144, 160, 176]
+
+
+def test_hot_cache_keeps_limit_entries_then_says_full():
+    from cupy_attention.calls import HotCache
+
+    cache = HotCache(2)
+    cache.put(None, "never kept")
+    cache.put("a", 1)
+    assert not cache.full and len(cache) == 1
+    cache.put("b", 2)
+    assert cache.full
+    cache.put("c", 3)
+    assert len(cache) == 2 and cache.get("c") is None and cache.get("a") == 1
