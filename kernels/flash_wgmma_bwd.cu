@@ -63,7 +63,9 @@
 //      in a fixed order, each waiting for its turn on the tile's counter
 //      (Epilogue::wait_turn, pass_turn; the orders and why they cannot deadlock:
 //      TileScheduler), so dQ is bitwise reproducible. In those two modes and in
-//      the atomic one over fixed lengths without a split (64-query tiles, not
+//      the atomic one over fixed lengths without a split (64- and 80-query tiles,
+//      and in the ordered modes the 128-query tiles at D = 64, whose warpgroups
+//      then write P^T to sP and dS^T to sdS and issue dV and dK from there; not
 //      under dropout) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
 //      setmaxnreg), takes every copy and the dQ additions off the MMA warpgroups:
 //      its first thread issues the tensor copies, two warps the lse and delta
@@ -176,9 +178,15 @@ struct WgmmaBwdTraits {
   // the tensor copies and the dQ reductions, so the MMA warpgroups never wait for a
   // copy engine operation or a turn (FlashAttention-3's layout). It gives up
   // registers (setmaxnreg) to the consumers: 168 a thread at launch, 24 and 240 after.
-  static constexpr bool PRODUCER_WG_FITS = !WIDE && (BLOCK_M == 64 || BLOCK_M == 80);
-  static constexpr int PRODUCER_REGS = 24;
-  static constexpr int CONSUMER_REGS = 240;       // (168 * 384 - 24 * 128) / 256
+  // The 128-query tiles (D <= 64) fit it only with dV and dK issued from shared
+  // memory (KV_SS_FITS): their A fragments of P^T and dS^T (32 registers each) stay
+  // out of the registers.
+  static constexpr bool KV_SS_FITS = BLOCK_M == 128 && D <= 64;
+  static constexpr bool PRODUCER_WG_FITS = !WIDE && (BLOCK_M == 64 || BLOCK_M == 80 || KV_SS_FITS);
+  // (128-query tiles: two rows of lse and delta a stats thread spilled 8 bytes at 24)
+  static constexpr int PRODUCER_REGS = KV_SS_FITS ? 32 : 24;
+  // at most (168 * 384 - PRODUCER_REGS * 128) / 256, a multiple of 8
+  static constexpr int CONSUMER_REGS = KV_SS_FITS ? 232 : 240;
   static constexpr int kStages = 2;               // query-tile buffers: Q, dout, lse, delta
   // Threads that copy a tile's lse and delta, one value each: the first STAT_THREADS
   // (consumer) threads; thread 0, or the producer warpgroup's first, issues the
@@ -267,9 +275,17 @@ struct WgmmaBwdTraits {
   static constexpr bool STAGE_DQ =
       TWO_DQ || (!WIDE && DQ_TRANSPOSED && sizeof(StagedTiles<1>) + SMEM_SLACK <= 227 * 1024);
   static constexpr int DQ_BUFFERS = TWO_DQ ? 2 : 1;
+  // The 128-query tiles with the producer warpgroup (KV_SS_FITS) keep P^T in a tile
+  // of its own, [key][query] as sdS, which dV reads while dS^T goes to sdS: 227 KB
+  // (the atomic mode's kernels at D = 64, on two warpgroups, leave it unused).
+  struct PtTiles : StagedTiles<2> {
+    alignas(1024) unsigned char pt[DsTile::BYTES];
+  };
   using Storage = typename SelectType<
       WIDE, WideTiles,
-      typename SelectType<STAGE_DQ, StagedTiles<DQ_BUFFERS>, Tiles>::type>::type;
+      typename SelectType<KV_SS_FITS, PtTiles,
+                          typename SelectType<STAGE_DQ, StagedTiles<DQ_BUFFERS>,
+                                              Tiles>::type>::type>::type;
   static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
   // The stages' mbarriers, in the alignment slack (slack_addr: D = 72..80 fill shared
   // memory to the last 1024 bytes): full[i] completes when stage i's copies landed,
@@ -290,6 +306,7 @@ struct WgmmaBwdTraits {
   static_assert(STAT_THREADS <= CONSUMERS, "one consumer thread per lse/delta value");
   static_assert(168 * (CONSUMERS + 128) >= PRODUCER_REGS * 128 + CONSUMER_REGS * CONSUMERS,
                 "the consumers take no more registers than the producer gave up");
+  static_assert(!KV_SS_FITS || (TWO_DQ && SMEM_BYTES <= 227 * 1024), "sP beside two sdQ buffers");
   static_assert(KVTile::BYTES % 1024 == 0 && QTile::BYTES % 1024 == 0 && DsTile::BYTES % 1024 == 0,
                 "tiles stay on the 1024-byte boundaries of the swizzle");
 };
@@ -321,13 +338,16 @@ enum WgmmaBwdDq : int {
 // (alone 0.99-1.01x; H100; benchmarks/results/notes-deterministic-dq.md,
 // notes-bwd-loops.md §11). Not under dropout (its prologue spilled), nor, for the
 // atomic dQ, with packed sequences, a split or softcap with ALiBi (108-124, 8 and 12
-// bytes spilled at the consumers' 240 registers).
+// bytes spilled at the consumers' 240 registers). The 128-query tiles (KV_SS_FITS) take
+// it in the ordered modes only (the atomic mode ran 0.89-0.96x there:
+// notes-bwd-loops.md §14) and not with ALiBi (64 bytes spilled under causal at 232).
 template <class KT, class VT, int DQ, bool SPLIT>
 struct BwdLaunch {
   static constexpr bool ATOMIC_FITS = !SPLIT && !VT::Seqs::kRagged &&
                                       !(VT::Logits::kTransform && VT::Dense::enabled);
+  static constexpr bool KV_SS_OK = !KT::KV_SS_FITS || (DQ >= kDqOrdered && !VT::Dense::enabled);
   static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && KT::STAGE_DQ &&
-                                      !VT::Drop::enabled &&
+                                      !VT::Drop::enabled && KV_SS_OK &&
                                       (DQ >= kDqOrdered || (DQ == kDqAtomic && ATOMIC_FITS));
   static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
 };
@@ -358,6 +378,7 @@ struct BwdSmem {
     return CA_FIELD(base, S, dout) + stage * KT::QTile::BYTES;
   }
   __device__ __forceinline__ u32 ds() const { return CA_FIELD(base, S, ds); }
+  __device__ __forceinline__ u32 pt() const { return CA_FIELD(base, S, pt); }  // KV_SS_FITS
   __device__ __forceinline__ u32 stats(int stage) const {
     return CA_FIELD(base, S, stats) + stage * (2 * KT::BLOCK_M * 4);
   }
@@ -803,6 +824,20 @@ __device__ __forceinline__ void store_ds(u32 ds_tile, const u32 (&da)[KT::KV_STE
       st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2), da[ks][e]);
 }
 
+// x (P^T or dS^T, fp32) in 16 bits into a [key][query] tile (sP, sdS) as store_ds lays
+// out da, each pair converted just before its store (no A fragments held: KV_SS).
+template <class KT>
+__device__ __forceinline__ void store_packed(u32 ds_tile, const float (&x)[KT::BLOCK_M / 2],
+                                             int key0, int g, int t) {
+  const u32 lane = KT::DsTile::lane(ds_tile, key0 + g, 0) + 4 * t;
+#pragma unroll
+  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2),
+                    MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]));
+}
+
 // Issue x (=) A B^T over D_K: 64 keys of `a_tile` (from row a_row0, K-major) against
 // the tile's queries of `b_tile` (K-major); one commit group. S^T = K Q^T, dP^T = V dout^T.
 template <class KT>
@@ -827,6 +862,22 @@ __device__ __forceinline__ void issue_accumulate(float (&acc)[KT::D / 2],
   for (int ks = 0; ks < KT::KV_STEPS; ++ks)
     Wgmma<KT::D>::rs(acc, xa[ks], desc_advance(c_desc, KT::QTile::mnmajor_offset(ks)),
                      typename KT::T{});
+  wgmma_commit();
+}
+
+// Issue acc += X^T C with X^T from shared memory: A = the 64 rows (keys) from row0 of
+// the [key][query] tile `x_tile` (sP: P^T; sdS: dS^T; K-major over the queries), C =
+// `c_tile` (queries x D, MN-major); one commit group. KV_SS's dV += P^T dout and
+// dK += dS^T Q.
+template <class KT>
+__device__ __forceinline__ void issue_accumulate_ss(float (&acc)[KT::D / 2], u32 x_tile, int row0,
+                                                    u32 c_tile) {
+  const u64 a_desc = KT::DsTile::kmajor(x_tile, row0, 0), c_desc = KT::QTile::mnmajor(c_tile, 0);
+#pragma unroll
+  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+    Wgmma<KT::D>::template ss<0, 1>(acc, desc_advance(a_desc, KT::DsTile::kmajor_offset(ks)),
+                                    desc_advance(c_desc, KT::QTile::mnmajor_offset(ks)), 1,
+                                    typename KT::T{});
   wgmma_commit();
 }
 
@@ -1160,6 +1211,12 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   // (dK's wgmma reads only Q from shared memory): 1.00-1.04x in the deterministic
   // mode; without it, on the atomic dQ, 0.98-1.02x (H100; notes-bwd-loops.md §11).
   constexpr bool DQ_FIRST = PWG;
+  // 128-query tiles with the producer warpgroup: P^T goes through this warpgroup's
+  // rows of sP and dS^T through those of sdS (FlashAttention-3 keeps P^T and dS^T in
+  // shared memory too), and dV and dK read them from there (issue_accumulate_ss).
+  constexpr bool KV_SS = PWG && KT::KV_SS_FITS;
+  static_assert(!KV_SS || (DQ_FIRST && !VT::Logits::kTransform && !VT::Drop::enabled),
+                "dV from sP: P^T unscaled and undropped, dQ before dK");
   constexpr bool DS_SPLIT = KT::SPLIT_P && !VT::Seqs::kRagged;
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
@@ -1248,6 +1305,16 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     // (Drawn here rather than before S^T and dP^T: fewer spills with packed sequences.)
     const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     const auto issue_dv = [&] {
+      if constexpr (KV_SS) {
+        // P^T into this warpgroup's rows of sP, which its dV of tile it - 1 (waited
+        // for) was the last to read
+        store_packed<KT>(st.pt(), s, key0, g, t);
+        fence_proxy_async();
+        warpgroup_barrier(wg);
+        wgmma_fence();
+        issue_accumulate_ss<KT>(dv, st.pt(), 64 * wg, o_tile);
+        return;
+      }
       pack_a<KT>(pa, s);
       drop.clear(pa);  // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T
       if constexpr (VT::Logits::kTransform)
@@ -1266,16 +1333,21 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     if (!DS_SPLIT || partial) ds_from_dp<KT>(dp, s, st.delta(stage), t);  // warp-uniform
     else ds_from_dp<KT, false>(dp, s, st.delta(stage), t);
     if constexpr (KT::LATE_DV) issue_dv();
-    pack_a<KT>(da, dp);
+    if constexpr (!KV_SS) pack_a<KT>(da, dp);
     if constexpr (!DQ_FIRST) {
       wgmma_fence();
       issue_accumulate<KT>(dk, da, q_tile);
     }
 
     if constexpr (DQ_HERE) {
-      // sdS is free once the other warpgroup's dQ of tile it - 1 is done
+      // sdS is free once the other warpgroup's dQ of tile it - 1 is done. (KV_SS, the
+      // first tile: a barrier all the same, between the delta reads above and the
+      // kBarDs meeting, which orders them before the stats warps' stores two tiles
+      // on; racecheck reports those stores without one: notes-bwd-loops.md §16.)
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::CONSUMERS);
-      store_ds<KT>(st.ds(), da, key0, g, t);
+      else if constexpr (KV_SS) warpgroup_barrier(wg);
+      if constexpr (KV_SS) store_packed<KT>(st.ds(), dp, key0, g, t);
+      else store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
       if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
         bulk_wait_read<0>();  // tile it - 2's sdQ read
@@ -1285,7 +1357,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (DQ_FIRST) wgmma_fence();
       if constexpr (KT::DQ_TRANSPOSED) issue_dq_t<KT>(dq, dq_a, dq_b);
       else issue_dq<KT>(dq, dq_a, dq_b);
-      if constexpr (DQ_FIRST) issue_accumulate<KT>(dk, da, q_tile);
+      if constexpr (KV_SS) issue_accumulate_ss<KT>(dk, st.ds(), 64 * wg, q_tile);
+      else if constexpr (DQ_FIRST) issue_accumulate<KT>(dk, da, q_tile);
       if constexpr (KT::STAGE_DQ && !PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
           if constexpr (ORDERED) epi.wait_turn(it - 1);

@@ -23,9 +23,11 @@ from helpers import nvrtc_probe
 
 SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
                  key=lambda c: c.head_dim)
-# and the deterministic mode's (64-query tiles where the default takes 128: D <= 80)
-SHIPPED_ALL = sorted({fb.config(d, Variant(), det) for d in range(64, fb.TILES[-1][0] + 1, 8)
-                      for det in (False, True)}, key=lambda c: (c.head_dim, c.block_m))
+# and the deterministic mode's (64-query tiles where the default takes 128: D = 72, 80,
+# and D = 64 with ALiBi)
+SHIPPED_ALL = sorted({fb.config(d, vt, det) for d in range(64, fb.TILES[-1][0] + 1, 8)
+                      for det in (False, True) for vt in (Variant(), Variant(dense="alibi"))},
+                     key=lambda c: (c.head_dim, c.block_m))
 
 
 def smem_probe(configs, lie: bool = False) -> str:
@@ -90,19 +92,28 @@ def test_threads_probe_catches_a_wrong_count():
 
 
 def test_where_the_producer_warpgroup_runs():
-    assert len(SHIPPED_ALL) == len(SHIPPED) + 3   # D = 64, 72, 80 on 64-query tiles
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 3   # D = 64 (ALiBi), 72, 80 on 64-query tiles
     c = fb.config(128)
     assert c.threads("ordered", Variant(True)) == c.threads("staggered", Variant()) == 384
     assert c.threads("atomic", Variant(True)) == 384
     # not under dropout, nor for the atomic dQ with packed sequences or a split, nor
-    # without dQ, nor on 128-query tiles or in the wide kernel
+    # without dQ, nor on 128-query tiles past D = 64 or in the wide kernel
     assert c.threads("ordered", Variant(dropout=True)) == 256
     assert c.threads("atomic", Variant(True, ragged=True)) == 256
     assert c.threads("atomic", Variant(True), split=True) == 256
     assert c.threads("atomic", Variant(True, softcap=30.0, dense="alibi")) == 256
     assert c.threads("ordered", Variant(True, softcap=30.0, dense="alibi")) == 384
     assert c.threads("separate", Variant()) == 256
-    assert fb.config(64).threads("atomic", Variant()) == 256       # 128-query tiles
+    # 128-query tiles: at D = 64 in the ordered modes, with dV and dK from shared
+    # memory (KV_SS_FITS), not with ALiBi or dropout; never for the atomic dQ; not at
+    # D = 72, 80
+    wide_rows = fb.config(64)
+    assert wide_rows.block_m == 128
+    assert wide_rows.threads("ordered", Variant()) == wide_rows.threads("staggered", Variant(True)) == 384
+    assert wide_rows.threads("ordered", Variant(True, dense="alibi")) == 256
+    assert wide_rows.threads("ordered", Variant(True, dropout=True)) == 256
+    assert wide_rows.threads("atomic", Variant()) == wide_rows.threads("atomic", Variant(True)) == 256
+    assert fb.config(80).block_m == 128 and fb.config(80).threads("ordered", Variant()) == 256
     assert fb.config(256).threads("ordered", Variant()) == 256     # the wide kernel
 
 

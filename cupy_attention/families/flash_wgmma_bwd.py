@@ -86,14 +86,18 @@ class Config:
 
     def threads(self, dq: str, vt: Variant, split: bool = False) -> int:
         """The dK/dV kernel's threads, as ``BwdLaunch`` decides them: two MMA
-        warpgroups, and a producer warpgroup where the tile is 64 queries of the
-        narrow kernel (``PRODUCER_WG_FITS``) in the ordered dQ modes and in the atomic
-        one over fixed lengths without a split or softcap with ALiBi, but not under
-        dropout (its prologue spilled at the 168 registers a thread of the launch)."""
-        atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none"))
+        warpgroups, and a producer warpgroup where the narrow kernel's tile fits it
+        (``PRODUCER_WG_FITS``: 64 or 80 queries, or 128 at D <= 64 with dV and dK
+        from shared memory, not with ALiBi) in the ordered dQ modes and in the atomic
+        one over fixed lengths without a split or softcap with ALiBi (not on 128-query
+        tiles), but not under dropout (its prologue spilled at the 168 registers a
+        thread of the launch)."""
+        atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none")
+                           or self.kv_ss)
         modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
-        producer = (dq in modes and not self.wide and self.block_m in (64, 80)
-                    and self.stage_dq and not vt.dropout)
+        fits = self.block_m in (64, 80) or (self.kv_ss and vt.dense == "none")
+        producer = (dq in modes and not self.wide and fits and self.stage_dq
+                    and not vt.dropout)
         return THREADS + 128 if producer else THREADS
 
     @property
@@ -102,14 +106,21 @@ class Config:
         return 64 if self.wide else 128
 
     @property
+    def kv_ss(self) -> bool:
+        """``WgmmaBwdTraits::KV_SS_FITS``: 128-query tiles at D <= 64, whose ordered
+        dQ modes take the producer warpgroup with P^T and dS^T in shared memory."""
+        return self.block_m == 128 and self.head_dim <= 64
+
+    @property
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
         (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
         1 KB for the alignment, then sP (wide: fp32) or sdQ (narrow, where it fits:
-        the tile's dQ in fp32 rows of D)."""
+        the tile's dQ in fp32 rows of D), and at KV_SS_FITS P^T (16-bit, as sdS)."""
         if self.wide:
             return self._tiles + self.block_n * self.block_m * 4
-        return self._staged_tiles + self._sdq if self.stage_dq else self._tiles
+        pt = self.block_n * self.block_m * 2 if self.kv_ss else 0
+        return (self._staged_tiles + self._sdq if self.stage_dq else self._tiles) + pt
 
     @property
     def stage_dq(self) -> bool:
@@ -170,8 +181,10 @@ def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool
     banded = vt.causal or vt.window is not None or vt.ragged
     # the deterministic mode's ordered dQ on the producer warpgroup (64-query tiles,
     # fixed lengths, no dropout: Config.threads) against the 128-query tiles' separate
-    # dQ pass (D = 72-80) or ordered dQ on the consumers (D = 64)
-    ordered_pwg = deterministic and not vt.ragged and not vt.dropout
+    # dQ pass (D = 72-80); at D = 64 the 128-query tiles take the producer warpgroup
+    # themselves (dV and dK from shared memory, KV_SS_FITS), except with ALiBi
+    ordered_pwg = (deterministic and not vt.ragged and not vt.dropout
+                   and not (head_dim <= 64 and vt.dense == "none"))
     return (bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
             or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D) or ordered_pwg)
 
