@@ -1522,6 +1522,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       }
       drop.apply(f, x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
+      // (The __syncthreads at the next tile's start orders these delta reads before
+      // the stats copies two tiles on; racecheck reported them now and then without a
+      // barrier between (1 run in 4), never with this one, which costs nothing
+      // measurable: notes-bwd-loops.md §16.)
+      warpgroup_barrier(1);
     }
     pack_a<KT>(xa, x);
     if (wg == 0) drop.clear(xa);  // dV from P^T keep; warpgroup 1 took P^T itself

@@ -997,13 +997,17 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
         vt = Variant(causal)
         assert flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         got = names(d, vt, True)
-        rows = ",BM=80," if d >= 88 and not causal else ",BM=64,"   # flash_wgmma_bwd._rows80
+        rows = (",BM=128," if d == 64   # 128-query tiles with P^T in sP (KV_SS_FITS)
+                else ",BM=80," if d >= 88 and not causal else ",BM=64,")  # _rows80
         assert rows in got[1] and ",ordered-dq" in got[1], got
         assert got[2].startswith("flash_bwd_dq_convert"), got
         assert flash_wgmma_bwd.config(d, vt, True).threads("ordered", vt) == 384
         default = names(d, vt, False)[1]
         assert ",atomic-dq" in default
         assert (",BM=128," in default) == (d == 64 or (d <= 80 and not causal)), default
+    vt = Variant(True, dense="alibi")   # D = 64 with ALiBi: 64-query tiles (KV_SS spilled)
+    assert ",BM=64," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
+    assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 384
     vt = Variant(False, dropout=True)   # no producer warpgroup under dropout
     assert ",BM=128," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
     assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 256
@@ -1026,7 +1030,7 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     p = prob(128)                              # 64-query tiles: 16 per (batch, head)
     assert family.dq_accum_shape(p, False) == (2, 8, 1000, 128)
     assert family.dq_accum_shape(p, True) == (2 * 8 * 1000 * 128 + 2 * 8 * 16,)
-    assert flash_wgmma_bwd.dq_turns(prob(64)) == 2 * 8 * 16   # 64-query tiles, as D = 128
+    assert flash_wgmma_bwd.dq_turns(prob(64)) == 2 * 8 * 8    # 128-query tiles (KV_SS_FITS)
     assert family.dq_accum_shape(prob(256), True) is None
     assert backward_families()["flash_mma"].dq_accum_shape(p, True) is None
 
