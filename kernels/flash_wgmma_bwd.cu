@@ -811,31 +811,29 @@ struct DropBits {
   }
 };
 
-// dS^T [key][query] for dS K: da[ks][e] holds key key0 + g + 8 (e % 2), queries 16 ks
-// + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller fences and publishes.
+// Fragment (ks, e) of a [key][query] tile in 16 bits: of A fragments (held: pack_a),
+// or converted from the fp32 accumulator just before its store (KV_SS, which holds
+// no A fragments).
 template <class KT>
-__device__ __forceinline__ void store_ds(u32 ds_tile, const u32 (&da)[KT::KV_STEPS][4], int key0,
-                                         int g, int t) {
-  const u32 lane = KT::DsTile::lane(ds_tile, key0 + g, 0) + 4 * t;
-#pragma unroll
-  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2), da[ks][e]);
+__device__ __forceinline__ u32 ds_fragment(const u32 (&da)[KT::KV_STEPS][4], int ks, int e) {
+  return da[ks][e];
+}
+template <class KT>
+__device__ __forceinline__ u32 ds_fragment(const float (&x)[KT::BLOCK_M / 2], int ks, int e) {
+  return MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
 }
 
-// x (P^T or dS^T, fp32) in 16 bits into a [key][query] tile (sP, sdS) as store_ds lays
-// out da, each pair converted just before its store (no A fragments held: KV_SS).
-template <class KT>
-__device__ __forceinline__ void store_packed(u32 ds_tile, const float (&x)[KT::BLOCK_M / 2],
-                                             int key0, int g, int t) {
+// dS^T (or P^T: sP) [key][query] for dS K: fragment (ks, e) holds key key0 + g + 8
+// (e % 2), queries 16 ks + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller
+// fences and publishes.
+template <class KT, class Src>
+__device__ __forceinline__ void store_ds(u32 ds_tile, const Src& x, int key0, int g, int t) {
   const u32 lane = KT::DsTile::lane(ds_tile, key0 + g, 0) + 4 * t;
 #pragma unroll
   for (int ks = 0; ks < KT::KV_STEPS; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2),
-                    MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]));
+      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2), ds_fragment<KT>(x, ks, e));
 }
 
 // Issue x (=) A B^T over D_K: 64 keys of `a_tile` (from row a_row0, K-major) against
@@ -1308,7 +1306,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (KV_SS) {
         // P^T into this warpgroup's rows of sP, which its dV of tile it - 1 (waited
         // for) was the last to read
-        store_packed<KT>(st.pt(), s, key0, g, t);
+        store_ds<KT>(st.pt(), s, key0, g, t);
         fence_proxy_async();
         warpgroup_barrier(wg);
         wgmma_fence();
@@ -1346,7 +1344,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       // on; racecheck reports those stores without one: notes-bwd-loops.md §16.)
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::CONSUMERS);
       else if constexpr (KV_SS) warpgroup_barrier(wg);
-      if constexpr (KV_SS) store_packed<KT>(st.ds(), dp, key0, g, t);
+      if constexpr (KV_SS) store_ds<KT>(st.ds(), dp, key0, g, t);
       else store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
       if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
