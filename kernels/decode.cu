@@ -308,8 +308,9 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
   } else {
     const int boxes = ceil_div(cmin(KT::BLOCK_N, kv_hi - j0), KT::BOX_ROWS);
     mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * boxes * BOX);
+    const Divisor pages = cache.pages();
     for (int x = 0; x < boxes * KT::BOX_ROWS; x += KT::BOX_ROWS) {
-      const int page = ids.id[slot * KT::BLOCK_N + x], row = (j0 + x) % cache.page_size;
+      const int page = ids.id[slot * KT::BLOCK_N + x], row = pages.mod(j0 + x);
 #pragma unroll
       for (int c = 0; c < KT::D_BOXES; ++c) {
         tma_load_4d(k_dst + c * BLOCK + x * 128, k_map, 64 * c, row, hk, page, bar);

@@ -66,6 +66,28 @@ def test_struct_probe_catches_a_wrong_offset():
     assert not ok
 
 
+def test_page_divisor_divides_every_key_index():
+    """CacheParams' page_magic / page_shift (the host's, for types.cuh's Divisor):
+    the device's (j * m >> 32) >> s is j // page_size for every page size 1-1024 and
+    key indices at the edges of each page and of the 31-bit range."""
+    rng = np.random.default_rng(5)
+    top = 2**31 - 1
+    for d in range(1, 1025):
+        m, s = fam.divisor_magic(d)
+        assert 0 <= m < 2**32 and 0 <= s < 31
+        js = np.unique(np.concatenate([
+            np.arange(0, 4 * d + 2), top - np.arange(0, 2 * d + 2),
+            (np.arange(1, 200) * d)[:, None] + np.array([-1, 0, 1]),
+            rng.integers(0, top, 500)], axis=None))
+        js = js[(js >= 0) & (js <= top)].astype(object)
+        got = js if d == 1 else (js * m >> 32) >> s
+        assert (got == js // d).all(), d
+    for d in (2**20 + 7, 2**30, 2**31 - 1):   # page sizes past any cache: the formula holds
+        m, s = fam.divisor_magic(d)
+        for j in (0, d - 1, d, top - 1, top):
+            assert (j * m >> 32) >> s == j // d, (d, j)
+
+
 TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
          fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6),
          fam.Tile(1, 8, 16, 3)]

@@ -77,7 +77,8 @@ _PTR, _I64, _I32 = np.uint64, np.int64, np.int32
 # and kernels/merge.cu (StateView, MergeParams); tests/test_decode.py checks every
 # offset with NVRTC.
 CACHE_DTYPE = np.dtype([("block_table", _PTR), ("seqlens", _PTR), ("block_table_stride", _I64),
-                        ("page_size", _I32), ("max_pages", _I32)], align=True)
+                        ("page_size", _I32), ("max_pages", _I32), ("page_magic", np.uint32),
+                        ("page_shift", _I32)], align=True)
 DECODE_DTYPE = np.dtype([("fwd", FWD_DTYPE), ("cache", CACHE_DTYPE), ("o_part", _PTR),
                          ("lse_part", _PTR), ("num_splits", _I32), ("split_keys", _I32)],
                         align=True)
@@ -293,6 +294,25 @@ def _strides(x) -> list:
     return [st // x.itemsize for st in x.strides]
 
 
+def divisor_magic(d: int) -> tuple[int, int]:
+    """The multiplier m and shift s of types.cuh's Divisor for a divisor d >= 1:
+    x // d == (x * m >> 32) >> s for 0 <= x < 2**31 (d = 1: (0, 0), its own branch)."""
+    if d <= 1:
+        return 0, 0
+    lg = (d - 1).bit_length()
+    return ((1 << (31 + lg)) + d - 1) // d, lg - 1
+
+
+def cache_params(block_table, seqlens, page_size: int) -> np.void:
+    """The ``CacheParams`` struct: contiguous (block_table None) or paged."""
+    magic, shift = divisor_magic(page_size)
+    cache = {"block_table": _ptr(block_table), "seqlens": _ptr(seqlens), "page_size": page_size,
+             "page_magic": magic, "page_shift": shift}
+    if block_table is not None:
+        cache.update(block_table_stride=_strides(block_table)[0], max_pages=block_table.shape[1])
+    return make_struct(CACHE_DTYPE, cache)
+
+
 def decode_params(s: DecodeShape, scale: float, q, k, v, out, lse, *, q_strides, o_strides,
                   k_strides, v_strides, lse_strides=(0, 0, 0), block_table=None, seqlens=None,
                   page_size=0, o_part=None, lse_part=None, p: Plan) -> np.void:
@@ -312,12 +332,9 @@ def decode_params(s: DecodeShape, scale: float, q, k, v, out, lse, *, q_strides,
         **s.variant.params(s.seqlen_q, 0, scale),
     }
     fwd.update(lse_batch_stride=lse_strides[0], lse_head_stride=lse_strides[1])
-    cache = {"block_table": _ptr(block_table), "seqlens": _ptr(seqlens), "page_size": page_size}
-    if block_table is not None:
-        cache.update(block_table_stride=_strides(block_table)[0],
-                     max_pages=block_table.shape[1])
     return make_struct(DECODE_DTYPE, {
-        "fwd": make_struct(FWD_DTYPE, fwd), "cache": make_struct(CACHE_DTYPE, cache),
+        "fwd": make_struct(FWD_DTYPE, fwd),
+        "cache": cache_params(block_table, seqlens, page_size),
         "o_part": _ptr(o_part), "lse_part": _ptr(lse_part), "num_splits": p.num_splits,
         "split_keys": p.split_keys})
 
@@ -469,11 +486,8 @@ def launch_append(k_cache, v_cache, k_new, v_new, *, seqlens, block_table, page_
     if not (B and s_new and hkv and d):
         return
     nk, nv, ck, cv = (_strides(x) for x in (k_new, v_new, k_cache, v_cache))
-    cache = {"block_table": _ptr(block_table), "seqlens": _ptr(seqlens), "page_size": page_size}
-    if block_table is not None:
-        cache.update(block_table_stride=_strides(block_table)[0], max_pages=block_table.shape[1])
     values = {"k_new": _ptr(k_new), "v_new": _ptr(v_new), "k_cache": _ptr(k_cache),
-              "v_cache": _ptr(v_cache), "cache": make_struct(CACHE_DTYPE, cache),
+              "v_cache": _ptr(v_cache), "cache": cache_params(block_table, seqlens, page_size),
               "seqlen_new": s_new, "head_dim": d}
     for name, st in (("k_new", nk), ("v_new", nv)):
         values.update({f"{name}_batch_stride": st[0], f"{name}_row_stride": st[1],

@@ -26,6 +26,13 @@ struct CacheParams {
   i64 block_table_stride;
   i32 page_size;
   i32 max_pages;
+  u32 page_magic;           // Divisor's m and s for page_size (the host's)
+  i32 page_shift;
+  // j / page_size and j % page_size by a multiply-high where a division took ~20
+  // instructions per key row (paged only).
+  __device__ __forceinline__ Divisor pages() const {
+    return Divisor(page_size, page_magic, page_shift);
+  }
 };
 
 // Element offsets of one key row (one KV head) in k and in v.
@@ -45,8 +52,10 @@ struct KVCache {
   __device__ __forceinline__ static void locate(const CacheParams& c, int b, int j, i64& page,
                                                 i64& row) {
     if constexpr (PAGED) {
-      page = c.block_table[b * c.block_table_stride + j / c.page_size];
-      row = j % c.page_size;
+      const Divisor pages = c.pages();
+      const int pj = pages.div(j);
+      page = c.block_table[b * c.block_table_stride + pj];
+      row = j - pj * c.page_size;
     } else {
       page = b;
       row = j;
@@ -83,10 +92,11 @@ struct PageRing {
                                                int j0, int kv_hi) {
     if constexpr (PAGED) {
       const i32* table = c.block_table + b * c.block_table_stride;
+      const Divisor pages = c.pages();
       for (int x = threadIdx.x; x < BLOCK_N; x += blockDim.x) {
         const int j = j0 + x;
         const bool ok = j < kv_hi;
-        cp_async_4(smem_addr(&ids.id[slot * BLOCK_N + x]), ok ? table + j / c.page_size : table,
+        cp_async_4(smem_addr(&ids.id[slot * BLOCK_N + x]), ok ? table + pages.div(j) : table,
                    ok);
       }
     }
@@ -96,7 +106,7 @@ struct PageRing {
                                               const CacheParams& c, int b, int hk, int slot,
                                               int x, int j) {
     if constexpr (PAGED) {
-      const i64 page = ids.id[slot * BLOCK_N + x], r = j % c.page_size;
+      const i64 page = ids.id[slot * BLOCK_N + x], r = c.pages().mod(j);
       return {page * p.k_batch_stride + hk * p.k_head_stride + r * p.k_row_stride,
               page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
     } else {

@@ -105,11 +105,13 @@ __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 // a multiply-high and a shift where an integer division takes ~20 instructions.
 // With l = ceil(log2 d) and m = ceil(2^(31 + l) / d) < 2^32, x / d = (x m) >> (31 + l)
 // exactly for x < 2^31 (m d - 2^(31 + l) < d). d = 1 takes its own branch (m would be
-// 2^31 with a shift of -1). The one 64-bit division is the constructor's.
+// 2^31 with a shift of -1). The one 64-bit division is the constructor's; the second
+// constructor takes m and s made by the host (families/decode.py: divisor_magic).
 struct Divisor {
   int d;
   u32 m;
   int s;  // l - 1
+  __device__ __forceinline__ Divisor(int d_, u32 m_, int s_) : d(d_), m(m_), s(s_) {}
   __device__ __forceinline__ explicit Divisor(int d_) : d(d_), m(0), s(0) {
     if (d > 1) {
       const int l = 32 - __clz(d - 1);
