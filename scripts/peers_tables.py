@@ -6,7 +6,7 @@ the note can be checked (or rebuilt) with::
     python scripts/peers_tables.py            # all sections
     python scripts/peers_tables.py train pdl  # some of them
 
-Sections: train, mma, dropout, decode, pdl, tiles. Each prints its tables, then a few
+Sections: train, mma, dropout, decode, pdl, tiles, head. Each prints its tables, then a few
 "range" lines (min-max of a ratio column) that the note's summaries quote.
 """
 
@@ -61,8 +61,8 @@ def best_peer(got, key, peers):
     return max(have) if have else (None, None)
 
 
-def section_train():
-    data = load("h100-peers-train.json")
+def section_train(name="h100-peers-train.json"):
+    data = load(name)
     cells = training_cells(data["rows"])
     peers = ("cudnn", "flash2", "fa4")
     fwd_all, bwd_all, wins = [], [], {}
@@ -102,8 +102,8 @@ def section_train():
     print("max spread_pct:", f"{max(r['spread_pct'] for r in data['rows']):.1f}")
 
 
-def section_mma():
-    data = load("h100-peers-mma-det.json")
+def section_mma(name="h100-peers-mma-det.json"):
+    data = load(name)
     rows, fwd_r, bwd_r, det_r = [], [], [], []
     for (d, s, causal), got in sorted(training_cells(data["rows"]).items()):
         mma, fa2, ours, det = (got[i] for i in ("ours_mma", "flash2", "ours", "ours_det"))
@@ -275,8 +275,16 @@ def section_tiles():
                  "gain", "fwd old", "fwd new"], rows))
 
 
+def section_head():
+    """Section 10: the whole training grid again, one run at f4c8758."""
+    section_train("h100-peers-train-f4c8758.json")
+    print()
+    section_mma("h100-peers-train-f4c8758.json")
+
+
 SECTIONS = {"train": section_train, "mma": section_mma, "dropout": section_dropout,
-            "decode": section_decode, "pdl": section_pdl, "tiles": section_tiles}
+            "decode": section_decode, "pdl": section_pdl, "tiles": section_tiles,
+            "head": section_head}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or SECTIONS:
