@@ -324,7 +324,7 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
 // buffer `stage` against its 16 packed rows. s = Q K^T; the variant's scores where
 // the tile is partial, the variant transforms them or the scale is negative (the max
 // of the dots would be the min of the scores); otherwise the scale joins the exp2's
-// FMA; the online softmax; acc += P V.
+// FMA; the online softmax (max-free once the warp's rows have a reference); acc += P V.
 template <class KT, class VT>
 __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRows<KT>& rows,
                                              const u32 (&qf)[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
@@ -334,27 +334,47 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
                                              float (&acc)[KT::D_TILES * 4]) {
   using T = typename KT::T;
   float s[KT::N_TILES * 4];
+  auto scores = [&] {
 #pragma unroll
-  for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
+    for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
 #pragma unroll
-  for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
-    u32 a[4];
-    if constexpr (KT::Q_IN_REGS) {
+    for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
+      u32 a[4];
+      if constexpr (KT::Q_IN_REGS) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = qf[ks][e];
+        for (int e = 0; e < 4; ++e) a[e] = qf[ks][e];
+      } else {
+        ldmatrix_x4(a, q_addr + ks * 32);
+      }
+#pragma unroll
+      for (int nt = 0; nt < KT::N_TILES; nt += 2) {
+        u32 bk[4];
+        ldmatrix_x4(bk, KT::kv_at(k_lane, k_key, nt * 8, 2 * ks));
+        mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
+        mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
+      }
+    }
+  };
+  scores();
+  const bool plain = !partial && !VT::kTransform && p.scale_log2 >= 0.f;
+  // The max-free softmax (FragSoftmax::fast) where every row of the warp has a finite
+  // m_i: no row max, no rescale unless a sum fails its bound (then settle; if a p
+  // overflowed, the scores again from K, still in its buffer, under the exact max).
+  if (VT::kFastSoftmax &&
+      __all_sync(0xffffffffu, plain && sm.row[0].m_i != -CA_INF && sm.row[1].m_i != -CA_INF)) {
+    float sum[2];
+    if (!__any_sync(0xffffffffu, !sm.fast(s, p.scale_log2, sum))) {
+      sm.commit(sum);
     } else {
-      ldmatrix_x4(a, q_addr + ks * 32);
+      if (!sm.settle(s, sum)) {
+        scores();
+        sm.online(s, p.scale_log2, true);
+      }
+      sm.rescale(acc);
     }
-#pragma unroll
-    for (int nt = 0; nt < KT::N_TILES; nt += 2) {
-      u32 bk[4];
-      ldmatrix_x4(bk, KT::kv_at(k_lane, k_key, nt * 8, 2 * ks));
-      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
-      mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
-    }
-  }
-  if (!partial && !VT::kTransform && p.scale_log2 >= 0.f) {
+  } else if (plain) {
     sm.online(s, p.scale_log2, false);
+    sm.rescale(acc);
   } else {
     const int j_lane = k0 + 2 * (lane % 4);
 #pragma unroll
@@ -371,8 +391,8 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
         }
     }
     sm.online(s, 1.f, false);
+    sm.rescale(acc);
   }
-  sm.rescale(acc);
 #pragma unroll
   for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
     u32 a[4];

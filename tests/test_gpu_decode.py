@@ -299,6 +299,17 @@ def test_scale_of_any_sign(scale, page):
              dtype="bfloat16", lengths=(3000, 1, 700), scale=scale)
 
 
+@pytest.mark.parametrize("scale", [2.0, 50.0])
+@pytest.mark.parametrize("page", [None, 16])
+def test_scores_that_rise_past_the_reference(scale, page):
+    """Large scales spread the scores so that later key tiles rise above a warp's
+    reference m_i: by 8 to 128 (exp2 domain) the max-free softmax settles on the
+    tile's largest p, past 128 it recomputes the tile's scores under the exact max
+    (at 2.0 the first mostly, at 50 the second)."""
+    run_case(seed_for("rise", scale, page), B=3, Hq=16, Hkv=2, D=128, Sq=2, page=page,
+             dtype="bfloat16", lengths=(3000, 1, 700), scale=scale, splits=2)
+
+
 def test_unaligned_views_take_the_element_path():
     """q a slice of a wider tensor (row stride not a multiple of 8 elements)."""
     import cupy
