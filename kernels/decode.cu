@@ -411,9 +411,9 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 }
 
 // Epilogue: the key warps' states meet in shared memory (the ring is free: every
-// copy landed, the caller's barrier passed) and merge; then each row's output and
-// LSE: the split's fp32 partial state (num_splits > 1, merged by merge.cu) or the
-// final O in T.
+// copy landed, the caller's barrier passed) and merge, each row's weights computed
+// once; then each row's output and LSE: the split's fp32 partial state (num_splits >
+// 1, merged by merge.cu) or the final O in T.
 template <class KT>
 __device__ __forceinline__ void store(typename KT::Storage& st, const DecodeParams& dp,
                                       const FwdParams& p, const DecodeRows<KT>& rows, int b,
@@ -437,37 +437,77 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
     }
   }
   __syncthreads();
-
-  const bool partial = dp.num_splits > 1;
-  const int group = p.group;
-  for (int x = threadIdx.x; x < ROWS * D; x += KT::THREADS) {
-    const int r = x / D, d = x % D, pr = rows.r0 + r;
-    if (pr > rows.r_last) break;   // x grows with r: no later x is a stored row
+  // Each row's merge once, by one thread: in place of the warps' m, their weights
+  // exp2(m_w - m) / l (l = sum of the weighted l_w), and the row's LSE in place of
+  // the first warp's l (a row's slots are read and written by its thread alone).
+  const int stored = rows.r_last - rows.r0 + 1;
+  if (threadIdx.x < cmin(ROWS, stored)) {
+    const int r = threadIdx.x;
     SoftmaxRow row;
     row.m_i = -CA_INF;
 #pragma unroll
     for (int w = 0; w < KEY_WARPS; ++w) row.m_i = fmaxf(row.m_i, st.merge.m[w][r]);
     const float ref = row.ref();
+    float wt[KEY_WARPS];
     row.l_i = 0.f;
-    float o = 0.f;
 #pragma unroll
     for (int w = 0; w < KEY_WARPS; ++w) {
-      const float wt = exact_exp2(st.merge.m[w][r] - ref);
-      row.l_i = fmaf(wt, st.merge.l[w][r], row.l_i);
-      o = fmaf(wt, st.merge.acc[w][r][d], o);
+      wt[w] = exact_exp2(st.merge.m[w][r] - ref);
+      row.l_i = fmaf(wt[w], st.merge.l[w][r], row.l_i);
     }
-    o *= row.inv_l();
+    const float inv_l = row.inv_l();
+#pragma unroll
+    for (int w = 0; w < KEY_WARPS; ++w) st.merge.m[w][r] = wt[w] * inv_l;
+    st.merge.l[0][r] = row.lse();
+  }
+  __syncthreads();
+
+  // V consecutive columns a thread (four where the aligned path's 16-byte strides and
+  // D allow: o_part rows are D floats, out's rows aligned to 16 bytes)
+  constexpr int V = KT::VEC && D % 4 == 0 ? 4 : 1;
+  const bool partial = dp.num_splits > 1;
+  const int group = p.group;
+  for (int x = threadIdx.x; x < ROWS * D / V; x += KT::THREADS) {
+    const int r = x / (D / V), d = x % (D / V) * V, pr = rows.r0 + r;
+    if (pr > rows.r_last) break;   // x grows with r: no later x is a stored row
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int w = 0; w < KEY_WARPS; ++w) {
+      const float wt = st.merge.m[w][r];
+      float a[V];
+      if constexpr (V == 4) {
+        const float4 q4 = *reinterpret_cast<const float4*>(&st.merge.acc[w][r][d]);
+        a[0] = q4.x, a[1] = q4.y, a[2] = q4.z, a[3] = q4.w;
+      } else {
+        a[0] = st.merge.acc[w][r][d];
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) o[e] = fmaf(wt, a[e], o[e]);
+    }
+    const float lse = st.merge.l[0][r];
     const int i = pr / group, h = hk * group + pr % group;
     if (partial) {
       const i64 at = ((i64(split) * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
-      dp.o_part[at * D + d] = o;
-      if (d == 0) dp.lse_part[at] = row.lse();
+      if constexpr (V == 4)
+        *reinterpret_cast<float4*>(dp.o_part + at * D + d) = make_float4(o[0], o[1], o[2], o[3]);
+      else
+        dp.o_part[at * D + d] = o[0];
+      if (d == 0) dp.lse_part[at] = lse;
     } else {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
-               i * p.o_row_stride;
-      out[d] = from_float<T>(o);
+               i * p.o_row_stride + d;
+      if constexpr (V == 4) {
+        T y[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[e] = from_float<T>(o[e]);
+        *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(y);
+      } else {
+        out[0] = from_float<T>(o[0]);
+      }
       if (d == 0 && p.lse != nullptr)
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row.lse();
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse;
     }
   }
 }
