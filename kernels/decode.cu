@@ -643,13 +643,15 @@ __global__ void __launch_bounds__(KT::THREADS)
     for (int t = 0; t < STAGES - 1; ++t) ids_of(t);
     cp_async_commit();
   }
-  load_q<KT>(st, p, rows, b, hk);
   if constexpr (Pages::kPaged || BULK || TMA) {
     cp_async_wait<0>();
     __syncthreads();   // the first tiles' page ids are in; the mbarriers are initialized
   }
 #pragma unroll
   for (int t = 0; t < STAGES - 1; ++t) issue(t);
+  // Q's loads wait for their data; the first tiles' copies are in flight by then
+  // (the loop's first barrier publishes Q)
+  load_q<KT>(st, p, rows, b, hk);
 
   FragSoftmax<KT::N_TILES> sm;
   sm.init();
