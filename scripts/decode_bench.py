@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cupy_attention as ca  # noqa: E402
 from cupy_attention import device  # noqa: E402
+from cupy_attention.interop import external_stream  # noqa: E402
 
 # (B, Hq, Hkv, Sq, Sk, D): the shapes of issue 35's anchor table.
 ANCHORS = ((1, 32, 8, 1, 32768, 128), (8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 4096, 128),
@@ -142,7 +143,7 @@ def n_sets(per_set: int, l2: int) -> int:
 def time_torch(torch, fn, sets, reps, per_set):
     """time_calls on torch's current stream, as a result row."""
     cupy = device.require_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = external_stream(torch.cuda.current_stream().cuda_stream, cupy.cuda.Device().id)
     secs, spread = time_calls(cupy, fn, sets, reps, stream)
     return {"seconds": secs, "spread_pct": spread, "tbps": per_set / secs / 1e12,
             "sets": len(sets)}

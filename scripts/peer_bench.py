@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cupy_attention as ca  # noqa: E402
 from cupy_attention import device  # noqa: E402
+from cupy_attention.interop import external_stream  # noqa: E402
 
 from decode_bench import choice_list, time_calls  # noqa: E402  (scripts/ is sys.path[0])
 
@@ -121,7 +122,7 @@ def main() -> int:
     import torch
 
     cupy = device.require_cupy()
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    stream = external_stream(torch.cuda.current_stream().cuda_stream, cupy.cuda.Device().id)
     dtype = getattr(torch, a.dtype)
     from cupy_attention.bench import _git_commit
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from .. import device, jit
-from ..interop import is_torch
+from ..interop import external_stream, is_torch
 from .cases import (BWD_FACTOR, ERR_ROWS, Case, ITEMSIZE, MAX_INPUT_SETS, ROUNDS, SPIN_MAX_S,
                     TORCH_BACKENDS)
 
@@ -121,7 +121,7 @@ class Timing:
         if torch_mod:
             torch_mod.manual_seed(0)
             ptr = torch_mod.cuda.current_stream(self.device_id).cuda_stream
-            self.stream = self.cupy.cuda.ExternalStream(ptr, self.device_id)
+            self.stream = external_stream(ptr, self.device_id)
         else:
             self.cupy.random.seed(0)
             self.stream = self.cupy.cuda.get_current_stream()
