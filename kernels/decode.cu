@@ -462,35 +462,35 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
   }
   __syncthreads();
 
-  // V consecutive columns a thread (four where the aligned path's 16-byte strides and
+  // COLS consecutive columns a thread (four where the aligned path's 16-byte strides and
   // D allow: o_part rows are D floats, out's rows aligned to 16 bytes)
-  constexpr int V = KT::VEC && D % 4 == 0 ? 4 : 1;
+  constexpr int COLS = KT::VEC && D % 4 == 0 ? 4 : 1;
   const bool partial = dp.num_splits > 1;
   const int group = p.group;
-  for (int x = threadIdx.x; x < ROWS * D / V; x += KT::THREADS) {
-    const int r = x / (D / V), d = x % (D / V) * V, pr = rows.r0 + r;
+  for (int x = threadIdx.x; x < ROWS * D / COLS; x += KT::THREADS) {
+    const int r = x / (D / COLS), d = x % (D / COLS) * COLS, pr = rows.r0 + r;
     if (pr > rows.r_last) break;   // x grows with r: no later x is a stored row
-    float o[V];
+    float o[COLS];
 #pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = 0.f;
+    for (int e = 0; e < COLS; ++e) o[e] = 0.f;
 #pragma unroll
     for (int w = 0; w < KEY_WARPS; ++w) {
       const float wt = st.merge.m[w][r];
-      float a[V];
-      if constexpr (V == 4) {
+      float a[COLS];
+      if constexpr (COLS == 4) {
         const float4 q4 = *reinterpret_cast<const float4*>(&st.merge.acc[w][r][d]);
         a[0] = q4.x, a[1] = q4.y, a[2] = q4.z, a[3] = q4.w;
       } else {
         a[0] = st.merge.acc[w][r][d];
       }
 #pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = fmaf(wt, a[e], o[e]);
+      for (int e = 0; e < COLS; ++e) o[e] = fmaf(wt, a[e], o[e]);
     }
     const float lse = st.merge.l[0][r];
     const int i = pr / group, h = hk * group + pr % group;
     if (partial) {
       const i64 at = ((i64(split) * p.batch + b) * p.heads_q + h) * p.seqlen_q + i;
-      if constexpr (V == 4)
+      if constexpr (COLS == 4)
         *reinterpret_cast<float4*>(dp.o_part + at * D + d) = make_float4(o[0], o[1], o[2], o[3]);
       else
         dp.o_part[at * D + d] = o[0];
@@ -498,7 +498,7 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
     } else {
       T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
                i * p.o_row_stride + d;
-      if constexpr (V == 4) {
+      if constexpr (COLS == 4) {
         T y[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[e] = from_float<T>(o[e]);

@@ -53,7 +53,7 @@ struct KVCache {
                                                 i64& row) {
     if constexpr (PAGED) {
       const Divisor pages = c.pages();
-      const int pj = pages.div(j);
+      const int pj = pages.div(j);   // (pages.mod would divide again: +8 SASS in append_kv)
       page = c.block_table[b * c.block_table_stride + pj];
       row = j - pj * c.page_size;
     } else {
