@@ -35,7 +35,9 @@
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
-//      bits as A fragments, acc += P V (ldmatrix.trans + mma).
+//      bits as A fragments, acc += P V (ldmatrix.trans + mma). WGMMA traits (sm_90a,
+//      64 packed rows, TMA traits, D <= 128): one warpgroup, whose S = Q K^T and
+//      acc += P V are wgmma m64 over the whole key tile; the softmax is the warps' own.
 //   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and
 //      merge; o = acc / l_i and lse, or the split's partials.
 //   Launches (sm_90+, common/pdl.cuh): the decode is the programmatic dependent of
@@ -64,7 +66,7 @@
 #include "common/wgmma.cuh"
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
-          bool VEC_, bool PAGED_, bool TMA_ = false>
+          bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -97,6 +99,18 @@ struct DecodeTraits {
   static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
   static constexpr int BOX_ROWS = PAGED_ ? 16 : BLOCK_N;
+  // WGMMA (TMA traits, four row warps): a warpgroup per key warp, warp w the row warp
+  // w % 4 of key warp w / 4. On sm_90a each warpgroup computes S = Q K^T and acc +=
+  // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
+  // tiles, Q and P from registers in the A-fragment layout that mma.sync takes too,
+  // so the 64 packed rows are one instruction stream reading each K and V row from
+  // shared memory once; other targets run the same tile by mma.sync.
+  static constexpr bool WGMMA = WGMMA_;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static constexpr bool USE_WGMMA = WGMMA_;
+#else
+  static constexpr bool USE_WGMMA = false;
+#endif
   // Byte offset in a ring tile of 16-byte chunk c (columns 8c..8c+7) of key row r.
   __device__ __forceinline__ static u32 kv_offset(int r, int c) {
     if constexpr (TMA) return KVTile::offset(r, c);
@@ -142,6 +156,8 @@ struct DecodeTraits {
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
   static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
+  static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
+                "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -325,6 +341,10 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
 // the tile is partial, the variant transforms them or the scale is negative (the max
 // of the dots would be the min of the scores); otherwise the scale joins the exp2's
 // FMA; the online softmax (max-free once the warp's rows have a reference); acc += P V.
+// k_lane, v_lane: the lane's ldmatrix addresses in the buffer (KT::kv_at); with
+// USE_WGMMA the buffer's own address, which the warpgroup's descriptors take (the
+// four warps run the step together: S and P V as wgmma m64 of the 64 rows, every
+// warp whichever softmax branch it takes).
 template <class KT, class VT>
 __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRows<KT>& rows,
                                              const u32 (&qf)[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4],
@@ -334,9 +354,27 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
                                              float (&acc)[KT::D_TILES * 4]) {
   using T = typename KT::T;
   float s[KT::N_TILES * 4];
-  auto scores = [&] {
+  // s = Q K^T: by the warpgroup's wgmma (USE_WGMMA and `group`: the four warps call it
+  // together), or by this warp's mma.sync chain (the recompute below, which one warp
+  // may take alone; with USE_WGMMA its ldmatrix addresses follow from the buffer's).
+  auto scores = [&](bool group) {
 #pragma unroll
     for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
+    if constexpr (KT::USE_WGMMA) {
+      if (group) {
+        const u64 k_desc = KT::KVTile::kmajor(k_lane, 0, 0);
+        wgmma_fence();   // s was zeroed and Q written by ordinary code
+#pragma unroll
+        for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+          Wgmma<KT::WARP_KEYS>::template rs<0>(
+              s, qf[ks], desc_advance(k_desc, KT::KVTile::kmajor_offset(ks)), T{});
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(s);
+        return;
+      }
+    }
+    const u32 k_warp = KT::USE_WGMMA ? k_lane + (lane % 8 + 8 * (lane / 16)) * 128 : k_lane;
 #pragma unroll
     for (int ks = 0; ks < KT::QK_STEPS; ++ks) {
       u32 a[4];
@@ -349,13 +387,13 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
       for (int nt = 0; nt < KT::N_TILES; nt += 2) {
         u32 bk[4];
-        ldmatrix_x4(bk, KT::kv_at(k_lane, k_key, nt * 8, 2 * ks));
+        ldmatrix_x4(bk, KT::kv_at(k_warp, k_key, nt * 8, 2 * ks));
         mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
         mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
       }
     }
   };
-  scores();
+  scores(true);
   const bool plain = !partial && !VT::kTransform && p.scale_log2 >= 0.f;
   // The max-free softmax (FragSoftmax::fast) where every row of the warp has a finite
   // m_i: no row max, no rescale unless a sum fails its bound (then settle; if a p
@@ -367,7 +405,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
       sm.commit(sum);
     } else {
       if (!sm.settle(s, sum)) {
-        scores();
+        scores(false);
         sm.online(s, p.scale_log2, true);
       }
       sm.rescale(acc);
@@ -393,19 +431,37 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
     sm.online(s, 1.f, false);
     sm.rescale(acc);
   }
+  if constexpr (KT::USE_WGMMA) {
+    u32 pa[KT::PV_STEPS][4];
 #pragma unroll
-  for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
-    u32 a[4];
-    a[0] = MmaType<T>::pack(s[8 * ks + 0], s[8 * ks + 1]);
-    a[1] = MmaType<T>::pack(s[8 * ks + 2], s[8 * ks + 3]);
-    a[2] = MmaType<T>::pack(s[8 * ks + 4], s[8 * ks + 5]);
-    a[3] = MmaType<T>::pack(s[8 * ks + 6], s[8 * ks + 7]);
+    for (int ks = 0; ks < KT::PV_STEPS; ++ks)
 #pragma unroll
-    for (int dt = 0; dt < KT::D_TILES; dt += 2) {
-      u32 bv[4];
-      ldmatrix_x4_trans(bv, KT::kv_at(v_lane, v_key, ks * 16, dt));
-      mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4]), a, bv[0], bv[1], T{});
-      mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4 + 4]), a, bv[2], bv[3], T{});
+      for (int e = 0; e < 4; ++e)
+        pa[ks][e] = MmaType<T>::pack(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]);
+    const u64 v_desc = KT::KVTile::mnmajor(v_lane, 0);
+    wgmma_fence();   // P and the rescaled acc were written by ordinary code
+#pragma unroll
+    for (int ks = 0; ks < KT::PV_STEPS; ++ks)
+      Wgmma<KT::D_PAD>::rs(acc, pa[ks], desc_advance(v_desc, KT::KVTile::mnmajor_offset(ks)), T{});
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+    fence_regs(pa);
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < KT::PV_STEPS; ++ks) {
+      u32 a[4];
+      a[0] = MmaType<T>::pack(s[8 * ks + 0], s[8 * ks + 1]);
+      a[1] = MmaType<T>::pack(s[8 * ks + 2], s[8 * ks + 3]);
+      a[2] = MmaType<T>::pack(s[8 * ks + 4], s[8 * ks + 5]);
+      a[3] = MmaType<T>::pack(s[8 * ks + 6], s[8 * ks + 7]);
+#pragma unroll
+      for (int dt = 0; dt < KT::D_TILES; dt += 2) {
+        u32 bv[4];
+        ldmatrix_x4_trans(bv, KT::kv_at(v_lane, v_key, ks * 16, dt));
+        mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4]), a, bv[0], bv[1], T{});
+        mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4 + 4]), a, bv[2], bv[3], T{});
+      }
     }
   }
 }
@@ -557,6 +613,7 @@ __device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage,
     const int row = valid + x / CHUNKS, c = x % CHUNKS;
     *reinterpret_cast<uint4*>(v_tile + KT::kv_offset(row, c)) = make_uint4(0, 0, 0, 0);
   }
+  if constexpr (KT::USE_WGMMA) fence_proxy_async();   // wgmma reads through the async proxy
 }
 
 // One block: ROWS packed rows of KV head hk (y), batch b (z), keys of split
@@ -580,7 +637,9 @@ __global__ void __launch_bounds__(KT::THREADS)
   const int b = blockIdx.z, hk = blockIdx.y;
   const int row_block = blockIdx.x / dp.num_splits, split = blockIdx.x % dp.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rw = warp / KT::KEY_WARPS, kw = warp % KT::KEY_WARPS;
+  // (WGMMA: a warpgroup's four warps are its four row warps, one key warp's keys)
+  const int rw = KT::WGMMA ? warp % 4 : warp / KT::KEY_WARPS;
+  const int kw = KT::WGMMA ? warp / 4 : warp % KT::KEY_WARPS;
 
   // The sequence's own problem: its length, the band aligned to it.
   FwdParams p = dp.fwd;
@@ -667,10 +726,12 @@ __global__ void __launch_bounds__(KT::THREADS)
   // this lane's rows and chunks of K (B of Q K^T) and V (B of P V, transposed)
   const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
   const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
-  const u32 k_lane = KT::TMA ? smem_addr(&st.ring.k[0][0]) + k_r0 * 128
-                             : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
-  const u32 v_lane = KT::TMA ? smem_addr(&st.ring.v[0][0]) + v_r0 * 128
-                             : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
+  const u32 k_lane = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + key0 * 128
+                     : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + k_r0 * 128
+                                    : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
+  const u32 v_lane = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + key0 * 128
+                     : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + v_r0 * 128
+                                    : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
   const u32 k_key = KT::kv_key(k_r0, k_c0), v_key = KT::kv_key(v_r0, v_c0);
 
   for (int t = 0; t < n_tiles; ++t) {

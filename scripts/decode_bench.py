@@ -276,6 +276,9 @@ def main() -> int:
     ap.add_argument("--no-wide", action="store_true",
                     help="one-block-per-SM plans keep the two-block tiles (the A/B of "
                          "KEY_WARPS_WIDE)")
+    ap.add_argument("--no-wgmma", action="store_true",
+                    help="more than 32 packed rows keep the mma.sync tiles (the A/B of "
+                         "use_wgmma)")
     ap.add_argument("--no-pdl", action="store_true",
                     help="ordinary launches for the decode and its split merge, not "
                          "programmatic dependents (the A/B of those launches)")
@@ -293,6 +296,8 @@ def main() -> int:
     if a.no_wide:
         narrow = decode_family.tile
         decode_family.tile = lambda *args, wide=False, **kw: narrow(*args, **kw)
+    if a.no_wgmma:
+        decode_family.use_wgmma = lambda *args: False
     if a.no_pdl:
         jit._launch_ex_fn[:] = [None]   # every dependent launch falls back to cuLaunchKernel
     cupy = device.require_cupy()
@@ -314,7 +319,7 @@ def main() -> int:
     report = {"device": device.device_name(dev), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
         "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2, "pdl": not a.no_pdl,
-        "tma": not a.no_tma, "wide": not a.no_wide,
+        "tma": not a.no_tma, "wide": not a.no_wide, "wgmma": not a.no_wgmma,
         "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
                   "K+V bytes read once per call; rotating input sets > 2x L2",
         "rows": []}

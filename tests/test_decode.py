@@ -90,7 +90,7 @@ def test_page_divisor_divides_every_key_index():
 
 TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
          fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6),
-         fam.Tile(1, 8, 16, 3)]
+         fam.Tile(1, 8, 16, 3), fam.Tile(4, 1, 128, 3, True), fam.Tile(4, 1, 64, 2, True)]
 
 
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
@@ -101,9 +101,11 @@ def test_smem_formula_is_sizeof_storage(head_dim, tile, paged, tma):
     vec = "true" if tma else "false"   # tensor maps take the aligned path only
     if tma and head_dim % 8:
         pytest.skip("16-byte copies need D % 8 == 0")
+    if tile.wgmma and not (tma and head_dim <= 128):
+        pytest.skip("the warpgroup tile reads the tensor maps' ring, Q in registers")
     traits = (f"DecodeTraits<{head_dim}, {tile.row_warps}, {tile.key_warps}, {tile.warp_keys}, "
               f"{tile.stages}, bf16, {vec}, {'true' if paged else 'false'}"
-              f"{', true' if tma else ''}>")
+              f"{', true' if tma else ''}{', true' if tile.wgmma else ''}>")
     src = (f'#include "decode.cu"\n'
            f'static_assert({traits}::SMEM_BYTES == {fam.smem_bytes(head_dim, tile, paged, tma)}, '
            f'"smem");\n'
@@ -132,6 +134,38 @@ def test_tiles_fit_the_device(head_dim, rows, limit):
 
 def shape(B=1, Hq=32, Hkv=8, Sq=1, cap=32768, D=128, dtype="bfloat16", paged=False, causal=True):
     return fam.DecodeShape(B, Hq, Hkv, Sq, cap, D, dtype, Variant(causal=causal), paged)
+
+
+@pytest.mark.parametrize("head_dim", [64, 72, 96, 128])
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("limit", [99 * 1024, 227 * 1024])
+def test_warpgroup_tiles_fit(head_dim, paged, limit):
+    t = fam.tile(64, head_dim, paged, limit, tma=True, wide=not paged, wgmma=True)
+    assert t.wgmma and t.row_warps == 4 and t.key_warps == fam.KEY_WARPS_WGMMA[not paged]
+    assert t.threads == 128 * t.key_warps    # whole warpgroups
+    assert t.warp_keys % 16 == 0 and t.stages >= 2
+    assert fam.smem_bytes(head_dim, t, paged, True) <= limit
+    if limit > fam.BLOCK_SMEM and not paged:     # one block per SM: 128-key tiles
+        assert t.block_n == 128
+
+
+def test_use_wgmma():
+    def s(Hq=32, Hkv=8, Sq=16, D=128):
+        return shape(Hq=Hq, Hkv=Hkv, Sq=Sq, D=D)
+    assert fam.use_wgmma(s(), True, "sm_90a")
+    assert fam.use_wgmma(s(Sq=9), True, "sm_90a")                # 36 rows
+    assert not fam.use_wgmma(s(Sq=8), True, "sm_90a")            # 32 rows: two m16 warps
+    assert not fam.use_wgmma(s(), False, "sm_90a")               # no tensor maps
+    assert not fam.use_wgmma(s(D=256), True, "sm_90a")           # Q does not fit registers
+    for arch in ("sm_80", "sm_89", "sm_100a", "sm_120"):
+        assert not fam.use_wgmma(s(), True, arch)
+    p = fam.plan(s(), True, 132, None, 227 * 1024, True, True)
+    assert p.tile.wgmma and p.threads == 256 and p.spec.name.endswith(",tma,wgmma]")
+    assert "true, true>" in p.spec.expr
+    # half a wave of one-block-per-SM blocks: B = 8, Hkv = 8 fills 64 of 132 SMs
+    assert fam.plan(shape(B=8, Sq=16, cap=8192), True, 132, None, 227 * 1024, True,
+                    True).num_splits == 1
+    assert fam.plan(shape(B=1, Sq=16), True, 132, None, 227 * 1024, True, True).num_splits == 8
 
 
 def test_row_tiles_pack_a_group():

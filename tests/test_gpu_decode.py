@@ -310,6 +310,54 @@ def test_scores_that_rise_past_the_reference(scale, page):
              dtype="bfloat16", lengths=(3000, 1, 700), scale=scale, splits=2)
 
 
+# The warpgroup tile (use_wgmma: sm_90a, caches through tensor maps, more than 32
+# packed rows, D <= 128): contiguous caches and pages of a multiple of 16 rows, head
+# dims not a power of two, rows padded to 64 (48) and two row blocks (128), windows,
+# forced splits, sequences shorter than Sq and empty ones.
+WGMMA_CASES = [
+    dict(page=None, Hq=32, Hkv=8, Sq=16, D=128, dtype="bfloat16", lengths=(16, 700, 3000)),
+    dict(page=16, Hq=32, Hkv=8, Sq=16, D=128, dtype="float16", lengths=(0, 700, 3000), splits=3),
+    dict(page=48, Hq=16, Hkv=2, Sq=8, D=64, dtype="bfloat16", lengths=(7, 100, 2000),
+         causal=False),
+    dict(page=64, Hq=64, Hkv=8, Sq=16, D=96, dtype="bfloat16", lengths=(15, 1000, 129)),
+    dict(page=256, Hq=32, Hkv=8, Sq=12, D=72, dtype="float16", lengths=(12, 300, 2500),
+         window=(100, 0)),
+    dict(page=None, Hq=8, Hkv=1, Sq=16, D=64, dtype="float16", lengths=(1, 5000, 64), splits=5),
+    dict(page=None, Hq=32, Hkv=4, Sq=8, D=80, dtype="bfloat16", lengths=(8, 1500, 333),
+         window=(300, 20), causal=False),
+]
+
+
+def _wgmma_ran(D):
+    """On sm_90a: whether a warpgroup-tile decode of head dim D was loaded (None elsewhere)."""
+    import cupy
+
+    from cupy_attention import device, jit
+
+    if device.device_arch(cupy.cuda.runtime.getDevice()) != "sm_90a":
+        return None
+    return any(",wgmma]" in spec.name and f"[D={D}," in spec.name for spec, _, _ in jit._loaded)
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES,
+                         ids=[f"{c['page']}-{c['Hq']}/{c['Hkv']}-Sq{c['Sq']}-D{c['D']}"
+                              for c in WGMMA_CASES])
+def test_warpgroup_tile(case):
+    run_case(seed_for("wgmma", tuple(sorted(case.items()))), B=3, **case)
+    assert _wgmma_ran(case["D"]) in (None, True)
+
+
+@pytest.mark.parametrize("scale", [2.0, 50.0])
+@pytest.mark.parametrize("page", [None, 16])
+def test_warpgroup_tile_scores_that_rise(scale, page):
+    """As test_scores_that_rise_past_the_reference, on 64 packed rows: a warp whose
+    sums fail the bound recomputes its scores alone (mma.sync) beside the warpgroup's
+    wgmma."""
+    run_case(seed_for("wgmma-rise", scale, page), B=3, Hq=16, Hkv=2, D=128, Sq=8, page=page,
+             dtype="bfloat16", lengths=(3000, 8, 700), scale=scale, splits=2)
+    assert _wgmma_ran(128) in (None, True)
+
+
 def test_unaligned_views_take_the_element_path():
     """q a slice of a wider tensor (row stride not a multiple of 8 elements)."""
     import cupy

@@ -68,7 +68,20 @@ SPLIT_BLOCKS_PER_SM = 2
 # Sq = 4 2.72 / 2.64 (paged ones, 16 boxes a tile from one thread, keep two:
 # notes-decode.md).
 SPLIT_BLOCKS_PER_SM_TMA = 1
+# The warpgroup tile on contiguous caches streams at full rate from half the SMs: H100
+# (2026-11-27), bf16, Hq/Hkv 32/8, Sq = 16, TB/s at 1 / 2 splits (a wave / half of
+# one): B = 8, Sk = 8k, D = 128 2.82 / 2.66, D = 64 2.39 / 2.33; B = 1, Sk = 32k, 8
+# / 16 splits 2.38 / 2.31 (notes-decode.md).
+SPLIT_BLOCKS_PER_SM_WGMMA = 0.5
 MIN_SPLIT_KEYS = 256
+# Packed rows above this take the warpgroup tile on sm_90a (use_wgmma): 64 rows as one
+# wgmma m64 stream where four m16 warps read each K and V tile four times. Warpgroups
+# a block, each over its share of the key tile: two on the one-block-per-SM plans of
+# contiguous caches (B = 8, Sk = 8k, Sq = 16, one split: D = 128 2.82 TB/s against one
+# warpgroup's 2.77, D = 64 2.39 against 1.88), one on paged caches (two blocks per SM:
+# 2.51 against 2.13).
+WGMMA_MIN_ROWS = 32
+KEY_WARPS_WGMMA = {False: 1, True: 2}   # by `wide`
 MAX_SPLITS = 64
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
 
@@ -110,6 +123,7 @@ class Tile:
     key_warps: int
     warp_keys: int
     stages: int
+    wgmma: bool = False   # one warpgroup's wgmma m64 over the 64 rows (use_wgmma)
 
     @property
     def rows(self) -> int:
@@ -140,18 +154,21 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
 
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
-         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False) -> Tile:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False,
+         wgmma: bool = False) -> Tile:
     """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
     order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
     warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
     fit; failing that, the first whose two stages fit the device. ``wide``: one block
-    per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget)."""
-    rw = 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
+    per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget).
+    ``wgmma`` (use_wgmma): one warpgroup over 64 rows and the whole key tile (its S is
+    BLOCK_N / 2 registers a thread, not a warp's MAX_WARP_KEYS)."""
+    rw = 4 if wgmma else 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
     block_n = 128 if head_dim <= 64 or wide else 64
     shapes = []
-    kw = (KEY_WARPS_WIDE if wide else KEY_WARPS)[rw]
+    kw = KEY_WARPS_WGMMA[wide] if wgmma else (KEY_WARPS_WIDE if wide else KEY_WARPS)[rw]
     while kw >= 1:
-        wk = min(MAX_WARP_KEYS, max(16, block_n // kw))
+        wk = max(16, block_n // kw) if wgmma else min(MAX_WARP_KEYS, max(16, block_n // kw))
         while wk >= 16:
             shapes.append((kw, wk))
             wk //= 2
@@ -161,18 +178,19 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
             fits = [st for st in range(2, MAX_STAGES + 1)
                     if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged, tma) <= budget]
             if fits:
-                return Tile(rw, kw, wk, max(fits))
-    return Tile(rw, 1, 16, 2)
+                return Tile(rw, kw, wk, max(fits), wgmma)
+    return Tile(rw, 1, 16, 2, wgmma)
 
 
 def split_count(blocks: int, capacity: int, sms: int,
-                per_sm: int = SPLIT_BLOCKS_PER_SM) -> int:
+                per_sm: float = SPLIT_BLOCKS_PER_SM) -> int:
     """Key splits per sequence for ``blocks`` blocks of ``capacity`` keys each: as
     many as one wave of ``per_sm`` blocks per SM holds (SPLIT_BLOCKS_PER_SM, or
-    SPLIT_BLOCKS_PER_SM_TMA for contiguous caches through tensor maps; rounding up ran
-    a second, mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots
-    on an H100)."""
-    want = per_sm * sms // max(blocks, 1)
+    SPLIT_BLOCKS_PER_SM_TMA for contiguous caches through tensor maps, and
+    SPLIT_BLOCKS_PER_SM_WGMMA for the warpgroup tile there; rounding up ran a second,
+    mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots on an
+    H100)."""
+    want = int(per_sm * sms) // max(blocks, 1)
     most = max(1, capacity // MIN_SPLIT_KEYS)
     return max(1, min(want, most, MAX_SPLITS))
 
@@ -222,12 +240,14 @@ class Plan:
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
          vec: bool, tma: bool = False) -> jit.KernelSpec:
+    assert not t.wgmma or tma, "the wgmma tile reads the tensor maps' swizzled ring"
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
-              f"{'true' if paged else 'false'}{', true' if tma else ''}>")
+              f"{'true' if paged else 'false'}{', true' if tma else ''}"
+              f"{', true' if t.wgmma else ''}>")
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
-            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}]")
+            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}{',wgmma' if t.wgmma else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -266,19 +286,27 @@ def use_tma(s: DecodeShape, vec: bool, arch: str, kv_dims, k_strides, v_strides)
     return True
 
 
+def use_wgmma(s: DecodeShape, tma: bool, arch: str) -> bool:
+    """Whether more than WGMMA_MIN_ROWS packed rows take the warpgroup tile (sm_90a:
+    wgmma m64 over the tensor maps' ring, Q in registers: D <= 128)."""
+    return (tma and device.arch_cc(arch) == 90 and arch.endswith("a")
+            and s.head_dim <= 128 and s.group * s.seqlen_q > WGMMA_MIN_ROWS)
+
+
 @functools.lru_cache(maxsize=4096)
 def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
-         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False) -> Plan:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wgmma: bool = False) -> Plan:
     """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
-    tests and benchmarks; ``tma``: use_tma's answer)."""
+    tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers)."""
     rows_total = s.group * s.seqlen_q
     one_block = tma and not s.paged   # SPLIT_BLOCKS_PER_SM_TMA
-    wide = one_block and rows_total > 32         # KEY_WARPS_WIDE
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide)
+    wide = one_block and (rows_total > 32 or wgmma)   # KEY_WARPS_WIDE, KEY_WARPS_WGMMA
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
-        per_sm = SPLIT_BLOCKS_PER_SM_TMA if one_block else SPLIT_BLOCKS_PER_SM
+        per_sm = (SPLIT_BLOCKS_PER_SM if not one_block else SPLIT_BLOCKS_PER_SM_WGMMA
+                  if t.wgmma else SPLIT_BLOCKS_PER_SM_TMA)
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
@@ -503,8 +531,8 @@ def launch_append(k_cache, v_cache, k_new, v_new, *, seqlens, block_table, page_
 
 class Decode(Family):
     name = "decode"
-    summary = ("few query rows per sequence: GQA heads and queries packed into mma tiles, "
-               "split-KV with a merge (cp.async, paged caches)")
+    summary = ("few query rows per sequence: GQA heads and queries packed into mma tiles "
+               "(wgmma on sm_90a), split-KV with a merge (cp.async, paged caches)")
     source = "decode.cu"
     dtypes = ("float16", "bfloat16")
     min_cc = 80
@@ -549,7 +577,8 @@ class Decode(Family):
         def make(vec: bool) -> DecodeLaunch:
             dims = (p.batch, p.seqlen_k)
             tma = use_tma(s, vec, arch, dims, strides["k_strides"], strides["v_strides"])
-            return DecodeLaunch(s, p.scale, plan(s, vec, sms, None, smem_limit, tma), o_strides,
+            pl = plan(s, vec, sms, None, smem_limit, tma, use_wgmma(s, tma, arch))
+            return DecodeLaunch(s, p.scale, pl, o_strides,
                                 lse_strides, device_id, arch, dims, q=None, k=None, v=None,
                                 **strides)
 
@@ -572,12 +601,15 @@ class Decode(Family):
             # a consumer part's 99 KB per block
             out.append(spec(d, "bfloat16", tile(16, d, True, 99 * 1024), Variant(causal=True),
                             True, True))
-            # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged
+            # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged;
+            # 64 rows in the warpgroup tile (use_wgmma) where D allows it
             for rows in (4, 16, 64):
                 for paged in (False, True):
                     wide = not paged and rows > 32
-                    out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide),
-                                    Variant(causal=True), paged, True, True))
+                    for wgmma in (False, True) if rows > WGMMA_MIN_ROWS and d <= 128 else (False,):
+                        out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
+                                                       wgmma=wgmma),
+                                        Variant(causal=True), paged, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):
@@ -586,6 +618,10 @@ class Decode(Family):
         out.append(spec(128, "bfloat16", tile(1, 128, False), Variant(), False, True))
         out.append(spec(128, "bfloat16", tile(8, 128, True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), True, True))
+        for d, paged in ((72, True), (128, False)):   # the warpgroup tile's variants
+            out.append(spec(d, "bfloat16", tile(64, d, paged, tma=True, wide=not paged,
+                                                wgmma=True),
+                            Variant(causal=True, window=(64, 0), softcap=30.0), paged, True, True))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
