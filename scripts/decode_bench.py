@@ -13,7 +13,9 @@ Paged caches hold each sequence's pages in shuffled order. torch's SDPA runs wit
 ``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
 mask would be aligned top-left, so the row is a timing anchor only) on head-major
 [B, Hkv, Sk, D] caches; ours read [B, Sk, Hkv, D] (``--layouts hnd`` adds head-major
-views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures).
+views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures;
+``--layouts kv`` views of one [pages, 2, page_size, Hkv, D] array, K and V of a page
+side by side, the layout FlashInfer's paged decode reads).
 
     python scripts/decode_bench.py                       # the issue's anchor shapes
     python scripts/decode_bench.py --grid --json decode.json
@@ -74,7 +76,8 @@ def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
     """(q, k_cache, v_cache, block_table, cache_seqlens) for one input set. The caches
     are [B, Sk, Hkv, D] / [pages, page_size, Hkv, D] arrays; with layout "hnd" they
     are views of head-major memory ([B, Hkv, Sk, D], as torch SDPA and Hugging Face
-    caches hold it; [pages, Hkv, page_size, D], FlashInfer's HND)."""
+    caches hold it; [pages, Hkv, page_size, D], FlashInfer's HND); with "kv" the two
+    halves of one [n, 2, rows, Hkv, D] array (FlashInfer's paged NHD cache)."""
     b, hq, hkv, sq, sk, d = shape
     dt = cupy.float16 if dtype == "float16" else None
     q = _randn(cupy, (b, sq, hq, d), dtype, dt)
@@ -87,7 +90,11 @@ def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
             return _randn(cupy, (n0, hkv, n1, d), dtype, dt).transpose(0, 2, 1, 3)
         return _randn(cupy, (n0, n1, hkv, d), dtype, dt)
 
-    k, v = cache(), cache()
+    if layout == "kv":
+        kv = _randn(cupy, (n0, 2, n1, hkv, d), dtype, dt)
+        k, v = kv[:, 0], kv[:, 1]
+    else:
+        k, v = cache(), cache()
     if page == 0:
         return q, k, v, None, lens
     table = rng.permutation(b * per).astype(np.int32).reshape(b, per)
@@ -263,8 +270,9 @@ def main() -> int:
                     help="B,Hq,Hkv,Sq,Sk,D (repeatable)")
     ap.add_argument("--pages", default="0,16,1", help="page sizes, 0 = contiguous")
     ap.add_argument("--layouts", default="nhd",
-                    help="cache memory layouts of ours: nhd ([.., Sk, Hkv, D]) and/or hnd "
-                         "(head-major views, torch SDPA's own layout)")
+                    help="cache memory layouts of ours: nhd ([.., Sk, Hkv, D]), hnd "
+                         "(head-major views, torch SDPA's own layout), kv (K and V of a "
+                         "page side by side, FlashInfer's paged layout)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--splits", type=int, default=None, help="force the split count")
