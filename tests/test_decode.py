@@ -166,6 +166,11 @@ def test_use_wgmma():
     assert fam.plan(shape(B=8, Sq=16, cap=8192), True, 132, None, 227 * 1024, True,
                     True).num_splits == 1
     assert fam.plan(shape(B=1, Sq=16), True, 132, None, 227 * 1024, True, True).num_splits == 8
+    # paged: the one-block tile where the two-block plan would split, else two blocks an SM
+    for B, kw, splits in ((1, 2, 16), (8, 2, 2), (16, 2, 1), (32, 1, 1), (64, 1, 1)):
+        p = fam.plan(shape(B=B, Sq=16, cap=8192 if B > 1 else 32768, paged=True), True, 132,
+                     None, 227 * 1024, True, True)
+        assert (p.tile.key_warps, p.num_splits) == (kw, splits), B
 
 
 def test_row_tiles_pack_a_group():

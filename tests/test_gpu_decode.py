@@ -325,6 +325,9 @@ WGMMA_CASES = [
     dict(page=None, Hq=8, Hkv=1, Sq=16, D=64, dtype="float16", lengths=(1, 5000, 64), splits=5),
     dict(page=None, Hq=32, Hkv=4, Sq=8, D=80, dtype="bfloat16", lengths=(8, 1500, 333),
          window=(300, 20), causal=False),
+    # 160 blocks of 64 rows: more than an SM each, so paged caches keep the two-block tile
+    dict(page=16, Hq=16, Hkv=4, Sq=16, D=128, dtype="bfloat16", B=40,
+         lengths=tuple(range(5, 40 * 41, 41))),
 ]
 
 
@@ -340,10 +343,10 @@ def _wgmma_ran(D):
 
 
 @pytest.mark.parametrize("case", WGMMA_CASES,
-                         ids=[f"{c['page']}-{c['Hq']}/{c['Hkv']}-Sq{c['Sq']}-D{c['D']}"
-                              for c in WGMMA_CASES])
+                         ids=[f"{c['page']}-B{c.get('B', 3)}-{c['Hq']}/{c['Hkv']}-Sq{c['Sq']}-"
+                              f"D{c['D']}" for c in WGMMA_CASES])
 def test_warpgroup_tile(case):
-    run_case(seed_for("wgmma", tuple(sorted(case.items()))), B=3, **case)
+    run_case(seed_for("wgmma", tuple(sorted(case.items()))), **{"B": 3, **case})
     assert _wgmma_ran(case["D"]) in (None, True)
 
 
