@@ -104,7 +104,7 @@ struct DecodeTraits {
   // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
   // tiles, Q and P from registers in the A-fragment layout that mma.sync takes too,
   // so the 64 packed rows are one instruction stream reading each K and V row from
-  // shared memory once; other targets run the same tile by mma.sync.
+  // shared memory once. The host selects them on sm_90a only; elsewhere the kernel traps.
   static constexpr bool WGMMA = WGMMA_;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static constexpr bool USE_WGMMA = WGMMA_;
@@ -632,6 +632,10 @@ __global__ void __launch_bounds__(KT::THREADS)
   // sm_90+: launched as the programmatic dependent of the kernel before it (the host's
   // DecodeLaunch), so nothing is read or written before that kernel has finished;
   // and the merge of the splits, its own dependent, may be scheduled from here.
+  if constexpr (KT::WGMMA && !KT::USE_WGMMA) {
+    __trap();   // the host selects WGMMA traits on sm_90a only (use_wgmma)
+    return;
+  }
   grid_dependency_wait();
   launch_dependents();
   const int b = blockIdx.z, hk = blockIdx.y;

@@ -618,6 +618,10 @@ class Decode(Family):
                         out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
                                                        wgmma=wgmma),
                                         Variant(causal=True), paged, True, True))
+                    if paged and rows > WGMMA_MIN_ROWS and d <= 128:   # the one-block paged plan
+                        out.append(spec(d, dtype, tile(rows, d, True, tma=True, wide=True,
+                                                       wgmma=True),
+                                        Variant(causal=True), True, True, True))
         for d in (8, 72, 96, 160, 192, 224):
             out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True))
         for d in (1, 59, 111, 250):
