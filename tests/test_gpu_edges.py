@@ -220,6 +220,34 @@ def test_row_maxima_climbing_along_the_keys(name, pattern, causal, device_cc):
     tolerance(as_float(out), ref, same, dtype)
 
 
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["flash_wgmma", "flash_mma"])
+def test_softcapped_scores_that_leap(name, causal, device_cc):
+    """Softcap 50 bounds a score to +-50, 144 apart in the exp2 domain: queries of
+    positive entries meet keys pointing away from them up to row 400 (scores near
+    -50) and towards them after (near +50), so the max-free softmax's exponent
+    overflows on that tile (ex2 gives inf) and flash_wgmma must recompute it under
+    the exact max, as it does for plain scores (test_row_maxima_climbing_along_the_keys)."""
+    xp = __import__("cupy")
+    dtype = main_dtype(name)
+    s = shape(B=1, Hq=2, Hkv=1, Sq=150, Sk=900, D=64, dtype=dtype, causal=causal)
+    require(name, device_cc, **s)
+    q, k, v, _ = make_qkv(xp, seed_for(name, causal, "leap"),
+                          **{key: s[key] for key in s if key != "causal"})
+    rows = xp.arange(s["seqlen_k"])[None, None, :, None]
+    qb = bits_of(xp.abs(as_float(q)), dtype, xp)
+    kb = bits_of(xp.abs(as_float(k)) * xp.where(rows >= 400, 30.0, -30.0), dtype, xp)
+    q.view(qb.dtype)[...] = qb
+    k.view(kb.dtype)[...] = kb
+    out, lse = ca.attention(q, k, v, causal=causal, kernel=name, softcap=50.0, return_lse=True)
+    ref, ref_lse = plain_attention(q, k, v, causal=causal, softcap=50.0)
+    same, same_lse = plain_attention(q, k, v, causal=causal, softcap=50.0, precision=dtype)
+    tolerance(as_float(out), ref, same, dtype)
+    assert bool(xp.isfinite(lse).all())
+    assert float(xp.abs(lse - ref_lse).max()) <= 2 * float(xp.abs(same_lse - ref_lse).max()) + 1e-3
+
+
 # 4 ------------------------------------------------------------------------------
 
 def _nan_case(name, cc, *, causal=True, mask=None, D=64):
