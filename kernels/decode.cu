@@ -36,8 +36,8 @@
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
 //      bits as A fragments, acc += P V (ldmatrix.trans + mma). WGMMA traits (sm_90a,
-//      64 packed rows, TMA traits, D <= 128): one warpgroup, whose S = Q K^T and
-//      acc += P V are wgmma m64 over the whole key tile; the softmax is the warps' own.
+//      64 packed rows, TMA traits, D <= 128): a warpgroup per key warp, whose S = Q K^T
+//      and acc += P V are wgmma m64 over its keys; the softmax is the warps' own.
 //   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and
 //      merge; o = acc / l_i and lse, or the split's partials.
 //   Launches (sm_90+, common/pdl.cuh): the decode is the programmatic dependent of
@@ -629,13 +629,13 @@ __global__ void __launch_bounds__(KT::THREADS)
   auto& st = *reinterpret_cast<typename KT::Storage*>(
       KT::TMA ? shared_ptr<unsigned char>(smem, storage_base(smem)) : smem);
 
-  // sm_90+: launched as the programmatic dependent of the kernel before it (the host's
-  // DecodeLaunch), so nothing is read or written before that kernel has finished;
-  // and the merge of the splits, its own dependent, may be scheduled from here.
   if constexpr (KT::WGMMA && !KT::USE_WGMMA) {
     __trap();   // the host selects WGMMA traits on sm_90a only (use_wgmma)
     return;
   }
+  // sm_90+: launched as the programmatic dependent of the kernel before it (the host's
+  // DecodeLaunch), so nothing is read or written before that kernel has finished;
+  // and the merge of the splits, its own dependent, may be scheduled from here.
   grid_dependency_wait();
   launch_dependents();
   const int b = blockIdx.z, hk = blockIdx.y;
