@@ -6,8 +6,9 @@ the note can be checked (or rebuilt) with::
     python scripts/peers_tables.py            # all sections
     python scripts/peers_tables.py train pdl  # some of them
 
-Sections: train, mma, dropout, decode, pdl, tiles, head. Each prints its tables, then a few
-"range" lines (min-max of a ratio column) that the note's summaries quote.
+Sections: train, mma, dropout, decode, pdl, tiles, head, decode-head (the README's
+decode table). Each prints its tables, then a few "range" lines (min-max of a ratio
+column) that the note's summaries quote.
 """
 
 import json
@@ -282,9 +283,34 @@ def section_head():
     section_mma("h100-peers-train-f4c8758.json")
 
 
+def section_decode_head(name="h100-peers-decode-022664b.json"):
+    """The README's decode table (one run, every peer at one split) and its ratios."""
+    got = decode_rows(name)
+    cols = [("ours", 0), ("ours", 16), ("ours", 1), ("cudnn", None), ("flash", None),
+            ("fa4", 0), ("fa4", 16), ("fa4", 1), ("flashinfer", 16), ("flashinfer", 1)]
+    rows, best_r, p16_r, p1_r = [], [], [], []
+    for shape in sorted(got, key=lambda k: (k[1], k[0])):
+        g = got[shape]
+        rows.append(list(shape) + [r2(g.get(c)) for c in cols])
+        best = max(g[c] for c in (("cudnn", None), ("flash", None), ("fa4", 0)))
+        if shape[1] == 1:
+            best_r.append(g[("ours", 0)] / best)
+            p16_r.append(g[("ours", 16)] / g[("flashinfer", 16)])
+            p1_r.append(g[("ours", 1)] / g[("flashinfer", 1)])
+        else:
+            print(f"Sq={shape[1]}: ours contiguous x FA4 {g[('ours', 0)] / g[('fa4', 0)]:.3f}, "
+                  f"x cuDNN {g[('ours', 0)] / g[('cudnn', None)]:.2f}; ours page 16 x FA4 "
+                  f"page 16 {g[('ours', 16)] / g[('fa4', 16)]:.2f}")
+    print(table(["B", "Sq", "Sk", "ours", "ours p16", "ours p1", "cuDNN", "FA2", "FA4",
+                 "FA4 p16", "FA4 p1", "FI p16", "FI p1"], rows))
+    span("Sq = 1: ours contiguous x best of cuDNN, FA2, FA4", best_r)
+    span("Sq = 1: ours page 16 x FlashInfer page 16", p16_r)
+    span("Sq = 1: ours page 1 x FlashInfer page 1", p1_r)
+
+
 SECTIONS = {"train": section_train, "mma": section_mma, "dropout": section_dropout,
             "decode": section_decode, "pdl": section_pdl, "tiles": section_tiles,
-            "head": section_head}
+            "head": section_head, "decode-head": section_decode_head}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or SECTIONS:
