@@ -82,11 +82,6 @@ MIN_SPLIT_KEYS = 256
 # 2.51 against 2.13).
 WGMMA_MIN_ROWS = 32
 KEY_WARPS_WGMMA = {False: 1, True: 2}   # by `wide`
-# Paged caches in the warpgroup tile where the two-block plan would split the keys: one
-# block per SM, two warpgroups over 128-key tiles and a wave of one block per SM (H100,
-# 2026-11-27, Sq = 16, page 16, TB/s two-block plan / this: B = 1, Sk = 32k 2.19 /
-# 2.28; B = 8, Sk = 8k 2.53 / 2.56, D = 64 2.20 / 2.24; with the grid full without
-# splits it loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs).
 MAX_SPLITS = 64
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
 
@@ -294,8 +289,8 @@ def use_tma(s: DecodeShape, vec: bool, arch: str, kv_dims, k_strides, v_strides)
 def use_wgmma(s: DecodeShape, tma: bool, arch: str) -> bool:
     """Whether more than WGMMA_MIN_ROWS packed rows take the warpgroup tile (sm_90a:
     wgmma m64 over the tensor maps' ring, Q in registers: D <= 128)."""
-    return (tma and device.arch_cc(arch) == 90 and arch.endswith("a")
-            and s.head_dim <= 128 and s.group * s.seqlen_q > WGMMA_MIN_ROWS)
+    return (tma and arch == "sm_90a" and s.head_dim <= 128
+            and s.group * s.seqlen_q > WGMMA_MIN_ROWS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,16 +300,23 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
     tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers)."""
     rows_total = s.group * s.seqlen_q
-    # paged caches take the one-block warpgroup tile where the two-block plan would split
-    # the keys (its blocks fill at most one block per SM; measured beside KEY_WARPS_WGMMA)
+    # Paged caches take the one-block warpgroup tile where the two-block plan would split
+    # the keys, i.e. where its 64-row blocks fill at most one block per SM (H100,
+    # 2026-11-27, Sq = 16, page 16, TB/s two-block plan / one-block: B = 1, Sk = 32k 2.19
+    # / 2.28; B = 8, Sk = 8k 2.53 / 2.56, D = 64 2.20 / 2.24; with the grid full without
+    # splits it loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs).
     paged_wide = wgmma and s.paged and -(-rows_total // 64) * s.heads_kv * s.batch <= sms
-    one_block = tma and (not s.paged or paged_wide)   # SPLIT_BLOCKS_PER_SM_TMA
+    one_block = tma and (not s.paged or paged_wide)
     wide = one_block and (rows_total > 32 or wgmma)   # KEY_WARPS_WIDE, KEY_WARPS_WGMMA
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
-        per_sm = (SPLIT_BLOCKS_PER_SM if not one_block else SPLIT_BLOCKS_PER_SM_TMA
-                  if s.paged or not t.wgmma else SPLIT_BLOCKS_PER_SM_WGMMA)
+        if not one_block:
+            per_sm = SPLIT_BLOCKS_PER_SM
+        elif t.wgmma and not s.paged:
+            per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
+        else:
+            per_sm = SPLIT_BLOCKS_PER_SM_TMA
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
