@@ -29,6 +29,7 @@ from .calls import HotCache, array_signature, hot_io
 from .errors import (DeviceMismatchError, DTypeError, LayoutError, ShapeError, UnsupportedError,
                      translate_oom)
 from .families import decode as fam
+from .families import flash_wgmma as wgmma_fam
 from .problem import check_scale, describe
 from .variant import Variant
 
@@ -322,14 +323,26 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
             tma = fam.use_tma(s, vec, arch, kv.shape[:2], cache(kv), cache(vv))
-            pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits),
-                          _device.max_shared_per_block(ctx.device_id), tma,
-                          fam.use_wgmma(s, tma, arch))
-            launch = fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream,
-                                       ctx.device_id, arch, kv.shape[:2], q=qv, k=kv, v=vv,
-                                       q_strides=bsd(qv), k_strides=cache(kv),
-                                       v_strides=cache(vv), block_table=table,
-                                       seqlens=lengths, page_size=page_size)
+            if num_splits is None and wgmma_fam.takes_cache(s, tma, arch, sms, bsd(qv),
+                                                            page_size if s.paged else None):
+                # many query rows (chunked prefill): flash_wgmma over the cache
+                launch = wgmma_fam.CacheLaunch(
+                    s, scale, q_strides=bsd(qv), o_strides=bsd(ov),
+                    lse_strides=(0, 0) if lv is None else _strides(lv, (0, 1)),
+                    k_strides=cache(kv), v_strides=cache(vv), kv_dims=kv.shape[:2],
+                    block_table=table, seqlens=lengths, page_size=page_size,
+                    device_id=ctx.device_id, arch=arch)
+                launch.run(qv.data.ptr, kv.data.ptr, vv.data.ptr, ov.data.ptr,
+                           0 if lv is None else lv.data.ptr, ctx.stream)
+            else:
+                pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits),
+                              _device.max_shared_per_block(ctx.device_id), tma,
+                              fam.use_wgmma(s, tma, arch))
+                launch = fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream,
+                                           ctx.device_id, arch, kv.shape[:2], q=qv, k=kv,
+                                           v=vv, q_strides=bsd(qv), k_strides=cache(kv),
+                                           v_strides=cache(vv), block_table=table,
+                                           seqlens=lengths, page_size=page_size)
             if hot_key is not None and ctx.kind in ("torch", "cupy"):
                 _HOT.put(hot_key, _HotDecode(ctx.kind, ctx.device_id, s, launch))
         out = _give(out, ctx)

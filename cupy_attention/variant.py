@@ -15,7 +15,9 @@ unbounded on that side; with ``causal`` the right bound is ``min(right, 0)``.
 bias ``-slope[h] * |i + offset - j|`` computed in the kernel, slopes per head).
 ``ragged``: packed sequences of different lengths (``attention_varlen``); the band
 params then leave out the offset, which each sequence adds for itself
-(``kernels/common/seqs.cuh``). ``dropout``: the probabilities are dropped with the
+(``kernels/common/seqs.cuh``). ``cache``: a batch of KV caches whose sequences hold
+keys of their own counts (``attention_decode``'s chunked prefill on flash_wgmma),
+``"contiguous"`` or ``"paged"``; the band leaves out the offset as for ``ragged``. ``dropout``: the probabilities are dropped with the
 Philox stream of ``cupy_attention.dropout`` (``PhiloxDropout``); p, seed and offset
 are per-call params (:func:`dropout_params`).
 """
@@ -35,6 +37,7 @@ class Variant:
     softcap: float = 0.0           # 0 = off
     dense: str = "none"            # "none" | "bool" | "add" | "alibi"
     ragged: bool = False           # packed sequences (RaggedSeqs)
+    cache: str = ""                # KV caches (CachedSeqs): "" | "contiguous" | "paged"
     dropout: bool = False          # PhiloxDropout (its p, seed and offset are call params)
 
     @property
@@ -56,7 +59,7 @@ class Variant:
 
     def band(self, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
         """``FwdParams::band_lo``, ``band_hi``: row i sees keys i + band_lo .. i + band_hi."""
-        offset = 0 if self.ragged else seqlen_k - seqlen_q
+        offset = 0 if self.ragged or self.cache else seqlen_k - seqlen_q
         left, right = self.window if self.window is not None else (-1, -1)
         if self.causal:
             right = 0 if right < 0 else min(right, 0)
@@ -66,7 +69,9 @@ class Variant:
         """The C++ variant type, e.g. ``Variant<Band<false, true>, PlainLogits, NoDense>``."""
         lo, hi = self.band_flags
         logits = "Softcap" if self.softcap else "PlainLogits"
-        seqs = ", RaggedSeqs" if self.ragged else (", FixedSeqs" if self.dropout else "")
+        seqs = (", RaggedSeqs" if self.ragged
+                else f", CachedSeqs<{str(self.cache == 'paged').lower()}>" if self.cache
+                else ", FixedSeqs" if self.dropout else "")
         drop = ", PhiloxDropout" if self.dropout else ""
         return (f"Variant<Band<{str(lo).lower()}, {str(hi).lower()}>, {logits}, "
                 f"{_DENSE_CPP[self.dense]}{seqs}{drop}>")
@@ -80,12 +85,13 @@ class Variant:
         if self.softcap:
             out += ",softcap"
         return (out + _DENSE_SUFFIX[self.dense] + (",varlen" if self.ragged else "")
+                + (f",{self.cache}-cache" if self.cache else "")
                 + (",dropout" if self.dropout else ""))
 
     def band_only(self) -> "Variant":
         """The same band without logits or dense mask: what a kernel that only walks
         the kept keys (a P @ V pass over a finished softmax) instantiates."""
-        return Variant(self.causal, self.window, ragged=self.ragged)
+        return Variant(self.causal, self.window, ragged=self.ragged, cache=self.cache)
 
     def params(self, seqlen_q: int, seqlen_k: int, scale: float) -> dict:
         """The FwdParams fields this variant sets (band and softcap)."""

@@ -50,6 +50,7 @@
 // D rounded up to 64 columns. Masked scores are selected, never multiplied; a NaN in
 // a masked V still reaches the product (0 * NaN), as in flash_mma and FlashAttention.
 #include "common/mma.cuh"
+#include "common/paged.cuh"
 #include "common/softmax.cuh"
 #include "common/storage.cuh"
 #include "common/tma.cuh"
@@ -154,7 +155,7 @@ struct WorkTile {
 
 // What the producer publishes with a work tile (Storage::tile_slot): the tile, and
 // for packed sequences what the consumers cannot compute cheaply (the search for
-// its sequence, the sequence's extent).
+// its sequence, the sequence's extent); for KV caches the entry's key count.
 struct TileSlot {
   template <class Seqs>
   __device__ __forceinline__ static void write(int* slot, int tile, const WorkTile& w,
@@ -163,6 +164,8 @@ struct TileSlot {
     if constexpr (Seqs::kRagged) {
       slot[1] = w.m_block, slot[2] = w.h, slot[3] = w.b;
       slot[4] = e.q_start, slot[5] = e.k_start, slot[6] = e.seqlen_q, slot[7] = e.seqlen_k;
+    } else if constexpr (Seqs::kCached) {
+      slot[1] = e.seqlen_k;
     }
   }
   // Lane 0 reads for the warp (see Consumer::run).
@@ -267,6 +270,83 @@ struct TileScheduler {
 };
 
 // ---------------------------------------------------------------------------
+// K and V sources: where the producer's key tiles come from. A source gives a work
+// tile's sequence extent (extent), its coordinates (tile), the copies of key tile
+// [j0, j0 + BLOCK_N) of K or V into a buffer whose mbarrier expects KVTile::BYTES
+// (load; is_v a constant at every call),
+// and, for a cache, the address of one key row for the consumers' rare recompute
+// (k_row; fixed and packed sequences address K from the params).
+//   TiledKV   k and v through their tensor maps, one box of BLOCK_N rows per 64
+//             columns (rows past the map arrive as zeros); fixed or packed sequences.
+//   CachedKV  a KV cache (CachedSeqs): boxes of as many rows as the pages allow at
+//             the block table's pages (common/paged.cuh: CacheTiles), V's last rows
+//             exact.
+
+template <class KT, class Seqs>
+struct TiledKV {
+  const TmaMap& k_map;
+  const TmaMap& v_map;
+  // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
+  // packed sequences are one batch entry, the sequence's rows from its first on.
+  struct Tile {
+    int k_h, k_b, v_h, v_b, row0;
+  };
+  __device__ __forceinline__ typename Seqs::Extent extent(const FwdParams& p,
+                                                          const WorkTile& w) const {
+    if constexpr (Seqs::kRagged) return Seqs::extent(p, w.b);
+    return {};
+  }
+  __device__ __forceinline__ Tile tile(const FwdParams& p, const WorkTile& w,
+                                       const typename Seqs::Extent& seq) const {
+    const int h_kv = w.h / p.group;
+    Tile t{p.k_head_stride ? h_kv : 0, p.k_batch_stride ? w.b : 0, p.v_head_stride ? h_kv : 0,
+           p.v_batch_stride ? w.b : 0, 0};
+    if constexpr (Seqs::kRagged) t.row0 = seq.k_start;
+    return t;
+  }
+  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0) const {
+    tma_load_blocks<KT::D_BLOCKS>(dst, KT::KVTile::BLOCK_BYTES, is_v ? v_map : k_map,
+                                  t.row0 + j0, is_v ? t.v_h : t.k_h, is_v ? t.v_b : t.k_b, bar);
+  }
+};
+
+template <class KT, class Seqs>
+struct CachedKV {
+  static_assert(Seqs::kCached, "CachedKV reads a KV cache (CachedSeqs)");
+  using Tiles = CacheTiles<KT::D_BLOCKS, Seqs::kPaged>;
+  const TmaMap& k_map;  // boxes of box_rows rows
+  const TmaMap& v_map;
+  const CacheRowMaps& v_rows;  // V's boxes of 16, and of 1, 2, 4 and 8 rows
+  const CacheParams& cache;
+  const int box_rows;
+  struct Tile {
+    int b, hk, n;
+  };
+  __device__ __forceinline__ typename Seqs::Extent extent(const FwdParams& p,
+                                                          const WorkTile& w) const {
+    return {KVCache<Seqs::kPaged>::seqlen(p, cache, w.b)};
+  }
+  __device__ __forceinline__ Tile tile(const FwdParams& p, const WorkTile& w,
+                                       const typename Seqs::Extent& seq) const {
+    return {w.b, w.h / p.group, seq.seqlen_k};
+  }
+  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0) const {
+    if (is_v)
+      Tiles::template load<true>(dst, KT::KVTile::BLOCK_BYTES, v_map, v_rows, cache, t.b, t.hk,
+                                 j0, KT::BLOCK_N, box_rows, t.n, bar);
+    else
+      Tiles::template load<false>(dst, KT::KVTile::BLOCK_BYTES, k_map, v_rows, cache, t.b, t.hk,
+                                  j0, KT::BLOCK_N, box_rows, t.n, bar);
+  }
+  // Key j, clipped to the sequence's last key (the block table past it may hold anything).
+  template <class T>
+  __device__ __forceinline__ const T* k_row(const FwdParams& p, const WorkTile& w, int j) const {
+    const KVRow r = KVCache<Seqs::kPaged>::row(p, cache, w.b, w.h / p.group, cmin(j, p.seqlen_k - 1));
+    return static_cast<const T*>(p.k) + r.k;
+  }
+};
+
+// ---------------------------------------------------------------------------
 // Producer
 
 // One thread of warpgroup 0. Reads: the scheduler's tiles, Q, K, V through their
@@ -281,21 +361,19 @@ struct TileScheduler {
 // (counted over the block's life) is published in tile_slot[u % 2] together with its
 // Q, -1 after the last one; a slot is rewritten two tiles later, when every consumer
 // has released that tile's Q.
-template <class KT, class VT>
+template <class KT, class VT, class Source>
 __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<KT, VT>& sched,
-                                        const TmaMap& q_map, const TmaMap& k_map,
-                                        const TmaMap& v_map) {
+                                        const TmaMap& q_map, const Source& src) {
   const FwdParams& p = sched.p;
   PipelineState<KT::STAGES> k_pipe, v_pipe;
   // One K or V tile into the pipeline's next buffer, once its previous use is released.
   // bufs, full, empty: the first buffer's and mbarriers' addresses (8 bytes apart).
-  auto load = [&](const TmaMap& map, int h, int b, u32 bufs, u32 full, u32 empty,
-                  PipelineState<KT::STAGES>& pipe, int loads, int row) {
+  auto load = [&](bool is_v, const typename Source::Tile& kv, u32 bufs, u32 full, u32 empty,
+                  PipelineState<KT::STAGES>& pipe, int loads, int j0) {
     if (loads >= KT::STAGES) mbarrier_wait(empty + 8 * pipe.index(), pipe.phase() ^ 1);
     const u32 bar = full + 8 * pipe.index();
     mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
-    tma_load_blocks<KT::D_BLOCKS>(bufs + pipe.index() * KT::KVTile::BYTES,
-                                  KT::KVTile::BLOCK_BYTES, map, row, h, b, bar);
+    src.load(is_v, kv, bufs + pipe.index() * KT::KVTile::BYTES, bar, j0);
     pipe.advance();
   };
   using Seqs = typename VT::Seqs;
@@ -310,27 +388,23 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
       return;
     }
     const WorkTile w = sched.work(tile);
-    typename Seqs::Extent seq{};
-    if constexpr (Seqs::kRagged) seq = Seqs::extent(p, w.b);
+    const typename Seqs::Extent seq = src.extent(p, w);
     TileSlot::write<Seqs>(st.tile_slot(done), tile, w, seq);
-    const int q0 = sched.q0(w.m_block), h_kv = w.h / p.group;
+    const int q0 = sched.q0(w.m_block);
     int n_begin, n_blocks;
     const auto& bound = Seqs::template bind<typename KT::T>(p, seq);
     sched.keys(bound, q0, n_begin, n_blocks);
-    // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
-    // packed sequences are one batch entry, the sequence's rows from its first on.
+    // Q's map coordinates: as TiledKV's (a broadcast axis is a map of size 1, packed
+    // sequences are one batch entry).
     const int q_h = p.q_head_stride ? w.h : 0, q_b = p.q_batch_stride ? w.b : 0;
-    const int k_h = p.k_head_stride ? h_kv : 0, k_b = p.k_batch_stride ? w.b : 0;
-    const int v_h = p.v_head_stride ? h_kv : 0, v_b = p.v_batch_stride ? w.b : 0;
-    int q_row0 = q0, k_row0 = 0;
-    if constexpr (Seqs::kRagged) q_row0 += seq.q_start, k_row0 += seq.k_start;
+    int q_row0 = q0;
+    if constexpr (Seqs::kRagged) q_row0 += seq.q_start;
+    const typename Source::Tile kv = src.tile(p, w, seq);
     const int back = sched.diagonal(bound, q0, n_begin, n_blocks);
-    const auto key_row = [&](int j) {
-      return k_row0 + sched.key_block(j, n_begin, back) * KT::BLOCK_N;
-    };
+    const auto key_row = [&](int j) { return sched.key_block(j, n_begin, back) * KT::BLOCK_N; };
     // K_0 first: its buffer is free before the consumers hand back Q.
     if (n_blocks > 0)
-      load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
+      load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
       const u32 bar = st.q_full(c);
@@ -341,13 +415,11 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     int claimed = n_blocks > 0 ? 0 : sched.claim();
     for (int j = 1; j <= n_blocks; ++j) {
       if (j < n_blocks) {
-        load(k_map, k_h, k_b, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads + j,
-             key_row(j));
+        load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads + j, key_row(j));
       } else {
         claimed = sched.claim();
       }
-      load(v_map, v_h, v_b, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1,
-           key_row(j - 1));
+      load(true, kv, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1, key_row(j - 1));
     }
     loads += n_blocks;
     ++done;
@@ -380,15 +452,18 @@ __device__ __forceinline__ void quad_transpose(u32 (&x)[4], int t) {
 // scores of the current key tile, the previous tile's P as 16-bit A fragments, the
 // softmax state. Reads: Q, K, V from shared memory. Waits on: q_full[c], full_k/v,
 // its turn. Signals: empty_k/v (lane 0 of each warp), q_empty[c], the next turn.
-template <class KT, class VT>
+template <class KT, class VT, class Source>
 struct Consumer {
   using T = typename KT::T;
   using Frag = MmaFrag<KT::N_TILES>;
   const Smem<KT> st;
   using Seqs = typename VT::Seqs;
   const TileScheduler<KT, VT>& sched;
-  // The params, bound to the current tile's sequence (packed sequences: a copy per
-  // tile; otherwise the kernel's own).
+  // K's rows in global memory for scores_from_global: a cache's source (CachedKV);
+  // fixed and packed sequences address K from the params (NoKeyRows)
+  const Source src;
+  // The params, bound to the current tile's sequence (packed sequences and KV caches:
+  // a copy per tile; otherwise the kernel's own).
   typename Seqs::template Bound<FwdParams> p;
   const int c, lane, g, t, row0;  // row0: this warp's first row within the work tile
   PipelineState<KT::STAGES> pipe;  // K_j's buffer; V_{j-1}'s is pipe.prev()
@@ -405,8 +480,8 @@ struct Consumer {
   FragSoftmax<KT::N_TILES> sm;
 
   __device__ __forceinline__ Consumer(Smem<KT> st_, const TileScheduler<KT, VT>& sched_,
-                                      int c_)
-      : st(st_), sched(sched_), p(sched_.p), c(c_), lane(threadIdx.x % 32), g(lane / 4),
+                                      const Source& src_, int c_)
+      : st(st_), sched(sched_), src(src_), p(sched_.p), c(c_), lane(threadIdx.x % 32), g(lane / 4),
         t(lane % 4), row0((threadIdx.x - 128) / 32 * 16) {}
 
   // Round robin: consumer c issues its MMAs after barrier kBarTurn0 + c, then lets
@@ -537,7 +612,9 @@ struct Consumer {
         const u32 q_at = KT::QTile::offset(row0 + g, x / 8) + (x % 8) * 2;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const u32 kw = *reinterpret_cast<const u32*>(k_tile + (nt * 8 + e) * p.k_row_stride + x);
+          const T* k_at = k_tile + (nt * 8 + e) * p.k_row_stride;
+          if constexpr (Seqs::kCached) k_at = src.template k_row<T>(p, w, k0(j) + nt * 8 + 2 * t + e);
+          const u32 kw = *reinterpret_cast<const u32*>(k_at + x);
           const T* kv = reinterpret_cast<const T*>(&kw);
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
@@ -743,6 +820,7 @@ struct Consumer {
         if constexpr (VT::Drop::enabled) bh = ragged.b * p.heads_q + ragged.h;
       } else {
         const WorkTile w = sched.work(tile);
+        if constexpr (Seqs::kCached) p = Seqs::template bind<T>(sched.p, {TileSlot::read(slot, 1)});
         q0 = sched.q0(w.m_block);
         dense = VT::Dense::head(p, w.b, w.h);
         if constexpr (VT::Drop::enabled) bh = w.b * p.heads_q + w.h;
@@ -762,13 +840,17 @@ struct Consumer {
 };
 
 // ---------------------------------------------------------------------------
-// The kernel: set up the barriers, then one role per warpgroup.
+// The kernels: set up the barriers, then one role per warpgroup.
 
-template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
-    flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
-                    const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
-                    u32* tile_counter, int q_shift, int section) {
+// The K and V source of the consumers where they read none of it.
+struct NoKeyRows {};
+
+// make_source(): the kernel's K and V source, made in the roles that use it (a source
+// made before the roles split kept the maps' addresses in registers of every warp).
+template <class KT, class VT, class MakeSource>
+__device__ __forceinline__ void flash_wgmma_roles(const FwdParams& p, const TmaMap& q_map,
+                                                  MakeSource make_source, u32* tile_counter,
+                                                  int q_shift, int section) {
   const Smem<KT> st{storage_base(wgmma_smem)};
   const TileScheduler<KT, VT> sched(p, tile_counter, q_shift, section);
   if (threadIdx.x == 0) {
@@ -790,10 +872,45 @@ __global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<KT::PRODUCER_REGS>();
-    if (threadIdx.x == 0) produce<KT, VT>(st, sched, q_map, k_map, v_map);
+    if (threadIdx.x == 0) produce<KT, VT>(st, sched, q_map, make_source());
     return;
   }
   setmaxnreg_inc<KT::CONSUMER_REGS>();
-  Consumer<KT, VT> consumer(st, sched, wg - 1);
-  consumer.run();
+  if constexpr (VT::Seqs::kCached) {
+    Consumer<KT, VT, decltype(make_source())> consumer(st, sched, make_source(), wg - 1);
+    consumer.run();
+  } else {
+    Consumer<KT, VT, NoKeyRows> consumer(st, sched, NoKeyRows{}, wg - 1);
+    consumer.run();
+  }
+}
+
+// Fixed-length or packed sequences: K and V through their tensor maps (TiledKV).
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
+    flash_wgmma_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
+                    const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
+                    u32* tile_counter, int q_shift, int section) {
+  static_assert(!VT::Seqs::kCached, "KV caches take flash_wgmma_cache_fwd");
+  flash_wgmma_roles<KT, VT>(
+      p, q_map, [&] { return TiledKV<KT, typename VT::Seqs>{k_map, v_map}; }, tile_counter,
+      q_shift, section);
+}
+
+// A batch of KV caches (CachedSeqs: attention_decode's chunked prefill), contiguous or
+// paged: k_map and v_map in boxes of box_rows rows (a multiple of 16 that divides
+// BLOCK_N and the page size), V's maps of 16, 1, 2, 4 and 8 rows for the exact last
+// rows of a sequence (CachedKV, common/paged.cuh).
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
+    flash_wgmma_cache_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
+                          const __grid_constant__ TmaMap k_map,
+                          const __grid_constant__ TmaMap v_map, u32* tile_counter, int q_shift,
+                          int section, const __grid_constant__ CacheParams cache, int box_rows,
+                          const __grid_constant__ CacheRowMaps v_rows) {
+  static_assert(VT::Seqs::kCached, "flash_wgmma_cache_fwd reads KV caches (CachedSeqs)");
+  flash_wgmma_roles<KT, VT>(
+      p, q_map,
+      [&] { return CachedKV<KT, typename VT::Seqs>{k_map, v_map, v_rows, cache, box_rows}; },
+      tile_counter, q_shift, section);
 }

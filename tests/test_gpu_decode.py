@@ -20,6 +20,7 @@ import pytest
 
 import cupy_attention as ca
 from cupy_attention.families import decode as fam
+from cupy_attention.families import flash_wgmma
 from cupy_attention.variant import Variant
 
 from helpers import (as_float, bits_of, check_attention, fill, nan_array, noise_floor, normal,
@@ -116,7 +117,7 @@ def make_cache(seed, *, B, Hq, Hkv, D, Sq, lengths, page, dtype, spare=3):
     return q, k, v, table, cupy.asarray(lengths), ks, vs
 
 
-def reference(q, ks, vs, *, causal, dtype, window=None, scale=None):
+def reference(q, ks, vs, *, causal, dtype, window=None, scale=None, softcap=None):
     """(ref, same, ref_lse, same_lse) in [B, Hq, Sq, D] / [B, Hq, Sq], float64, per
     sequence through the plain attention."""
     import cupy
@@ -138,7 +139,8 @@ def reference(q, ks, vs, *, causal, dtype, window=None, scale=None):
             mask = keep[None, None]
         for prec in outs:
             o, lse = plain_attention(q[b:b + 1], ks[b][None], vs[b][None], causal=causal,
-                                     mask=mask, layout="bshd", precision=prec, scale=scale)
+                                     mask=mask, layout="bshd", precision=prec, scale=scale,
+                                     softcap=softcap)
             outs[prec][0].append(o)
             outs[prec][1].append(lse)
     ref, ref_lse = (cupy.concatenate(x) for x in outs["float64"])
@@ -147,16 +149,17 @@ def reference(q, ks, vs, *, causal, dtype, window=None, scale=None):
 
 
 def run_case(seed, *, B, Hq, Hkv, D, Sq, page, dtype, causal=True, splits=None, lengths=None,
-             window=None, max_seqlen=None, scale=None):
+             window=None, max_seqlen=None, scale=None, softcap=None):
     q, k, v, table, lens, ks, vs = make_cache(seed, B=B, Hq=Hq, Hkv=Hkv, D=D, Sq=Sq,
                                               lengths=lengths or LENGTHS[B], page=page,
                                               dtype=dtype)
     out, lse = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
                                    causal=causal, return_lse=True, num_splits=splits,
-                                   window=window, max_seqlen=max_seqlen, scale=scale)
+                                   window=window, max_seqlen=max_seqlen, scale=scale,
+                                   softcap=softcap or 0.0)
     assert out.shape == q.shape and lse.shape == (B, Hq, Sq)
     ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=causal, dtype=dtype,
-                                             window=window, scale=scale)
+                                             window=window, scale=scale, softcap=softcap)
     check_attention(as_float(out).swapaxes(1, 2), ref, same, dtype, lse=lse.astype(np.float64),
                     ref_lse=ref_lse, same_lse=same_lse)
     return out, lse
@@ -359,6 +362,127 @@ def test_warpgroup_tile_scores_that_rise(scale, page):
     run_case(seed_for("wgmma-rise", scale, page), B=3, Hq=16, Hkv=2, D=128, Sq=8, page=page,
              dtype="bfloat16", lengths=(3000, 8, 700), scale=scale, splits=2)
     assert _wgmma_ran(128) in (None, True)
+
+
+# Chunked prefill: many query rows of each sequence against its cache. On sm_90a, with
+# tensor maps for the cache (pages of a multiple of 16 rows) and work tiles for every
+# SM, flash_wgmma's cache kernel runs it (families/flash_wgmma.py, takes_cache). Lengths
+# cover every residue mod 16 (V's last 16-row box is loaded from exact 8/4/2/1-row
+# boxes: the rows past a sequence are NaN here), lengths below Sq (rows that see no
+# key: 0 and -inf) and 0.
+PREFILL_LENGTHS = {
+    "a": (0, 129, 258, 387, 516, 645, 774, 903),        # residues 0, 1, 2, 3, 4, 5, 6, 7
+    "b": (1032, 1161, 1290, 1419, 1548, 1677, 1806, 1935),  # 8 .. 15
+    "c": (77, 2000, 4097),
+}
+PREFILL_CASES = [
+    dict(page=32, B=8, Hq=32, Hkv=8, D=128, Sq=128, dtype="bfloat16", lengths="a"),
+    dict(page=16, B=8, Hq=32, Hkv=8, D=256, Sq=128, dtype="float16", lengths="b",
+         causal=False),
+    # boxes of 16 rows below D = 192: the decode kernel (CACHE_MIN_BOX_ROWS)
+    dict(page=16, B=8, Hq=32, Hkv=8, D=128, Sq=128, dtype="bfloat16", lengths="b"),
+    dict(page=48, B=3, Hq=32, Hkv=8, D=64, Sq=256, dtype="float16", lengths="c"),
+    dict(page=64, B=8, Hq=16, Hkv=2, D=256, Sq=160, dtype="bfloat16", lengths="b"),
+    dict(page=256, B=3, Hq=32, Hkv=4, D=128, Sq=300, dtype="bfloat16", lengths="c",
+         causal=False),
+    dict(page=None, B=8, Hq=32, Hkv=8, D=128, Sq=128, dtype="bfloat16", lengths="a"),
+    dict(page=None, B=3, Hq=32, Hkv=8, D=80, Sq=256, dtype="float16", lengths="c"),
+    # 48 query rows: the decode kernel (below CACHE_MIN_SEQLEN_Q)
+    dict(page=16, B=8, Hq=32, Hkv=32, D=96, Sq=48, dtype="bfloat16", lengths="b"),
+    dict(page=32, B=3, Hq=32, Hkv=1, D=128, Sq=256, dtype="bfloat16", lengths="c"),
+    dict(page=64, B=3, Hq=32, Hkv=8, D=128, Sq=256, dtype="bfloat16", lengths="c",
+         window=(300, -1)),
+    dict(page=128, B=3, Hq=32, Hkv=8, D=128, Sq=256, dtype="bfloat16", lengths="c",
+         softcap=30.0),
+    dict(page=None, B=3, Hq=32, Hkv=8, D=192, Sq=256, dtype="float16", lengths="c",
+         window=(100, 50), causal=False),
+]
+
+
+@pytest.fixture
+def cache_runs(monkeypatch):
+    """Calls of flash_wgmma's cache kernel during the test (CacheLaunch.run), and whether
+    the device routes there at all (sm_90a)."""
+    import cupy
+
+    from cupy_attention import device
+
+    runs = []
+    real = flash_wgmma.CacheLaunch.run
+
+    def run(self, *args, **kwargs):
+        runs.append(self.vt)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(flash_wgmma.CacheLaunch, "run", run)
+    return runs, device.device_arch(cupy.cuda.runtime.getDevice()) == "sm_90a"
+
+
+def _prefill_id(c):
+    return (f"{'contig' if c['page'] is None else 'page' + str(c['page'])}-B{c['B']}-"
+            f"{c['Hq']}/{c['Hkv']}-D{c['D']}-Sq{c['Sq']}-{c['dtype']}-{c['lengths']}"
+            + ("-full" if c.get("causal") is False else "")
+            + (f"-window{c['window']}" if c.get("window") else "")
+            + ("-softcap" if c.get("softcap") else ""))
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=[_prefill_id(c) for c in PREFILL_CASES])
+def test_chunked_prefill(case, cache_runs):
+    name = _prefill_id(case)
+    case = dict(case)
+    case["lengths"] = PREFILL_LENGTHS[case["lengths"]]
+    run_case(seed_for("prefill", name), **case)
+    runs, hopper = cache_runs
+    s = fam.DecodeShape(case["B"], case["Hq"], case["Hkv"], case["Sq"], 1, case["D"],
+                        case["dtype"], Variant(case.get("causal", True)), False)
+    box = flash_wgmma.cache_box_rows(flash_wgmma.cache_config(s)[1], case["page"])
+    expected = hopper and case["Sq"] >= 64 and (box >= 32 or case["D"] > 192)
+    assert len(runs) == int(expected)
+    if expected:
+        assert runs[0].cache == ("contiguous" if case["page"] is None else "paged")
+
+
+@pytest.mark.parametrize("page", [None, 64])
+def test_chunked_prefill_scores_that_rise(page, cache_runs):
+    """A large scale lifts later key tiles 128 (exp2 domain) above a row's running max:
+    the warp recomputes that tile's scores from K in global memory, located through the
+    block table (CachedKV::k_row)."""
+    run_case(seed_for("prefill-rise", page), B=3, Hq=32, Hkv=8, D=128, Sq=256, page=page,
+             dtype="bfloat16", lengths=(3000, 300, 1700), scale=50.0)
+    runs, hopper = cache_runs
+    assert len(runs) == int(hopper)
+
+
+def test_chunked_prefill_hot_path_and_appends(cache_runs):
+    """The second call with the same shapes takes the hot path (device lengths and
+    table), and k_new / v_new appended before the prefill land where it reads them."""
+    import cupy
+
+    B, Hq, Hkv, D, Sq, page = 3, 32, 8, 128, 256, 32
+    lengths = (700, 300, 1000)
+    q, k, v, table, lens, ks, vs = make_cache(seed_for("prefill-hot"), B=B, Hq=Hq, Hkv=Hkv,
+                                              D=D, Sq=Sq, lengths=[n + Sq for n in lengths],
+                                              page=page, dtype="bfloat16")
+    k_new = cupy.stack([x[-Sq:] for x in ks])
+    v_new = cupy.stack([x[-Sq:] for x in vs])
+    before = cupy.asarray(np.asarray(lengths, dtype=np.int32))
+    # clear the appended rows in the cache, so only the append can put them back
+    for b, n in enumerate(lengths):
+        j = np.arange(n, n + Sq)
+        at = (cupy.asarray(table.get()[b, j // page].astype(np.int64)), cupy.asarray(j % page))
+        k[at] = 0
+        v[at] = 0
+    out, lse = ca.attention_decode(q, k, v, cache_seqlens=before, block_table=table,
+                                   return_lse=True, k_new=k_new, v_new=v_new)
+    ref, same, ref_lse, same_lse = reference(q, ks, vs, causal=True, dtype="bfloat16")
+    check_attention(as_float(out).swapaxes(1, 2), ref, same, "bfloat16",
+                    lse=lse.astype(np.float64), ref_lse=ref_lse, same_lse=same_lse)
+    for _ in range(2):   # the hot path: the same shapes, the lengths after the append
+        again, lse2 = ca.attention_decode(q, k, v, cache_seqlens=lens, block_table=table,
+                                          return_lse=True)
+        assert cupy.array_equal(again, out) and cupy.array_equal(lse2, lse)
+    runs, hopper = cache_runs
+    assert len(runs) == 3 * int(hopper)
 
 
 def test_unaligned_views_take_the_element_path():

@@ -15,16 +15,21 @@ counter per stream (:func:`tile_counter`).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
+import math
 import os
+import struct
 
 import numpy as np
 
 from .. import jit, tma
 from ..device import multiprocessor_count
 from ..problem import Problem
+from ..params import FWD_DTYPE, make_struct
 from ..variant import Variant
-from .base import CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
+from .base import (_POINTERS, CPP_DTYPE, LOG2E, SHORT_DTYPE, HotLaunch, Tensors,
+                   bhs_strides)
 from .flash_mma import FlashMma
 
 # Tile heuristics: the first row whose bound covers the head dim. Each config is
@@ -158,7 +163,8 @@ def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
                                                               vt.dropout)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
-    expr = f"flash_wgmma_fwd<{traits}, {vt.cpp()}>"
+    kernel = "flash_wgmma_cache_fwd" if vt.cache else "flash_wgmma_fwd"
+    expr = f"{kernel}<{traits}, {vt.cpp()}>"
     name = (f"flash_wgmma[D={head_dim},BM={64 * consumers},BN={block_n},S={stages},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
     return jit.KernelSpec("flash_wgmma.cu", expr, name)
@@ -419,4 +425,162 @@ class FlashWgmma(FlashMma):
                       (192, Variant(True, ragged=True, dropout=True)),
                       (256, Variant(True, dense="alibi", dropout=True))):
             out.append(spec(d, "bfloat16", vt))
+        # KV caches (attention_decode's chunked prefill: CachedSeqs)
+        for d, dtype, vt in ((64, "float16", Variant(True, cache="paged")),
+                             (128, "bfloat16", Variant(True, cache="paged")),
+                             (128, "bfloat16", Variant(False, cache="contiguous")),
+                             (256, "bfloat16", Variant(True, cache="paged")),
+                             (80, "float16", Variant(True, cache="contiguous")),
+                             (128, "bfloat16", Variant(True, softcap=30.0, cache="paged")),
+                             (192, "float16", Variant(False, (100, 50), cache="contiguous"))):
+            out.append(spec(d, dtype, vt))
         return out
+
+
+# ---------------------------------------------------------------------------
+# Prefill on a KV cache (attention_decode with many query rows): the kernel's
+# CachedSeqs variant, flash_wgmma_cache_fwd. Each batch entry's Sq query rows see its
+# own cache_seqlens[b] keys; K and V load as boxes of cache_box_rows rows at the
+# block table's pages (a contiguous cache: at the entry's own rows), V's last rows
+# exact (kernels/common/paged.cuh, CacheTiles). No key splits: the route below takes
+# it only where its work tiles fill the GPU.
+
+# attention_decode sends a call here (sm_90a, tensor maps possible, no forced split
+# count) when Sq reaches CACHE_MIN_SEQLEN_Q (a consumer's 64 rows of one head; the
+# decode kernel packs a group's heads into its rows), the work tiles fill every SM
+# and the boxes hold at least CACHE_MIN_BOX_ROWS rows, or D > 192. With boxes of 16
+# rows (pages of 16, 48, 80...) one producer thread issues 8-16 copies per key tile
+# and K or V, and the kernel ran at 0.87-0.93x the decode kernel's TFLOPs at D = 128
+# and 0.61-0.74x at D = 64, 1.40x at D = 256 (H100, 2026-11-27,
+# benchmarks/results/h100-chunked-prefill-cache.json).
+CACHE_MIN_SEQLEN_Q = 64
+CACHE_MIN_BOX_ROWS = 32
+# V's boxes of 16, 1, 2, 4 and 8 rows (CacheRowMaps), after Q, K and V
+_ROW_BOXES = (16, 1, 2, 4, 8)
+
+
+def cache_box_rows(block_n: int, page_size: int | None) -> int:
+    """Rows of the cache kernel's K and V boxes: the key tile (a contiguous cache), or
+    the largest multiple of 16 dividing both it and the page size (a box never crosses
+    a page; one copy instruction per box and 64 columns, from one thread)."""
+    return block_n if not page_size else math.gcd(block_n, page_size)
+
+
+def cache_config(s) -> tuple:
+    """flash_wgmma's tile config for a DecodeShape ``s`` (the table's row)."""
+    return tiles_for(s.head_dim, s.variant.causal, s.variant.transforms)
+
+
+def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides,
+                page_size: int | None = None) -> bool:
+    """Whether ``attention_decode``'s call of DecodeShape ``s`` runs here: sm_90a, K
+    and V with tensor maps of 16-row boxes (``tma_ok``: decode's use_tma, which needs
+    pages of a multiple of 16 rows), a head dim this kernel takes, Q with a tensor map
+    of its own, at least CACHE_MIN_SEQLEN_Q query rows, one work tile per SM and boxes
+    of CACHE_MIN_BOX_ROWS rows or more (``page_size``: None for a contiguous cache)
+    unless D > 192."""
+    from .. import tma
+
+    if not (tma_ok and arch == "sm_90a" and 64 <= s.head_dim <= 256 and s.head_dim % 8 == 0):
+        return False
+    if s.seqlen_q < CACHE_MIN_SEQLEN_Q:
+        return False
+    if not tma.tileable(s.batch, s.heads_q, s.seqlen_q, q_strides):
+        return False
+    cfg = cache_config(s)
+    if cache_box_rows(cfg[1], page_size) < CACHE_MIN_BOX_ROWS and s.head_dim <= 192:
+        return False
+    return -(-s.seqlen_q // (64 * cfg[0])) * s.heads_q * s.batch >= sms
+
+
+class CacheLaunch:
+    """flash_wgmma_cache_fwd for one DecodeShape with everything but the pointers
+    fixed; ``run`` has DecodeLaunch's signature (attention_decode's hot path repeats
+    it). ``kv_dims``: (pages, page_size) of a paged cache, (B, Sk_max) of a contiguous
+    one; strides in elements: (batch, head, row) of q, out and lse, (page or batch,
+    head, row) of the caches."""
+
+    def __init__(self, s, scale: float, *, q_strides, o_strides, lse_strides, k_strides,
+                 v_strides, kv_dims, block_table, seqlens, page_size: int, device_id: int,
+                 arch: str):
+        from .decode import cache_params
+
+        cfg = cache_config(s)
+        self.vt = dataclasses.replace(s.variant, cache="paged" if s.paged else "contiguous")
+        kspec = spec(s.head_dim, s.dtype, self.vt, cfg)
+        self.kernel = jit.get_function(kspec, arch, device_id)
+        self.smem = smem_bytes(s.head_dim, cfg)
+        self.threads = 128 * (cfg[0] + 1)
+        block_m = 64 * cfg[0]
+        tiles = -(-s.seqlen_q // block_m) * s.heads_q * s.batch
+        self.grid = (min(tiles, multiprocessor_count(device_id) * cfg[2]),)
+        self.device_id = device_id
+        shift = query_shift(s.seqlen_q, s.capacity, block_m, cfg[1]) if s.variant.causal else 0
+        section = (CAUSAL_SECTION if s.variant.causal and s.capacity >= CAUSAL_SECTION_MIN_KEYS
+                   else 0)
+        self.ints = (ctypes.c_int32(shift), ctypes.c_int32(section))
+        scale_log2 = float(np.float32(scale * LOG2E))
+        fwd = {
+            "q_batch_stride": q_strides[0], "q_head_stride": q_strides[1],
+            "q_row_stride": q_strides[2],
+            "k_batch_stride": k_strides[0], "k_head_stride": k_strides[1],
+            "k_row_stride": k_strides[2],
+            "v_batch_stride": v_strides[0], "v_head_stride": v_strides[1],
+            "v_row_stride": v_strides[2],
+            "o_batch_stride": o_strides[0], "o_head_stride": o_strides[1],
+            "o_row_stride": o_strides[2],
+            "lse_batch_stride": lse_strides[0], "lse_head_stride": lse_strides[1],
+            "batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv, "group": s.group,
+            # the keys of a sequence without lengths (a contiguous cache's Sk_max)
+            "seqlen_q": s.seqlen_q, "seqlen_k": kv_dims[1] if not s.paged else s.capacity,
+            "head_dim": s.head_dim, "scale": scale, "scale_log2": scale_log2,
+            "scale_log2_lo": scale * LOG2E - scale_log2,
+            **self.vt.params(s.seqlen_q, s.capacity, scale),
+        }
+        self.template = make_struct(FWD_DTYPE, fwd).tobytes()
+        self.cache = bytearray(cache_params(block_table, seqlens, page_size).tobytes())
+        from .. import tma
+
+        q_geo = tma.map_geometry(s.batch, s.heads_q, s.seqlen_q, s.head_dim, q_strides, 64)
+        box = cache_box_rows(cfg[1], page_size if s.paged else None)
+        self.ints = (*self.ints, ctypes.c_int32(box))
+        kv_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, st, box)
+                  for st in (k_strides, v_strides)]
+        rows_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, v_strides,
+                                     rows) for rows in _ROW_BOXES]
+        self.maps = tma.MapBuffers(tma.tile_maps(g) for g in (q_geo, *kv_geo, *rows_geo))
+        self.rows: dict = {}
+
+    def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
+            lengths: int | None = None) -> None:
+        from .. import tma
+
+        buf = bytearray(self.template)
+        _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
+        cache = (ctypes.c_char * len(self.cache)).from_buffer_copy(self.cache)
+        if table is not None:
+            struct.pack_into("<Q", cache, _CACHE_TABLE_AT, table)
+        if lengths is not None:
+            struct.pack_into("<Q", cache, _CACHE_LENGTHS_AT, lengths)
+        maps = self.maps(q, k, v, v, v, v, v, v)
+        rows = self.rows.get(v)
+        if rows is None:   # V's five row maps, one CacheRowMaps parameter
+            if len(self.rows) >= tma.MAPS_KEPT:
+                self.rows.clear()
+            rows = self.rows[v] = (ctypes.c_char * 640).from_buffer_copy(
+                b"".join(bytes(m) for m in maps[3:]))
+        shift, section, box = self.ints
+        tail = (*maps[:3], tile_counter_arg(self.device_id, stream), shift, section, cache, box,
+                rows)
+        self.kernel.launch_packed(self.grid, (self.threads,), buf, self.smem, stream.ptr,
+                                  tail=tail)
+
+
+def _cache_field(name: str) -> int:
+    from .decode import CACHE_DTYPE
+
+    return CACHE_DTYPE.fields[name][1]
+
+
+_CACHE_TABLE_AT = _cache_field("block_table")
+_CACHE_LENGTHS_AT = _cache_field("seqlens")

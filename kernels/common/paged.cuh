@@ -19,6 +19,7 @@
 #pragma once
 #include "copy.cuh"
 #include "params.cuh"
+#include "tma.cuh"
 
 struct CacheParams {
   const i32* block_table;   // [B, max_pages], row stride block_table_stride; null: contiguous
@@ -111,6 +112,91 @@ struct PageRing {
               page * p.v_batch_stride + hk * p.v_head_stride + r * p.v_row_stride};
     } else {
       return KVCache<false>::row(p, c, b, hk, j);
+    }
+  }
+};
+
+// Tiles of a KV cache through the copy engine (sm_90a), for a kernel whose tiles are
+// SwizzledTiles (wgmma.cuh) of 64-column blocks: the rank-4 maps over the cache are
+// (D, rows, Hkv, pages) for a paged cache, (D, Sk_max, Hkv, B) for a contiguous one.
+// Boxes are 64 columns x BOX rows (`box`, BOX a multiple of 16 that divides the page
+// size: a box never crosses a page) and, for exact tails, 16 rows (`rows16`) and 1, 2,
+// 4 and 8 rows (`rows[i]`: 2^i rows), one kernel parameter (one address). Each box is one copy instruction of one thread,
+// so BOX is as large as the pages allow.
+struct CacheRowMaps {
+  TmaMap rows16;   // 16 rows
+  TmaMap rows[4];  // 2^i rows
+};
+
+template <int BLOCKS, bool PAGED>
+struct CacheTiles {
+  // Key j (< the sequence's length) of sequence b: its page (batch entry) and row there.
+  __device__ __forceinline__ static void locate(const CacheParams& c, const i32* table, int b,
+                                                int j, int& page, int& row) {
+    if constexpr (PAGED) {
+      const int pj = c.pages().div(j);
+      page = table[pj];
+      row = j - pj * c.page_size;
+    } else {
+      page = b;
+      row = j;
+    }
+  }
+  // `rows` boxes' worth of map `map` at (row, hk, page) into the tile rows from `at`.
+  __device__ __forceinline__ static void boxes(u32 dst, u32 block_bytes, const TmaMap& map,
+                                               int at, int row, int hk, int page, u32 bar) {
+#pragma unroll
+    for (int blk = 0; blk < BLOCKS; ++blk)
+      tma_load_4d(dst + blk * block_bytes + at * 128, map, blk * 64, row, hk, page, bar);
+  }
+  // Keys [j0, j0 + rows) of sequence b (n keys), KV head hk, into the tile at `dst`
+  // (its 64-column blocks `block_bytes` apart), completing rows * 128 * BLOCKS bytes
+  // on `bar` (the caller announces them): boxes of `box` rows at their pages; boxes
+  // wholly past n arrive as zeros (outside the map: row -box), the box that holds key
+  // n - 1 holds the cache's rows past the sequence (K: masked scores are selected,
+  // never multiplied). EXACT (V, whose rows P multiplies): that box too holds only the
+  // sequence's rows and zeros, from boxes of 16, 8, 4, 2 and 1 rows, so no row of the
+  // cache past a sequence's end (which may hold anything, NaN included) reaches the
+  // tile. Every box lands at its own rows of the tile, where the swizzle of the whole
+  // tile puts them (the copy engine swizzles by shared address).
+  template <bool EXACT>
+  __device__ __forceinline__ static void load(u32 dst, u32 block_bytes, const TmaMap& map,
+                                              const CacheRowMaps& exact, const CacheParams& c,
+                                              int b, int hk, int j0, int rows, int box, int n,
+                                              u32 bar) {
+    const i32* table = PAGED ? c.block_table + b * c.block_table_stride : nullptr;
+    for (int x = 0; x < rows; x += box) {
+      const int j = j0 + x, real = n - j;
+      int page = 0, row = -box;
+      if (real > 0) locate(c, table, b, j, page, row);
+      if (!EXACT || real <= 0 || real >= box) {
+        boxes(dst, block_bytes, map, x, row, hk, page, bar);
+        continue;
+      }
+      // 16 rows at a time: real ones, zeros, and in the one that holds both the real
+      // rows as boxes of 8, 4, 2 and 1, then the zeros
+      for (int at = 0; at < box; at += 16) {
+        const int r = cmin(cmax(real - at, 0), 16);
+        if (r == 16 || r == 0) {
+          boxes(dst, block_bytes, exact.rows16, x + at, r ? row + at : -16, hk, page, bar);
+          continue;
+        }
+        int in = 0;
+#pragma unroll
+        for (int i = 3; i >= 0; --i) {
+          if (r & (1 << i)) {
+            boxes(dst, block_bytes, exact.rows[i], x + at + in, row + at + in, hk, page, bar);
+            in += 1 << i;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if ((16 - r) & (1 << i)) {
+            boxes(dst, block_bytes, exact.rows[i], x + at + in, -(1 << i), hk, page, bar);
+            in += 1 << i;
+          }
+        }
+      }
     }
   }
 };

@@ -11,6 +11,14 @@
 //               total_k), batch strides 0 and a band without the Sk - Sq offset; bind
 //               gives sequence b's params: its lengths, its pointers (its first row),
 //               its band (the causal alignment is per sequence, bottom-right).
+//   CachedSeqs  a batch of KV caches (attention_decode's chunked prefill): entry b has
+//               FixedSeqs' Sq query rows at b * batch_stride and its own key count,
+//               seqlens[b] of the cache (common/paged.cuh), its keys contiguous or in
+//               pages: PAGED, which only the loads of K and V read. The params as the
+//               host packs them hold seqlen_k = the cache's capacity and a band
+//               without the Sk - Sq offset; bind gives entry b's key count and band.
+//
+// kBound: the params differ from tile to tile (a kernel binds them per work tile).
 //
 // Work over ragged sequences: a grid over query (or key) blocks of BLOCK rows covers
 // every sequence without padding it to the longest. Virtual block v of sequence b
@@ -22,6 +30,8 @@
 
 struct FixedSeqs {
   static constexpr bool kRagged = false;
+  static constexpr bool kBound = false;
+  static constexpr bool kCached = false;
   struct Extent {};
   template <class P>
   using Bound = const P&;
@@ -56,6 +66,8 @@ __device__ __forceinline__ const FwdParams& fwd_of(const BwdParams& p) { return 
 
 struct RaggedSeqs {
   static constexpr bool kRagged = true;
+  static constexpr bool kBound = true;
+  static constexpr bool kCached = false;
   // Sequence b: first query row and key row in the packed tensors, and lengths.
   struct Extent {
     int q_start, k_start, seqlen_q, seqlen_k;
@@ -166,3 +178,25 @@ struct RaggedSeqs {
   }
 };
 
+
+template <bool PAGED>
+struct CachedSeqs {
+  static constexpr bool kRagged = false;
+  static constexpr bool kBound = true;
+  static constexpr bool kCached = true;
+  static constexpr bool kPaged = PAGED;
+  // Entry b's keys (seqlens[b], or the capacity where the cache has no lengths).
+  struct Extent {
+    int seqlen_k;
+  };
+  template <class P>
+  using Bound = P;
+  template <class T>
+  __device__ __forceinline__ static FwdParams bind(const FwdParams& p, const Extent& e) {
+    FwdParams s = p;
+    s.seqlen_k = e.seqlen_k;
+    s.band_lo += e.seqlen_k - p.seqlen_q;
+    s.band_hi += e.seqlen_k - p.seqlen_q;
+    return s;
+  }
+};

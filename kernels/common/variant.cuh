@@ -17,8 +17,9 @@
 //              Softcap      s2 = c tanh(dot * scale / c) * log2 e    (Gemma 2)
 //   dense    a per-element mask or bias, applied after the logits: read from memory
 //            (BoolDense, AddDense) or computed (AlibiBias); NoDense (mask.cuh).
-//   seqs     where batch entry b's rows lie (FixedSeqs, or RaggedSeqs for packed
-//            sequences of different lengths: seqs.cuh). A kernel binds the params to
+//   seqs     where batch entry b's rows lie (FixedSeqs, RaggedSeqs for packed
+//            sequences of different lengths, CachedSeqs for a batch of KV caches
+//            of their own lengths: seqs.cuh). A kernel binds the params to
 //            its tile's sequence (Seqs::bind) and everything above reads the bound
 //            params, so band, logits and masks work per sequence unchanged.
 //   drop     NoDropout, or PhiloxDropout: P times keep / (1 - p) after the softmax's
