@@ -323,8 +323,7 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
             tma = fam.use_tma(s, vec, arch, kv.shape[:2], cache(kv), cache(vv))
-            if num_splits is None and wgmma_fam.takes_cache(s, tma, arch, sms, bsd(qv),
-                                                            page_size if s.paged else None):
+            if num_splits is None and wgmma_fam.takes_cache(s, tma, arch, sms, bsd(qv)):
                 # many query rows (chunked prefill): flash_wgmma over the cache
                 launch = wgmma_fam.CacheLaunch(
                     s, scale, q_strides=bsd(qv), o_strides=bsd(ov),

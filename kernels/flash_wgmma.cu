@@ -8,12 +8,14 @@
 //   TileScheduler  which work tile (BLOCK_M query rows of one head and batch) the
 //                  block takes next: claimed from a counter in global memory, the
 //                  heaviest causal tiles first; each tile's key range comes from
-//                  the variant (kv_begin, kv_end). Varlen will change this role.
-//   Producer       warpgroup 0, one thread: per work tile the first K tile, each
-//                  consumer's 64 rows of Q, then K_j and V_{j-1} tile after tile
-//                  into STAGES shared buffers each, through the copy engine (TMA).
-//                  It keeps 32-40 registers (setmaxnreg.dec). Paged KV will change
-//                  this role.
+//                  the variant (kv_begin, kv_end); packed sequences' virtual blocks
+//                  (common/seqs.cuh).
+//   Producer       warpgroup 0, one thread (a KV cache: one warp): per work tile the
+//                  first K tile, each consumer's 64 rows of Q, then K_j and V_{j-1}
+//                  tile after tile into STAGES shared buffers each, through the copy
+//                  engine (TMA), from a K/V source: the tensor maps of k and v
+//                  (TiledKV), or a contiguous or paged cache (CachedKV, the kernel
+//                  flash_wgmma_cache_fwd). It keeps 32-40 registers (setmaxnreg.dec).
 //   Consumer       warpgroups 1..CONSUMERS (1 to 3; setmaxnreg.inc), 64 query rows
 //                  each (one wgmma M tile); a warp owns 16 rows end to end, so
 //                  softmax statistics never leave the warp. Per key tile j (step):
@@ -261,10 +263,10 @@ struct TileScheduler {
   // go to tiles G, G + 1, ...; each block's last claim is past the end, so there are
   // exactly `tiles` claims, and the last one resets the counter for the next launch
   // in this stream.
-  __device__ __forceinline__ int next(int done, int claimed) const {
+  __device__ __forceinline__ int next(int done, int claimed, bool leader = true) const {
     const int grid = gridDim.x, x = blockIdx.x;
     if (!counter) return done * grid + (done & 1 ? grid - 1 - x : x);
-    if (claimed == tiles - 1) atomicExch(counter, 0u);
+    if (leader && claimed == tiles - 1) atomicExch(counter, 0u);
     return claimed + grid;
   }
 };
@@ -284,6 +286,7 @@ struct TileScheduler {
 
 template <class KT, class Seqs>
 struct TiledKV {
+  static constexpr int kLanes = 1;  // the producer: thread 0
   const TmaMap& k_map;
   const TmaMap& v_map;
   // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
@@ -314,6 +317,9 @@ template <class KT, class Seqs>
 struct CachedKV {
   static_assert(Seqs::kCached, "CachedKV reads a KV cache (CachedSeqs)");
   using Tiles = CacheTiles<KT::D_BLOCKS, Seqs::kPaged>;
+  // The producer: warp 0, its lanes issuing a tile's boxes side by side (with boxes of
+  // 16 rows one thread issued 16 copies per K or V tile at D = 128)
+  static constexpr int kLanes = 32;
   const TmaMap& k_map;  // boxes of box_rows rows
   const TmaMap& v_map;
   const CacheRowMaps& v_rows;  // V's boxes of 16, and of 1, 2, 4 and 8 rows
@@ -332,11 +338,11 @@ struct CachedKV {
   }
   __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0) const {
     if (is_v)
-      Tiles::template load<true>(dst, KT::KVTile::BLOCK_BYTES, v_map, v_rows, cache, t.b, t.hk,
-                                 j0, KT::BLOCK_N, box_rows, t.n, bar);
+      Tiles::template load<true, kLanes>(dst, KT::KVTile::BLOCK_BYTES, v_map, v_rows, cache, t.b,
+                                         t.hk, j0, KT::BLOCK_N, box_rows, t.n, bar);
     else
-      Tiles::template load<false>(dst, KT::KVTile::BLOCK_BYTES, k_map, v_rows, cache, t.b, t.hk,
-                                  j0, KT::BLOCK_N, box_rows, t.n, bar);
+      Tiles::template load<false, kLanes>(dst, KT::KVTile::BLOCK_BYTES, k_map, v_rows, cache,
+                                          t.b, t.hk, j0, KT::BLOCK_N, box_rows, t.n, bar);
   }
   // Key j, clipped to the sequence's last key (the block table past it may hold anything).
   template <class T>
@@ -365,6 +371,14 @@ template <class KT, class VT, class Source>
 __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<KT, VT>& sched,
                                         const TmaMap& q_map, const Source& src) {
   const FwdParams& p = sched.p;
+  // Source::kLanes threads run this (thread 0, or warp 0 whose lanes share the K and V
+  // copies): each waits, one (the leader) arrives, claims and publishes.
+  constexpr int LANES = Source::kLanes;
+  const bool leader = LANES == 1 || threadIdx.x == 0;
+  const auto claim = [&] {
+    const int c = leader ? sched.claim() : 0;
+    return LANES == 1 ? c : __shfl_sync(0xffffffffu, c, 0);
+  };
   PipelineState<KT::STAGES> k_pipe, v_pipe;
   // One K or V tile into the pipeline's next buffer, once its previous use is released.
   // bufs, full, empty: the first buffer's and mbarriers' addresses (8 bytes apart).
@@ -372,7 +386,8 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
                   PipelineState<KT::STAGES>& pipe, int loads, int j0) {
     if (loads >= KT::STAGES) mbarrier_wait(empty + 8 * pipe.index(), pipe.phase() ^ 1);
     const u32 bar = full + 8 * pipe.index();
-    mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
+    if (leader) mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
+    if constexpr (LANES > 1) __syncwarp();  // the bytes are announced before any lands
     src.load(is_v, kv, bufs + pipe.index() * KT::KVTile::BYTES, bar, j0);
     pipe.advance();
   };
@@ -380,16 +395,16 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
   int done = 0, loads = 0;  // work tiles, and K (or V) tiles loaded so far
   for (int tile = sched.first();;) {
     if (tile >= sched.tiles) {
-      st.tile_slot(done)[0] = -1;
+      if (leader) st.tile_slot(done)[0] = -1;
       for (int c = 0; c < KT::CONSUMERS; ++c) {
         if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
-        mbarrier_arrive(st.q_full(c));
+        if (leader) mbarrier_arrive(st.q_full(c));
       }
       return;
     }
     const WorkTile w = sched.work(tile);
     const typename Seqs::Extent seq = src.extent(p, w);
-    TileSlot::write<Seqs>(st.tile_slot(done), tile, w, seq);
+    if (leader) TileSlot::write<Seqs>(st.tile_slot(done), tile, w, seq);
     const int q0 = sched.q0(w.m_block);
     int n_begin, n_blocks;
     const auto& bound = Seqs::template bind<typename KT::T>(p, seq);
@@ -407,23 +422,25 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
       load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
-      const u32 bar = st.q_full(c);
-      mbarrier_arrive_expect_tx(bar, KT::Q_SLICE_BYTES);
-      tma_load_blocks<KT::D_BLOCKS>(st.q() + c * 64 * 128, KT::QTile::BLOCK_BYTES, q_map,
-                                    q_row0 + 64 * c, q_h, q_b, bar);
+      if (leader) {
+        const u32 bar = st.q_full(c);
+        mbarrier_arrive_expect_tx(bar, KT::Q_SLICE_BYTES);
+        tma_load_blocks<KT::D_BLOCKS>(st.q() + c * 64 * 128, KT::QTile::BLOCK_BYTES, q_map,
+                                      q_row0 + 64 * c, q_h, q_b, bar);
+      }
     }
-    int claimed = n_blocks > 0 ? 0 : sched.claim();
+    int claimed = n_blocks > 0 ? 0 : claim();
     for (int j = 1; j <= n_blocks; ++j) {
       if (j < n_blocks) {
         load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads + j, key_row(j));
       } else {
-        claimed = sched.claim();
+        claimed = claim();
       }
       load(true, kv, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1, key_row(j - 1));
     }
     loads += n_blocks;
     ++done;
-    tile = sched.next(done, claimed);
+    tile = sched.next(done, claimed, leader);
   }
 }
 
@@ -872,7 +889,8 @@ __device__ __forceinline__ void flash_wgmma_roles(const FwdParams& p, const TmaM
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<KT::PRODUCER_REGS>();
-    if (threadIdx.x == 0) produce<KT, VT>(st, sched, q_map, make_source());
+    if (threadIdx.x < decltype(make_source())::kLanes)
+      produce<KT, VT>(st, sched, q_map, make_source());
     return;
   }
   setmaxnreg_inc<KT::CONSUMER_REGS>();

@@ -180,14 +180,14 @@ def test_chunked_prefill_route():
     from cupy_attention.families import flash_wgmma as fw
 
     def takes(B=4, Hq=32, Hkv=8, Sq=256, D=128, tma=True, arch="sm_90a", sms=132,
-              q_strides=None, page=64):
-        s = shape(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, D=D, paged=page is not None)
-        return fw.takes_cache(s, tma, arch, sms, q_strides or (Sq * Hq * D, D, Hq * D), page)
+              q_strides=None):
+        s = shape(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, D=D, paged=True)
+        return fw.takes_cache(s, tma, arch, sms, q_strides or (Sq * Hq * D, D, Hq * D))
 
     assert takes()                               # 2 x 32 x 4 = 256 tiles of 128 rows
-    assert takes(B=5, Sq=64)                     # 160 tiles of 128 rows (64 of them real)
-    assert not takes(B=4, Sq=64)                 # 128 tiles on 132 SMs
-    assert not takes(B=64, Sq=48)                # decode packs a group's rows in its tiles
+    assert takes(B=5, Sq=96)                     # 160 tiles of 128 rows (96 of them real)
+    assert not takes(B=4, Sq=96)                 # 128 tiles on 132 SMs
+    assert not takes(B=64, Sq=64)                # decode packs a group's rows in its tiles
     assert not takes(B=1, Sq=256)                # 64 tiles on 132 SMs: decode splits the keys
     assert takes(B=1, Sq=1024)
     assert not takes(tma=False)                  # unaligned, page not a multiple of 16, D < 64
@@ -196,9 +196,6 @@ def test_chunked_prefill_route():
         assert not takes(arch=arch)
     assert not takes(q_strides=(0, 128, -4096))  # no tensor map for q
     # boxes: the key tile (contiguous), else the largest common divisor with the page
-    assert takes(page=None) and takes(page=32) and takes(page=256)
-    assert not takes(page=16) and not takes(page=48)   # 16-row boxes: decode is faster
-    assert takes(page=16, D=256)
     assert [fw.cache_box_rows(128, p) for p in (None, 16, 48, 64, 256)] == [128, 16, 16, 64, 128]
     assert fw.cache_box_rows(112, 64) == 16 and fw.cache_box_rows(64, 256) == 64
     paged = fw.spec(128, "bfloat16", Variant(True, cache="paged"))

@@ -446,15 +446,12 @@ class FlashWgmma(FlashMma):
 # it only where its work tiles fill the GPU.
 
 # attention_decode sends a call here (sm_90a, tensor maps possible, no forced split
-# count) when Sq reaches CACHE_MIN_SEQLEN_Q (a consumer's 64 rows of one head; the
-# decode kernel packs a group's heads into its rows), the work tiles fill every SM
-# and the boxes hold at least CACHE_MIN_BOX_ROWS rows, or D > 192. With boxes of 16
-# rows (pages of 16, 48, 80...) one producer thread issues 8-16 copies per key tile
-# and K or V, and the kernel ran at 0.87-0.93x the decode kernel's TFLOPs at D = 128
-# and 0.61-0.74x at D = 64, 1.40x at D = 256 (H100, 2026-11-27,
-# benchmarks/results/h100-chunked-prefill-cache.json).
-CACHE_MIN_SEQLEN_Q = 64
-CACHE_MIN_BOX_ROWS = 32
+# count) when Sq reaches CACHE_MIN_SEQLEN_Q and the work tiles fill every SM. A work
+# tile holds 128 or 192 rows of one head, the decode kernel packs a group's heads into
+# its rows: H100, 2026-11-27, bf16, Hq/Hkv 32/8, TFLOPs against the decode kernel's, at
+# Sq = 64 page 16 0.65-0.89x, contiguous 0.93-1.11x; at Sq = 96 (D = 128) page 16 1.51x,
+# contiguous 1.18x (benchmarks/results/h100-chunked-prefill-cache.json, "sq_64_96").
+CACHE_MIN_SEQLEN_Q = 96
 # V's boxes of 16, 1, 2, 4 and 8 rows (CacheRowMaps), after Q, K and V
 _ROW_BOXES = (16, 1, 2, 4, 8)
 
@@ -462,7 +459,8 @@ _ROW_BOXES = (16, 1, 2, 4, 8)
 def cache_box_rows(block_n: int, page_size: int | None) -> int:
     """Rows of the cache kernel's K and V boxes: the key tile (a contiguous cache), or
     the largest multiple of 16 dividing both it and the page size (a box never crosses
-    a page; one copy instruction per box and 64 columns, from one thread)."""
+    a page; one copy instruction per box and 64 columns, the producer warp's lanes
+    issuing them side by side)."""
     return block_n if not page_size else math.gcd(block_n, page_size)
 
 
@@ -471,14 +469,11 @@ def cache_config(s) -> tuple:
     return tiles_for(s.head_dim, s.variant.causal, s.variant.transforms)
 
 
-def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides,
-                page_size: int | None = None) -> bool:
+def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides) -> bool:
     """Whether ``attention_decode``'s call of DecodeShape ``s`` runs here: sm_90a, K
     and V with tensor maps of 16-row boxes (``tma_ok``: decode's use_tma, which needs
     pages of a multiple of 16 rows), a head dim this kernel takes, Q with a tensor map
-    of its own, at least CACHE_MIN_SEQLEN_Q query rows, one work tile per SM and boxes
-    of CACHE_MIN_BOX_ROWS rows or more (``page_size``: None for a contiguous cache)
-    unless D > 192."""
+    of its own, at least CACHE_MIN_SEQLEN_Q query rows and one work tile per SM."""
     from .. import tma
 
     if not (tma_ok and arch == "sm_90a" and 64 <= s.head_dim <= 256 and s.head_dim % 8 == 0):
@@ -487,10 +482,7 @@ def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides,
         return False
     if not tma.tileable(s.batch, s.heads_q, s.seqlen_q, q_strides):
         return False
-    cfg = cache_config(s)
-    if cache_box_rows(cfg[1], page_size) < CACHE_MIN_BOX_ROWS and s.head_dim <= 192:
-        return False
-    return -(-s.seqlen_q // (64 * cfg[0])) * s.heads_q * s.batch >= sms
+    return -(-s.seqlen_q // (64 * cache_config(s)[0])) * s.heads_q * s.batch >= sms
 
 
 class CacheLaunch:

@@ -142,12 +142,11 @@ struct CacheTiles {
       row = j;
     }
   }
-  // `rows` boxes' worth of map `map` at (row, hk, page) into the tile rows from `at`.
-  __device__ __forceinline__ static void boxes(u32 dst, u32 block_bytes, const TmaMap& map,
-                                               int at, int row, int hk, int page, u32 bar) {
-#pragma unroll
-    for (int blk = 0; blk < BLOCKS; ++blk)
-      tma_load_4d(dst + blk * block_bytes + at * 128, map, blk * 64, row, hk, page, bar);
+  // 64-column block blk of a box of map `map` at (row, hk, page) into the tile's rows
+  // from `at`.
+  __device__ __forceinline__ static void box(u32 dst, u32 block_bytes, const TmaMap& map, int blk,
+                                             int at, int row, int hk, int page, u32 bar) {
+    tma_load_4d(dst + blk * block_bytes + at * 128, map, blk * 64, row, hk, page, bar);
   }
   // Keys [j0, j0 + rows) of sequence b (n keys), KV head hk, into the tile at `dst`
   // (its 64-column blocks `block_bytes` apart), completing rows * 128 * BLOCKS bytes
@@ -158,42 +157,51 @@ struct CacheTiles {
   // sequence's rows and zeros, from boxes of 16, 8, 4, 2 and 1 rows, so no row of the
   // cache past a sequence's end (which may hold anything, NaN included) reaches the
   // tile. Every box lands at its own rows of the tile, where the swizzle of the whole
-  // tile puts them (the copy engine swizzles by shared address).
-  template <bool EXACT>
+  // tile puts them (the copy engine swizzles by shared address). LANES threads (a
+  // warp's lanes, or one thread) call it together, each issuing every LANES-th
+  // (box, 64-column block).
+  template <bool EXACT, int LANES>
   __device__ __forceinline__ static void load(u32 dst, u32 block_bytes, const TmaMap& map,
                                               const CacheRowMaps& exact, const CacheParams& c,
-                                              int b, int hk, int j0, int rows, int box, int n,
+                                              int b, int hk, int j0, int rows, int box_rows, int n,
                                               u32 bar) {
+    constexpr int STEP = LANES / BLOCKS > 0 ? LANES / BLOCKS : 1;  // boxes a round
+    const int lane = LANES == 1 ? 0 : threadIdx.x % 32;
+    if (LANES > 1 && lane >= STEP * BLOCKS) return;
+    const int blk = LANES == 1 ? 0 : lane % BLOCKS;
     const i32* table = PAGED ? c.block_table + b * c.block_table_stride : nullptr;
-    for (int x = 0; x < rows; x += box) {
+    for (int x = (LANES == 1 ? 0 : lane / BLOCKS) * box_rows; x < rows; x += STEP * box_rows) {
       const int j = j0 + x, real = n - j;
-      int page = 0, row = -box;
+      int page = 0, row = -box_rows;
       if (real > 0) locate(c, table, b, j, page, row);
-      if (!EXACT || real <= 0 || real >= box) {
-        boxes(dst, block_bytes, map, x, row, hk, page, bar);
-        continue;
-      }
-      // 16 rows at a time: real ones, zeros, and in the one that holds both the real
-      // rows as boxes of 8, 4, 2 and 1, then the zeros
-      for (int at = 0; at < box; at += 16) {
-        const int r = cmin(cmax(real - at, 0), 16);
-        if (r == 16 || r == 0) {
-          boxes(dst, block_bytes, exact.rows16, x + at, r ? row + at : -16, hk, page, bar);
+#pragma unroll
+      for (int k = (LANES == 1 ? 0 : blk); k < (LANES == 1 ? BLOCKS : blk + 1); ++k) {
+        if (!EXACT || real <= 0 || real >= box_rows) {
+          box(dst, block_bytes, map, k, x, row, hk, page, bar);
           continue;
         }
-        int in = 0;
-#pragma unroll
-        for (int i = 3; i >= 0; --i) {
-          if (r & (1 << i)) {
-            boxes(dst, block_bytes, exact.rows[i], x + at + in, row + at + in, hk, page, bar);
-            in += 1 << i;
+        // 16 rows at a time: real ones, zeros, and in the one that holds both the real
+        // rows as boxes of 8, 4, 2 and 1, then the zeros
+        for (int at = 0; at < box_rows; at += 16) {
+          const int r = cmin(cmax(real - at, 0), 16);
+          if (r == 16 || r == 0) {
+            box(dst, block_bytes, exact.rows16, k, x + at, r ? row + at : -16, hk, page, bar);
+            continue;
           }
-        }
+          int in = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if ((16 - r) & (1 << i)) {
-            boxes(dst, block_bytes, exact.rows[i], x + at + in, -(1 << i), hk, page, bar);
-            in += 1 << i;
+          for (int i = 3; i >= 0; --i) {
+            if (r & (1 << i)) {
+              box(dst, block_bytes, exact.rows[i], k, x + at + in, row + at + in, hk, page, bar);
+              in += 1 << i;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if ((16 - r) & (1 << i)) {
+              box(dst, block_bytes, exact.rows[i], k, x + at + in, -(1 << i), hk, page, bar);
+              in += 1 << i;
+            }
           }
         }
       }
