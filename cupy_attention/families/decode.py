@@ -351,25 +351,38 @@ def cache_params(block_table, seqlens, page_size: int) -> np.void:
     return make_struct(CACHE_DTYPE, cache)
 
 
+def cache_fwd_fields(s: DecodeShape, scale: float, *, q_strides, o_strides, k_strides,
+                     v_strides, lse_strides, seqlen_k: int, variant_fields: dict) -> dict:
+    """The ``FwdParams`` fields of a call against a cache, pointers aside: strides in
+    elements ((batch, head, row) of q, out and lse, (page or batch, head, row) of the
+    caches), sizes, scale, and ``variant_fields`` (the band and softcap the kernel's
+    sequences policy expects). Shared by the decode kernel and flash_wgmma's cache
+    kernel."""
+    scale_log2 = float(np.float32(scale * LOG2E))
+    return {
+        "q_batch_stride": q_strides[0], "q_head_stride": q_strides[1], "q_row_stride": q_strides[2],
+        "k_batch_stride": k_strides[0], "k_head_stride": k_strides[1], "k_row_stride": k_strides[2],
+        "v_batch_stride": v_strides[0], "v_head_stride": v_strides[1], "v_row_stride": v_strides[2],
+        "o_batch_stride": o_strides[0], "o_head_stride": o_strides[1], "o_row_stride": o_strides[2],
+        "lse_batch_stride": lse_strides[0], "lse_head_stride": lse_strides[1],
+        "batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv, "group": s.group,
+        "seqlen_q": s.seqlen_q, "seqlen_k": seqlen_k, "head_dim": s.head_dim,
+        "scale": scale, "scale_log2": scale_log2, "scale_log2_lo": scale * LOG2E - scale_log2,
+        **variant_fields,
+    }
+
+
 def decode_params(s: DecodeShape, scale: float, q, k, v, out, lse, *, q_strides, o_strides,
                   k_strides, v_strides, lse_strides=(0, 0, 0), block_table=None, seqlens=None,
                   page_size=0, o_part=None, lse_part=None, p: Plan) -> np.void:
     """The ``DecodeParams`` struct. ``*_strides``: (batch, head, row) of q, out and lse
     in elements, (page or batch, head, row) of the caches."""
-    scale_log2 = float(np.float32(scale * LOG2E))
-    fwd = {
-        "q": _ptr(q), "k": _ptr(k), "v": _ptr(v), "o": _ptr(out), "lse": _ptr(lse),
-        "q_batch_stride": q_strides[0], "q_head_stride": q_strides[1], "q_row_stride": q_strides[2],
-        "k_batch_stride": k_strides[0], "k_head_stride": k_strides[1], "k_row_stride": k_strides[2],
-        "v_batch_stride": v_strides[0], "v_head_stride": v_strides[1], "v_row_stride": v_strides[2],
-        "o_batch_stride": o_strides[0], "o_head_stride": o_strides[1], "o_row_stride": o_strides[2],
-        "batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv, "group": s.group,
-        "seqlen_q": s.seqlen_q, "seqlen_k": s.capacity, "head_dim": s.head_dim,
-        "scale": scale, "scale_log2": scale_log2, "scale_log2_lo": scale * LOG2E - scale_log2,
-        # the band for Sk = 0: the kernel adds each sequence's own length
-        **s.variant.params(s.seqlen_q, 0, scale),
-    }
-    fwd.update(lse_batch_stride=lse_strides[0], lse_head_stride=lse_strides[1])
+    fwd = cache_fwd_fields(s, scale, q_strides=q_strides, o_strides=o_strides,
+                           k_strides=k_strides, v_strides=v_strides, lse_strides=lse_strides,
+                           seqlen_k=s.capacity,
+                           # the band for Sk = 0: the kernel adds each sequence's own length
+                           variant_fields=s.variant.params(s.seqlen_q, 0, scale))
+    fwd.update(q=_ptr(q), k=_ptr(k), v=_ptr(v), o=_ptr(out), lse=_ptr(lse))
     return make_struct(DECODE_DTYPE, {
         "fwd": make_struct(FWD_DTYPE, fwd),
         "cache": cache_params(block_table, seqlens, page_size),

@@ -28,8 +28,8 @@ from ..device import multiprocessor_count
 from ..problem import Problem
 from ..params import FWD_DTYPE, make_struct
 from ..variant import Variant
-from .base import (_POINTERS, CPP_DTYPE, LOG2E, SHORT_DTYPE, HotLaunch, Tensors,
-                   bhs_strides)
+from .base import _POINTERS, CPP_DTYPE, SHORT_DTYPE, HotLaunch, Tensors, bhs_strides
+from .decode import CACHE_DTYPE, cache_fwd_fields, cache_params
 from .flash_mma import FlashMma
 
 # Tile heuristics: the first row whose bound covers the head dim. Each config is
@@ -495,58 +495,40 @@ class CacheLaunch:
     def __init__(self, s, scale: float, *, q_strides, o_strides, lse_strides, k_strides,
                  v_strides, kv_dims, block_table, seqlens, page_size: int, device_id: int,
                  arch: str):
-        from .decode import cache_params
-
         cfg = cache_config(s)
         self.vt = dataclasses.replace(s.variant, cache="paged" if s.paged else "contiguous")
-        kspec = spec(s.head_dim, s.dtype, self.vt, cfg)
-        self.kernel = jit.get_function(kspec, arch, device_id)
+        self.kernel = jit.get_function(spec(s.head_dim, s.dtype, self.vt, cfg), arch, device_id)
         self.smem = smem_bytes(s.head_dim, cfg)
         self.threads = 128 * (cfg[0] + 1)
         block_m = 64 * cfg[0]
         tiles = -(-s.seqlen_q // block_m) * s.heads_q * s.batch
         self.grid = (min(tiles, multiprocessor_count(device_id) * cfg[2]),)
         self.device_id = device_id
-        shift = query_shift(s.seqlen_q, s.capacity, block_m, cfg[1]) if s.variant.causal else 0
-        section = (CAUSAL_SECTION if s.variant.causal and s.capacity >= CAUSAL_SECTION_MIN_KEYS
-                   else 0)
-        self.ints = (ctypes.c_int32(shift), ctypes.c_int32(section))
-        scale_log2 = float(np.float32(scale * LOG2E))
-        fwd = {
-            "q_batch_stride": q_strides[0], "q_head_stride": q_strides[1],
-            "q_row_stride": q_strides[2],
-            "k_batch_stride": k_strides[0], "k_head_stride": k_strides[1],
-            "k_row_stride": k_strides[2],
-            "v_batch_stride": v_strides[0], "v_head_stride": v_strides[1],
-            "v_row_stride": v_strides[2],
-            "o_batch_stride": o_strides[0], "o_head_stride": o_strides[1],
-            "o_row_stride": o_strides[2],
-            "lse_batch_stride": lse_strides[0], "lse_head_stride": lse_strides[1],
-            "batch": s.batch, "heads_q": s.heads_q, "heads_kv": s.heads_kv, "group": s.group,
-            # the keys of a sequence without lengths (a contiguous cache's Sk_max)
-            "seqlen_q": s.seqlen_q, "seqlen_k": kv_dims[1] if not s.paged else s.capacity,
-            "head_dim": s.head_dim, "scale": scale, "scale_log2": scale_log2,
-            "scale_log2_lo": scale * LOG2E - scale_log2,
-            **self.vt.params(s.seqlen_q, s.capacity, scale),
-        }
-        self.template = make_struct(FWD_DTYPE, fwd).tobytes()
-        self.cache = bytearray(cache_params(block_table, seqlens, page_size).tobytes())
-        from .. import tma
-
-        q_geo = tma.map_geometry(s.batch, s.heads_q, s.seqlen_q, s.head_dim, q_strides, 64)
+        causal = s.variant.causal
+        self.shift = ctypes.c_int32(
+            query_shift(s.seqlen_q, s.capacity, block_m, cfg[1]) if causal else 0)
+        self.section = ctypes.c_int32(
+            CAUSAL_SECTION if causal and s.capacity >= CAUSAL_SECTION_MIN_KEYS else 0)
         box = cache_box_rows(cfg[1], page_size if s.paged else None)
-        self.ints = (*self.ints, ctypes.c_int32(box))
+        self.box = ctypes.c_int32(box)
+        fwd = cache_fwd_fields(
+            s, scale, q_strides=q_strides, o_strides=o_strides, k_strides=k_strides,
+            v_strides=v_strides, lse_strides=lse_strides,
+            # the keys of a sequence without lengths (a contiguous cache's Sk_max)
+            seqlen_k=kv_dims[1] if not s.paged else s.capacity,
+            variant_fields=self.vt.params(s.seqlen_q, s.capacity, scale))
+        self.template = make_struct(FWD_DTYPE, fwd).tobytes()
+        self.cache = bytes(cache_params(block_table, seqlens, page_size).tobytes())
+        q_geo = tma.map_geometry(s.batch, s.heads_q, s.seqlen_q, s.head_dim, q_strides, 64)
         kv_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, st, box)
                   for st in (k_strides, v_strides)]
         rows_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, v_strides,
                                      rows) for rows in _ROW_BOXES]
         self.maps = tma.MapBuffers(tma.tile_maps(g) for g in (q_geo, *kv_geo, *rows_geo))
-        self.rows: dict = {}
+        self.rows: dict = {}   # v -> V's five row maps as one CacheRowMaps parameter
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
             lengths: int | None = None) -> None:
-        from .. import tma
-
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, o, lse)
         cache = (ctypes.c_char * len(self.cache)).from_buffer_copy(self.cache)
@@ -556,23 +538,16 @@ class CacheLaunch:
             struct.pack_into("<Q", cache, _CACHE_LENGTHS_AT, lengths)
         maps = self.maps(q, k, v, v, v, v, v, v)
         rows = self.rows.get(v)
-        if rows is None:   # V's five row maps, one CacheRowMaps parameter
+        if rows is None:
             if len(self.rows) >= tma.MAPS_KEPT:
                 self.rows.clear()
             rows = self.rows[v] = (ctypes.c_char * 640).from_buffer_copy(
                 b"".join(bytes(m) for m in maps[3:]))
-        shift, section, box = self.ints
-        tail = (*maps[:3], tile_counter_arg(self.device_id, stream), shift, section, cache, box,
-                rows)
+        tail = (*maps[:3], tile_counter_arg(self.device_id, stream), self.shift, self.section,
+                cache, self.box, rows)
         self.kernel.launch_packed(self.grid, (self.threads,), buf, self.smem, stream.ptr,
                                   tail=tail)
 
 
-def _cache_field(name: str) -> int:
-    from .decode import CACHE_DTYPE
-
-    return CACHE_DTYPE.fields[name][1]
-
-
-_CACHE_TABLE_AT = _cache_field("block_table")
-_CACHE_LENGTHS_AT = _cache_field("seqlens")
+_CACHE_TABLE_AT = CACHE_DTYPE.fields["block_table"][1]
+_CACHE_LENGTHS_AT = CACHE_DTYPE.fields["seqlens"][1]

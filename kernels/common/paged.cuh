@@ -119,10 +119,10 @@ struct PageRing {
 // Tiles of a KV cache through the copy engine (sm_90a), for a kernel whose tiles are
 // SwizzledTiles (wgmma.cuh) of 64-column blocks: the rank-4 maps over the cache are
 // (D, rows, Hkv, pages) for a paged cache, (D, Sk_max, Hkv, B) for a contiguous one.
-// Boxes are 64 columns x BOX rows (`box`, BOX a multiple of 16 that divides the page
-// size: a box never crosses a page) and, for exact tails, 16 rows (`rows16`) and 1, 2,
-// 4 and 8 rows (`rows[i]`: 2^i rows), one kernel parameter (one address). Each box is one copy instruction of one thread,
-// so BOX is as large as the pages allow.
+// Boxes are 64 columns x BOX rows (BOX a multiple of 16 that divides the page size: a
+// box never crosses a page; each box is one copy instruction, so BOX is as large as
+// the pages allow) and, for exact tails, 16 rows (`rows16`) and 1, 2, 4 and 8 rows
+// (`rows[i]`: 2^i rows), all five one kernel parameter.
 struct CacheRowMaps {
   TmaMap rows16;   // 16 rows
   TmaMap rows[4];  // 2^i rows
@@ -130,18 +130,6 @@ struct CacheRowMaps {
 
 template <int BLOCKS, bool PAGED>
 struct CacheTiles {
-  // Key j (< the sequence's length) of sequence b: its page (batch entry) and row there.
-  __device__ __forceinline__ static void locate(const CacheParams& c, const i32* table, int b,
-                                                int j, int& page, int& row) {
-    if constexpr (PAGED) {
-      const int pj = c.pages().div(j);
-      page = table[pj];
-      row = j - pj * c.page_size;
-    } else {
-      page = b;
-      row = j;
-    }
-  }
   // 64-column block blk of a box of map `map` at (row, hk, page) into the tile's rows
   // from `at`.
   __device__ __forceinline__ static void box(u32 dst, u32 block_bytes, const TmaMap& map, int blk,
@@ -169,11 +157,10 @@ struct CacheTiles {
     const int lane = LANES == 1 ? 0 : threadIdx.x % 32;
     if (LANES > 1 && lane >= STEP * BLOCKS) return;
     const int blk = LANES == 1 ? 0 : lane % BLOCKS;
-    const i32* table = PAGED ? c.block_table + b * c.block_table_stride : nullptr;
     for (int x = (LANES == 1 ? 0 : lane / BLOCKS) * box_rows; x < rows; x += STEP * box_rows) {
       const int j = j0 + x, real = n - j;
-      int page = 0, row = -box_rows;
-      if (real > 0) locate(c, table, b, j, page, row);
+      i64 page = 0, row = -box_rows;  // keys past the sequence: a box outside the map
+      if (real > 0) KVCache<PAGED>::locate(c, b, j, page, row);
 #pragma unroll
       for (int k = (LANES == 1 ? 0 : blk); k < (LANES == 1 ? BLOCKS : blk + 1); ++k) {
         if (!EXACT || real <= 0 || real >= box_rows) {

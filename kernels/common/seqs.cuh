@@ -18,8 +18,6 @@
 //               host packs them hold seqlen_k = the cache's capacity and a band
 //               without the Sk - Sq offset; bind gives entry b's key count and band.
 //
-// kBound: the params differ from tile to tile (a kernel binds them per work tile).
-//
 // Work over ragged sequences: a grid over query (or key) blocks of BLOCK rows covers
 // every sequence without padding it to the longest. Virtual block v of sequence b
 // lies in [first(b), first(b + 1)) with first(b) = cu[b] / BLOCK + b: a sequence of
@@ -30,7 +28,6 @@
 
 struct FixedSeqs {
   static constexpr bool kRagged = false;
-  static constexpr bool kBound = false;
   static constexpr bool kCached = false;
   struct Extent {};
   template <class P>
@@ -66,7 +63,6 @@ __device__ __forceinline__ const FwdParams& fwd_of(const BwdParams& p) { return 
 
 struct RaggedSeqs {
   static constexpr bool kRagged = true;
-  static constexpr bool kBound = true;
   static constexpr bool kCached = false;
   // Sequence b: first query row and key row in the packed tensors, and lengths.
   struct Extent {
@@ -178,11 +174,9 @@ struct RaggedSeqs {
   }
 };
 
-
 template <bool PAGED>
 struct CachedSeqs {
   static constexpr bool kRagged = false;
-  static constexpr bool kBound = true;
   static constexpr bool kCached = true;
   static constexpr bool kPaged = PAGED;
   // Entry b's keys (seqlens[b], or the capacity where the cache has no lengths).
