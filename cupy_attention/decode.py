@@ -324,14 +324,17 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
             bsd = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [B, S, H, D] -> (b, h, s)
             cache = lambda x: _strides(x, (0, 2, 1))  # noqa: E731  [page, row, H, D]
             tma = fam.use_tma(s, vec, arch, kv.shape[:2], cache(kv), cache(vv))
-            if num_splits is None and wgmma_fam.takes_cache(s, tma, arch, sms, bsd(qv)):
+            gather = wgmma_fam.can_gather(s, vec, kv.shape[:2], cache(kv), cache(vv))
+            if num_splits is None and wgmma_fam.takes_cache(s, tma, arch, sms, bsd(qv),
+                                                            gather):
                 # many query rows (chunked prefill): flash_wgmma over the cache
                 launch = wgmma_fam.CacheLaunch(
                     s, scale, q_strides=bsd(qv), o_strides=bsd(ov),
                     lse_strides=(0, 0) if lv is None else _strides(lv, (0, 1)),
                     k_strides=cache(kv), v_strides=cache(vv), kv_dims=kv.shape[:2],
                     block_table=table, seqlens=lengths, page_size=page_size,
-                    device_id=ctx.device_id, arch=arch)
+                    device_id=ctx.device_id, arch=arch,
+                    gather=gather and wgmma_fam.cache_gathers(s, page_size, tma))
                 launch.run(qv.data.ptr, kv.data.ptr, vv.data.ptr, ov.data.ptr,
                            0 if lv is None else lv.data.ptr, ctx.stream)
             else:

@@ -10,12 +10,14 @@
 //                  heaviest causal tiles first; each tile's key range comes from
 //                  the variant (kv_begin, kv_end); packed sequences' virtual blocks
 //                  (common/seqs.cuh).
-//   Producer       warpgroup 0, one thread (a KV cache: one warp): per work tile the
-//                  first K tile, each consumer's 64 rows of Q, then K_j and V_{j-1}
-//                  tile after tile into STAGES shared buffers each, through the copy
-//                  engine (TMA), from a K/V source: the tensor maps of k and v
-//                  (TiledKV), or a contiguous or paged cache (CachedKV, the kernel
-//                  flash_wgmma_cache_fwd). It keeps 32-40 registers (setmaxnreg.dec).
+//   Producer       warpgroup 0, one thread (a KV cache: one warp, or the warpgroup
+//                  when it gathers rows): per work tile the first K tile, each
+//                  consumer's 64 rows of Q, then K_j and V_{j-1} tile after tile into
+//                  STAGES shared buffers each, from a K/V source: the tensor maps of k
+//                  and v (TiledKV), a contiguous or paged cache in tensor-map boxes
+//                  (CachedKV, the kernel flash_wgmma_cache_fwd), or a paged cache's
+//                  rows gathered with cp.async (GatheredKV, flash_wgmma_gather_fwd).
+//                  It keeps 32-40 registers (setmaxnreg.dec).
 //   Consumer       warpgroups 1..CONSUMERS (1 to 3; setmaxnreg.inc), 64 query rows
 //                  each (one wgmma M tile); a warp owns 16 rows end to end, so
 //                  softmax statistics never leave the warp. Per key tile j (step):
@@ -274,19 +276,25 @@ struct TileScheduler {
 // ---------------------------------------------------------------------------
 // K and V sources: where the producer's key tiles come from. A source gives a work
 // tile's sequence extent (extent), its coordinates (tile), the copies of key tile
-// [j0, j0 + BLOCK_N) of K or V into a buffer whose mbarrier expects KVTile::BYTES
-// (load; is_v a constant at every call),
-// and, for a cache, the address of one key row for the consumers' rare recompute
-// (k_row; fixed and packed sequences address K from the params).
-//   TiledKV   k and v through their tensor maps, one box of BLOCK_N rows per 64
-//             columns (rows past the map arrive as zeros); fixed or packed sequences.
-//   CachedKV  a KV cache (CachedSeqs): boxes of as many rows as the pages allow at
-//             the block table's pages (common/paged.cuh: CacheTiles), V's last rows
-//             exact.
+// [j0, j0 + BLOCK_N) of K or V into a buffer and their completion on its full
+// mbarrier (load: the count-th K or V tile, is_v a constant at every call; the
+// barrier expects kArrivals arrivals), and, for a cache, the address of one key row
+// for the consumers' rare recompute (k_row; fixed and packed sequences address K from
+// the params). kLanes threads of the producer warpgroup run it.
+//   TiledKV     k and v through their tensor maps, one box of BLOCK_N rows per 64
+//               columns (rows past the map arrive as zeros); fixed or packed
+//               sequences. Thread 0.
+//   CachedKV    a KV cache (CachedSeqs): boxes of as many rows as the pages allow at
+//               the block table's pages (common/paged.cuh: CacheTiles), V's last
+//               rows exact. Warp 0.
+//   GatheredKV  a paged cache gathered row by row with cp.async (GatherTiles): any
+//               page size, and pages too small for boxes to keep up (16 rows: 2 KB
+//               boxes). The whole warpgroup.
 
 template <class KT, class Seqs>
 struct TiledKV {
-  static constexpr int kLanes = 1;  // the producer: thread 0
+  static constexpr int kLanes = 1;      // the producer: thread 0
+  static constexpr int kArrivals = 1;   // its announcement of the bytes
   const TmaMap& k_map;
   const TmaMap& v_map;
   // Map coordinates: a broadcast (stride 0) head or batch axis is a map of size 1;
@@ -307,24 +315,22 @@ struct TiledKV {
     if constexpr (Seqs::kRagged) t.row0 = seq.k_start;
     return t;
   }
-  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0) const {
+  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0,
+                                       int) const {
+    mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
     tma_load_blocks<KT::D_BLOCKS>(dst, KT::KVTile::BLOCK_BYTES, is_v ? v_map : k_map,
                                   t.row0 + j0, is_v ? t.v_h : t.k_h, is_v ? t.v_b : t.k_b, bar);
   }
+  __device__ __forceinline__ void prepare(const Tile&, int, int) const {}
+  __device__ __forceinline__ void settle() const {}
 };
 
-template <class KT, class Seqs>
-struct CachedKV {
-  static_assert(Seqs::kCached, "CachedKV reads a KV cache (CachedSeqs)");
-  using Tiles = CacheTiles<KT::D_BLOCKS, Seqs::kPaged>;
-  // The producer: warp 0, its lanes issuing a tile's boxes side by side (with boxes of
-  // 16 rows one thread issued 16 copies per K or V tile at D = 128)
-  static constexpr int kLanes = 32;
-  const TmaMap& k_map;  // boxes of box_rows rows
-  const TmaMap& v_map;
-  const CacheRowMaps& v_rows;  // V's boxes of 16, and of 1, 2, 4 and 8 rows
+// What the cache sources share: a work tile's batch entry, KV head and key count, and
+// key rows in global memory for the consumers.
+template <class Seqs>
+struct CacheSource {
+  static_assert(Seqs::kCached, "a cache source reads a KV cache (CachedSeqs)");
   const CacheParams& cache;
-  const int box_rows;
   struct Tile {
     int b, hk, n;
   };
@@ -336,29 +342,118 @@ struct CachedKV {
                                        const typename Seqs::Extent& seq) const {
     return {w.b, w.h / p.group, seq.seqlen_k};
   }
-  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0) const {
-    if (is_v)
-      Tiles::template load<true, kLanes>(dst, KT::KVTile::BLOCK_BYTES, v_map, v_rows, cache, t.b,
-                                         t.hk, j0, KT::BLOCK_N, box_rows, t.n, bar);
-    else
-      Tiles::template load<false, kLanes>(dst, KT::KVTile::BLOCK_BYTES, k_map, v_rows, cache,
-                                          t.b, t.hk, j0, KT::BLOCK_N, box_rows, t.n, bar);
-  }
   // Key j, clipped to the sequence's last key (the block table past it may hold anything).
   template <class T>
   __device__ __forceinline__ const T* k_row(const FwdParams& p, const WorkTile& w, int j) const {
     const KVRow r = KVCache<Seqs::kPaged>::row(p, cache, w.b, w.h / p.group, cmin(j, p.seqlen_k - 1));
     return static_cast<const T*>(p.k) + r.k;
   }
+  __device__ __forceinline__ void prepare(const Tile&, int, int) const {}
+  __device__ __forceinline__ void settle() {}
+};
+
+template <class KT, class Seqs>
+struct CachedKV : CacheSource<Seqs> {
+  using Tiles = CacheTiles<KT::D_BLOCKS, Seqs::kPaged>;
+  using typename CacheSource<Seqs>::Tile;
+  // The producer: warp 0, its lanes issuing a tile's boxes side by side (with boxes of
+  // 16 rows one thread issued 16 copies per K or V tile at D = 128)
+  static constexpr int kLanes = 32;
+  static constexpr int kArrivals = 1;  // lane 0's announcement of the bytes
+  const TmaMap& k_map;  // boxes of box_rows rows
+  const TmaMap& v_map;
+  const CacheRowMaps& v_rows;  // V's boxes of 16, and of 1, 2, 4 and 8 rows
+  const int box_rows;
+  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0,
+                                       int) const {
+    if (threadIdx.x == 0) mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
+    __syncwarp();  // the bytes are announced before any lands
+    if (is_v)
+      Tiles::template load<true, kLanes>(dst, KT::KVTile::BLOCK_BYTES, v_map, v_rows, this->cache,
+                                         t.b, t.hk, j0, KT::BLOCK_N, box_rows, t.n, bar);
+    else
+      Tiles::template load<false, kLanes>(dst, KT::KVTile::BLOCK_BYTES, k_map, v_rows,
+                                          this->cache, t.b, t.hk, j0, KT::BLOCK_N, box_rows, t.n,
+                                          bar);
+  }
+};
+
+// The producer warpgroup's 128 threads gather a K tile's rows: each locates one row
+// (a block-table read) into shared memory ahead of the tile (prepare: one K tile
+// ahead, so that the table's latency is off the copies' path), a barrier of the
+// warpgroup when the tile's buffer is free, then all copy the tile's 16-byte chunks
+// side by side (GatherTiles). A V tile is its K tile's rows one load later: it reuses
+// their offsets (the ring keeps three K tiles': the offsets of K tile c are written
+// after the barrier of tile c - 1, which every thread passes only after its copies of
+// V tile c - 3). cp.async writes through the generic proxy and wgmma reads through the
+// async one, so a thread arrives on a tile's full barrier (128 arrivals) once its
+// copies landed and it ran the proxy fence: one tile behind, after issuing the next
+// (settle: at once, before the producer waits on the consumers, which may need that
+// tile first). Measured beside arrivals made by the copies themselves
+// (cp.async.mbarrier.arrive, no fence), with and without a fence by the consumers after
+// their wait: as fast or faster (H100, notes-decode.md section 13).
+template <class KT, class Seqs>
+struct GatheredKV : CacheSource<Seqs> {
+  static_assert(Seqs::kPaged, "GatheredKV reads a paged cache");
+  using T = typename KT::T;
+  using Rows = GatherTiles<typename KT::KVTile, KT::BLOCK_N, KT::D, KT::D_K, 128>;
+  using typename CacheSource<Seqs>::Tile;
+  static constexpr int kLanes = 128;
+  static constexpr int kArrivals = 128;
+  // Shared memory after the Storage (the kernel's launch adds kSmemBytes and 16 bytes
+  // of alignment): the row offsets of three K tiles, and the slots a claimed work
+  // tile reaches the warpgroup through.
+  struct alignas(16) Ring {
+    u32 rows[3][KT::BLOCK_N];
+    int claim[2];
+  };
+  static constexpr int kSmemBytes = sizeof(Ring);
+  const FwdParams& p;
+  Ring* const ring;
+  u32 pending = 0;  // the full barrier of the last tile issued, not yet arrived on
+  int parity = 0;   // the next claim slot
+
+  // The offsets of the count-th K tile, keys [j0, j0 + BLOCK_N).
+  __device__ __forceinline__ void prepare(const Tile& t, int j0, int count) {
+    Rows::locate(ring->rows[count % 3], p, this->cache, t.b, j0, t.n, threadIdx.x);
+  }
+  __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0,
+                                       int count) {
+    if (!is_v) warpgroup_barrier(0);  // every thread's prepare of this tile
+    Rows::copy(dst, static_cast<const T*>(is_v ? p.v : p.k) + t.hk * p.k_head_stride,
+               ring->rows[count % 3], t.n - j0, threadIdx.x);
+    if (pending) {
+      cp_async_wait<1>();
+      fence_proxy_async();
+      mbarrier_arrive(pending);
+    }
+    pending = bar;
+  }
+  __device__ __forceinline__ void settle() {
+    if (pending) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbarrier_arrive(pending);
+      pending = 0;
+    }
+  }
+  // Claim c of the leader (thread 0), for every thread of the warpgroup.
+  __device__ __forceinline__ int share(int c) {
+    if (threadIdx.x == 0) ring->claim[parity] = c;
+    warpgroup_barrier(0);
+    c = ring->claim[parity];
+    parity ^= 1;
+    return c;
+  }
 };
 
 // ---------------------------------------------------------------------------
 // Producer
 
-// One thread of warpgroup 0. Reads: the scheduler's tiles, Q, K, V through their
-// tensor maps. Waits on: q_empty[c] before loading consumer c's next Q, empty_k/v
-// before reusing a buffer. Signals: q_full[c] (Q and the published tile slot),
-// full_k/v (byte counts the copy engine completes). Per work tile: K_0, each
+// Warpgroup 0 (the source's kLanes threads). Reads: the scheduler's tiles, Q through
+// its tensor map, K and V through the source. Waits on: q_empty[c] before loading
+// consumer c's next Q, empty_k/v before reusing a buffer. Signals: q_full[c] (Q and
+// the published tile slot), full_k/v (through the source). Per work tile: K_0, each
 // consumer's Q once it released the previous tile's, then K_j and V_{j-1} for j =
 // 1..n_blocks (each tile's V is used one step after its K). The next tile is claimed
 // with the last load, about STAGES key tiles before the consumers finish this one:
@@ -369,32 +464,34 @@ struct CachedKV {
 // has released that tile's Q.
 template <class KT, class VT, class Source>
 __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<KT, VT>& sched,
-                                        const TmaMap& q_map, const Source& src) {
+                                        const TmaMap& q_map, Source& src) {
   const FwdParams& p = sched.p;
-  // Source::kLanes threads run this (thread 0, or warp 0 whose lanes share the K and V
-  // copies): each waits, one (the leader) arrives, claims and publishes.
+  // Source::kLanes threads run this (thread 0, warp 0 or the warpgroup, sharing the K
+  // and V copies): each waits, one (the leader) announces Q, claims and publishes.
   constexpr int LANES = Source::kLanes;
   const bool leader = LANES == 1 || threadIdx.x == 0;
   const auto claim = [&] {
     const int c = leader ? sched.claim() : 0;
-    return LANES == 1 ? c : __shfl_sync(0xffffffffu, c, 0);
+    if constexpr (LANES == 1) return c;
+    else if constexpr (LANES == 32) return __shfl_sync(0xffffffffu, c, 0);
+    else return src.share(c);
   };
   PipelineState<KT::STAGES> k_pipe, v_pipe;
-  // One K or V tile into the pipeline's next buffer, once its previous use is released.
-  // bufs, full, empty: the first buffer's and mbarriers' addresses (8 bytes apart).
+  // The count-th K or V tile into the pipeline's next buffer, once its previous use is
+  // released. bufs, full, empty: the first buffer's and mbarriers' addresses (8 bytes
+  // apart).
   auto load = [&](bool is_v, const typename Source::Tile& kv, u32 bufs, u32 full, u32 empty,
-                  PipelineState<KT::STAGES>& pipe, int loads, int j0) {
-    if (loads >= KT::STAGES) mbarrier_wait(empty + 8 * pipe.index(), pipe.phase() ^ 1);
-    const u32 bar = full + 8 * pipe.index();
-    if (leader) mbarrier_arrive_expect_tx(bar, KT::KVTile::BYTES);
-    if constexpr (LANES > 1) __syncwarp();  // the bytes are announced before any lands
-    src.load(is_v, kv, bufs + pipe.index() * KT::KVTile::BYTES, bar, j0);
+                  PipelineState<KT::STAGES>& pipe, int count, int j0) {
+    if (count >= KT::STAGES) mbarrier_wait(empty + 8 * pipe.index(), pipe.phase() ^ 1);
+    src.load(is_v, kv, bufs + pipe.index() * KT::KVTile::BYTES, full + 8 * pipe.index(), j0,
+             count);
     pipe.advance();
   };
   using Seqs = typename VT::Seqs;
   int done = 0, loads = 0;  // work tiles, and K (or V) tiles loaded so far
   for (int tile = sched.first();;) {
     if (tile >= sched.tiles) {
+      src.settle();
       if (leader) st.tile_slot(done)[0] = -1;
       for (int c = 0; c < KT::CONSUMERS; ++c) {
         if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
@@ -417,9 +514,14 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     const typename Source::Tile kv = src.tile(p, w, seq);
     const int back = sched.diagonal(bound, q0, n_begin, n_blocks);
     const auto key_row = [&](int j) { return sched.key_block(j, n_begin, back) * KT::BLOCK_N; };
-    // K_0 first: its buffer is free before the consumers hand back Q.
-    if (n_blocks > 0)
+    // K_0 first: its buffer is free before the consumers hand back Q. A source
+    // prepares each K tile before its load (GatheredKV: one tile ahead).
+    if (n_blocks > 0) {
+      src.prepare(kv, key_row(0), loads);
       load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
+      if (n_blocks > 1) src.prepare(kv, key_row(1), loads + 1);
+    }
+    src.settle();
     for (int c = 0; c < KT::CONSUMERS; ++c) {
       if (done > 0) mbarrier_wait(st.q_empty(c), (done - 1) & 1);
       if (leader) {
@@ -437,6 +539,7 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
         claimed = claim();
       }
       load(true, kv, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1, key_row(j - 1));
+      if (j + 1 < n_blocks) src.prepare(kv, key_row(j + 1), loads + j + 1);
     }
     loads += n_blocks;
     ++done;
@@ -868,6 +971,7 @@ template <class KT, class VT, class MakeSource>
 __device__ __forceinline__ void flash_wgmma_roles(const FwdParams& p, const TmaMap& q_map,
                                                   MakeSource make_source, u32* tile_counter,
                                                   int q_shift, int section) {
+  using Source = decltype(make_source());
   const Smem<KT> st{storage_base(wgmma_smem)};
   const TileScheduler<KT, VT> sched(p, tile_counter, q_shift, section);
   if (threadIdx.x == 0) {
@@ -876,8 +980,8 @@ __device__ __forceinline__ void flash_wgmma_roles(const FwdParams& p, const TmaM
       mbarrier_init(st.q_empty(c), 4);  // lane 0 of each of the consumer's warps
     }
     for (int i = 0; i < KT::STAGES; ++i) {
-      mbarrier_init(st.full_k(i), 1);
-      mbarrier_init(st.full_v(i), 1);
+      mbarrier_init(st.full_k(i), Source::kArrivals);
+      mbarrier_init(st.full_v(i), Source::kArrivals);
       mbarrier_init(st.empty_k(i), 4 * KT::CONSUMERS);
       mbarrier_init(st.empty_v(i), 4 * KT::CONSUMERS);
     }
@@ -889,13 +993,15 @@ __device__ __forceinline__ void flash_wgmma_roles(const FwdParams& p, const TmaM
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<KT::PRODUCER_REGS>();
-    if (threadIdx.x < decltype(make_source())::kLanes)
-      produce<KT, VT>(st, sched, q_map, make_source());
+    if (threadIdx.x < Source::kLanes) {
+      Source src = make_source();
+      produce<KT, VT>(st, sched, q_map, src);
+    }
     return;
   }
   setmaxnreg_inc<KT::CONSUMER_REGS>();
   if constexpr (VT::Seqs::kCached) {
-    Consumer<KT, VT, decltype(make_source())> consumer(st, sched, make_source(), wg - 1);
+    Consumer<KT, VT, Source> consumer(st, sched, make_source(), wg - 1);
     consumer.run();
   } else {
     Consumer<KT, VT, NoKeyRows> consumer(st, sched, NoKeyRows{}, wg - 1);
@@ -929,6 +1035,24 @@ __global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
   static_assert(VT::Seqs::kCached, "flash_wgmma_cache_fwd reads KV caches (CachedSeqs)");
   flash_wgmma_roles<KT, VT>(
       p, q_map,
-      [&] { return CachedKV<KT, typename VT::Seqs>{k_map, v_map, v_rows, cache, box_rows}; },
+      [&] { return CachedKV<KT, typename VT::Seqs>{{cache}, k_map, v_map, v_rows, box_rows}; },
+      tile_counter, q_shift, section);
+}
+
+// A paged cache gathered row by row (GatheredKV): any page size. The launch asks for
+// GatheredKV's kSmemBytes beyond the Storage.
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS, KT::MIN_BLOCKS)
+    flash_wgmma_gather_fwd(const FwdParams p, const __grid_constant__ TmaMap q_map,
+                           u32* tile_counter, int q_shift, int section,
+                           const __grid_constant__ CacheParams cache) {
+  static_assert(VT::Seqs::kPaged, "flash_wgmma_gather_fwd reads paged caches");
+  using Source = GatheredKV<KT, typename VT::Seqs>;
+  flash_wgmma_roles<KT, VT>(
+      p, q_map,
+      [&] {
+        const u32 ring = (storage_base(wgmma_smem) + sizeof(typename KT::Storage) + 15) & ~15u;
+        return Source{{cache}, p, shared_ptr<typename Source::Ring>(wgmma_smem, ring)};
+      },
       tile_counter, q_shift, section);
 }

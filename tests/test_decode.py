@@ -180,9 +180,9 @@ def test_chunked_prefill_route():
     from cupy_attention.families import flash_wgmma as fw
 
     def takes(B=4, Hq=32, Hkv=8, Sq=256, D=128, tma=True, arch="sm_90a", sms=132,
-              q_strides=None):
+              q_strides=None, gather=False):
         s = shape(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, D=D, paged=True)
-        return fw.takes_cache(s, tma, arch, sms, q_strides or (Sq * Hq * D, D, Hq * D))
+        return fw.takes_cache(s, tma, arch, sms, q_strides or (Sq * Hq * D, D, Hq * D), gather)
 
     assert takes()                               # 2 x 32 x 4 = 256 tiles of 128 rows
     assert takes(B=5, Sq=96)                     # 160 tiles of 128 rows (96 of them real)
@@ -198,6 +198,30 @@ def test_chunked_prefill_route():
     # boxes: the key tile (contiguous), else the largest common divisor with the page
     assert [fw.cache_box_rows(128, p) for p in (None, 16, 48, 64, 256)] == [128, 16, 16, 64, 128]
     assert fw.cache_box_rows(112, 64) == 16 and fw.cache_box_rows(64, 256) == 64
+    # pages without tensor maps take the route where their rows can be gathered
+    assert not takes(tma=False) and takes(tma=False, gather=True)
+    assert not takes(tma=False, gather=True, arch="sm_80")
+
+
+def test_chunked_prefill_gather():
+    """Which paged caches flash_wgmma gathers row by row (can_gather, cache_gathers)."""
+    from cupy_attention.families import flash_wgmma as fw
+
+    s = shape(B=4, Hq=32, Hkv=8, Sq=256, D=128, paged=True)
+    st = (16 * 8 * 128, 128, 8 * 128)   # [pages, 16, 8, 128]: page, head, row strides
+    assert fw.can_gather(s, True, (1000, 16), st, st)
+    assert not fw.can_gather(s, False, (1000, 16), st, st)           # not 16-byte aligned
+    assert not fw.can_gather(s, True, (1000, 16), st, (st[0] * 2, *st[1:]))  # k, v apart
+    assert not fw.can_gather(s, True, (1000, 16), (st[0], st[1], -st[2]), st[:2] + (-st[2],))
+    # each row's offset / 8 in 32 bits: caches up to 64 GiB
+    big = 2 ** 35 // st[0] + 1
+    assert fw.can_gather(s, True, (big - 2, 16), st, st)
+    assert not fw.can_gather(s, True, (big + 1, 16), st, st)
+    assert not fw.can_gather(shape(B=4, Hq=32, Hkv=8, Sq=256, D=128, paged=False), True,
+                             (4, 4096), st, st)
+    # boxes of gcd(page, BLOCK_N) rows up to GATHER_MAX_BOX, and pages no box divides
+    assert [fw.cache_gathers(s, p, p % 16 == 0) for p in (1, 16, 24, 32, 48, 64, 256)] == \
+        [True, True, True, False, True, False, False]
     paged = fw.spec(128, "bfloat16", Variant(True, cache="paged"))
     assert paged.expr.startswith("flash_wgmma_cache_fwd<") and "CachedSeqs<true>" in paged.expr
     assert paged.name.endswith(",causal,paged-cache]")

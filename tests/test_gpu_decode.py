@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -365,11 +366,13 @@ def test_warpgroup_tile_scores_that_rise(scale, page):
 
 
 # Chunked prefill: many query rows of each sequence against its cache. On sm_90a, with
-# tensor maps for the cache (pages of a multiple of 16 rows) and work tiles for every
-# SM, flash_wgmma's cache kernel runs it (families/flash_wgmma.py, takes_cache). Lengths
-# cover every residue mod 16 (V's last 16-row box is loaded from exact 8/4/2/1-row
-# boxes: the rows past a sequence are NaN here), lengths below Sq (rows that see no
-# key: 0 and -inf) and 0.
+# work tiles for every SM, flash_wgmma's cache kernels run it (families/flash_wgmma.py,
+# takes_cache): boxes through tensor maps (contiguous caches, pages of 64 rows and
+# more), or rows gathered with cp.async (pages whose boxes would hold 32 rows or
+# fewer, and page sizes that are not a multiple of 16). Lengths cover every residue
+# mod 16 (V's last 16-row box is loaded from exact 8/4/2/1-row boxes, a gathered
+# tile zero-fills its rows past the sequence: the rows past a sequence are NaN here),
+# lengths below Sq (rows that see no key: 0 and -inf) and 0.
 PREFILL_LENGTHS = {
     "a": (0, 129, 258, 387, 516, 645, 774, 903),        # residues 0, 1, 2, 3, 4, 5, 6, 7
     "b": (1032, 1161, 1290, 1419, 1548, 1677, 1806, 1935),  # 8 .. 15
@@ -395,7 +398,25 @@ PREFILL_CASES = [
          softcap=30.0),
     dict(page=None, B=3, Hq=32, Hkv=8, D=192, Sq=256, dtype="float16", lengths="c",
          window=(100, 50), causal=False),
+    # page sizes that are not a multiple of 16: gathered rows only
+    dict(page=1, B=8, Hq=32, Hkv=8, D=128, Sq=128, dtype="bfloat16", lengths="b"),
+    dict(page=8, B=8, Hq=32, Hkv=8, D=80, Sq=128, dtype="float16", lengths="b"),
+    dict(page=24, B=8, Hq=32, Hkv=4, D=64, Sq=160, dtype="bfloat16", lengths="a"),
+    dict(page=40, B=3, Hq=32, Hkv=8, D=192, Sq=256, dtype="bfloat16", lengths="c",
+         window=(300, -1)),
+    dict(page=100, B=3, Hq=32, Hkv=8, D=96, Sq=256, dtype="float16", lengths="c",
+         softcap=30.0, causal=False),
 ]
+
+
+def _gathers(page, D, causal=True, softcap=None):
+    """Whether flash_wgmma gathers the rows of a paged cache of ``page`` rows."""
+    if page is None:
+        return False
+    s = SimpleNamespace(head_dim=D, variant=SimpleNamespace(causal=causal,
+                                                            transforms=softcap is not None))
+    return page % 16 != 0 or flash_wgmma.cache_box_rows(
+        flash_wgmma.cache_config(s)[1], page) <= flash_wgmma.GATHER_MAX_BOX
 
 
 @pytest.fixture
@@ -414,7 +435,7 @@ def cache_runs(monkeypatch):
     monkeypatch.setattr(decode._HOT, "entries", {})
 
     def run(self, *args, **kwargs):
-        runs.append(self.vt)
+        runs.append(self)
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(flash_wgmma.CacheLaunch, "run", run)
@@ -439,22 +460,29 @@ def test_chunked_prefill(case, cache_runs):
     expected = hopper and case["Sq"] >= flash_wgmma.CACHE_MIN_SEQLEN_Q
     assert len(runs) == int(expected)
     if expected:
-        assert runs[0].cache == ("contiguous" if case["page"] is None else "paged")
+        assert runs[0].vt.cache == ("contiguous" if case["page"] is None else "paged")
+        assert runs[0].gather == _gathers(case["page"], case["D"], case.get("causal", True),
+                                          case.get("softcap"))
 
 
 @pytest.mark.parametrize("page,D,lengths", [(16, 128, "a"), (16, 128, "b"), (48, 64, "c"),
                                              (80, 96, "c")])
-def test_chunked_prefill_small_boxes(page, D, lengths, cache_runs):
-    """Pages whose boxes hold 16 rows (gcd with the key tile): 4 to 8 boxes a K or V
-    tile, issued by the producer warp's lanes, exact V tails at every residue mod 16."""
+@pytest.mark.parametrize("gather", [False, True], ids=["boxes", "gather"])
+def test_chunked_prefill_small_boxes(page, D, lengths, gather, cache_runs, monkeypatch):
+    """Pages whose boxes hold 16 rows (gcd with the key tile), both ways: 4 to 8 boxes
+    a K or V tile, issued by the producer warp's lanes, exact V tails at every residue
+    mod 16 (GATHER_MAX_BOX 0: the way a cache that cannot be gathered goes), and the
+    rows gathered by the producer warpgroup."""
+    monkeypatch.setattr(flash_wgmma, "GATHER_MAX_BOX", 16 if gather else 0)
     run_case(seed_for("prefill-small", page, D, lengths), B=len(PREFILL_LENGTHS[lengths]),
              Hq=32, Hkv=8, D=D, Sq=128 if lengths != "c" else 256, page=page,
              dtype="bfloat16", lengths=PREFILL_LENGTHS[lengths])
     runs, hopper = cache_runs
     assert len(runs) == int(hopper)
+    assert all(r.gather == gather for r in runs)
 
 
-@pytest.mark.parametrize("page", [None, 64])
+@pytest.mark.parametrize("page", [None, 16, 64])
 def test_chunked_prefill_scores_that_rise(page, cache_runs):
     """A large scale lifts later key tiles 128 (exp2 domain) above a row's running max:
     the warp recomputes that tile's scores from K in global memory, located through the
@@ -465,12 +493,14 @@ def test_chunked_prefill_scores_that_rise(page, cache_runs):
     assert len(runs) == int(hopper)
 
 
-def test_chunked_prefill_hot_path_and_appends(cache_runs):
+@pytest.mark.parametrize("page", [16, 32])
+def test_chunked_prefill_hot_path_and_appends(page, cache_runs):
     """The second call with the same shapes takes the hot path (device lengths and
-    table), and k_new / v_new appended before the prefill land where it reads them."""
+    table), and k_new / v_new appended before the prefill land where it reads them
+    (gathered rows at page 16, boxes at page 32)."""
     import cupy
 
-    B, Hq, Hkv, D, Sq, page = 3, 32, 8, 128, 256, 32
+    B, Hq, Hkv, D, Sq = 3, 32, 8, 128, 256
     lengths = (700, 300, 1000)
     q, k, v, table, lens, ks, vs = make_cache(seed_for("prefill-hot"), B=B, Hq=Hq, Hkv=Hkv,
                                               D=D, Sq=Sq, lengths=[n + Sq for n in lengths],
@@ -495,6 +525,7 @@ def test_chunked_prefill_hot_path_and_appends(cache_runs):
         assert cupy.array_equal(again, out) and cupy.array_equal(lse2, lse)
     runs, hopper = cache_runs
     assert len(runs) == 3 * int(hopper)
+    assert all(r.gather == _gathers(page, D) for r in runs)
 
 
 def test_unaligned_views_take_the_element_path():

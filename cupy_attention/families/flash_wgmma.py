@@ -158,15 +158,22 @@ def smem_bytes(head_dim: int, cfg) -> int:
             + 64 + (2 * consumers + 4 * stages) * 8 + 1024)
 
 
-def spec(head_dim: int, dtype: str, vt: Variant, cfg=None) -> jit.KernelSpec:
+def spec(head_dim: int, dtype: str, vt: Variant, cfg=None, gather: bool = False
+         ) -> jit.KernelSpec:
+    """The kernel of ``vt``: ``flash_wgmma_fwd``, or on a KV cache (``vt.cache``)
+    ``flash_wgmma_cache_fwd`` (tensor-map boxes) or, with ``gather`` (a paged cache),
+    ``flash_wgmma_gather_fwd`` (rows gathered with cp.async)."""
     consumers, block_n, min_blocks, stages = cfg or tiles_for(head_dim, vt.causal, vt.transforms,
                                                               vt.dropout)
     traits = (f"WgmmaTraits<{head_dim}, {consumers}, {block_n}, {CPP_DTYPE[dtype]}, {min_blocks}, "
               f"{stages}>")
-    kernel = "flash_wgmma_cache_fwd" if vt.cache else "flash_wgmma_fwd"
+    if gather and vt.cache != "paged":
+        raise ValueError("gathered rows read a paged cache")
+    kernel = ("flash_wgmma_gather_fwd" if gather else
+              "flash_wgmma_cache_fwd" if vt.cache else "flash_wgmma_fwd")
     expr = f"{kernel}<{traits}, {vt.cpp()}>"
     name = (f"flash_wgmma[D={head_dim},BM={64 * consumers},BN={block_n},S={stages},"
-            f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{',gather' if gather else ''}]")
     return jit.KernelSpec("flash_wgmma.cu", expr, name)
 
 
@@ -434,6 +441,13 @@ class FlashWgmma(FlashMma):
                              (128, "bfloat16", Variant(True, softcap=30.0, cache="paged")),
                              (192, "float16", Variant(False, (100, 50), cache="contiguous"))):
             out.append(spec(d, dtype, vt))
+        # paged caches gathered row by row (GatheredKV: the producer warpgroup's cp.async)
+        for d, dtype, vt in ((64, "float16", Variant(True, cache="paged")),
+                             (128, "bfloat16", Variant(True, cache="paged")),
+                             (96, "bfloat16", Variant(False, cache="paged")),
+                             (192, "float16", Variant(True, (200, 0), cache="paged")),
+                             (256, "bfloat16", Variant(True, softcap=30.0, cache="paged"))):
+            out.append(spec(d, dtype, vt, gather=True))
         return out
 
 
@@ -469,14 +483,17 @@ def cache_config(s) -> tuple:
     return tiles_for(s.head_dim, s.variant.causal, s.variant.transforms)
 
 
-def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides) -> bool:
+def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides, gather_ok: bool = False
+                ) -> bool:
     """Whether ``attention_decode``'s call of DecodeShape ``s`` runs here: sm_90a, K
     and V with tensor maps of 16-row boxes (``tma_ok``: decode's use_tma, which needs
-    pages of a multiple of 16 rows), a head dim this kernel takes, Q with a tensor map
-    of its own, at least CACHE_MIN_SEQLEN_Q query rows and one work tile per SM."""
+    pages of a multiple of 16 rows) or a paged cache that can be gathered row by row
+    (``gather_ok``: can_gather), a head dim this kernel takes, Q with a tensor map of
+    its own, at least CACHE_MIN_SEQLEN_Q query rows and one work tile per SM."""
     from .. import tma
 
-    if not (tma_ok and arch == "sm_90a" and 64 <= s.head_dim <= 256 and s.head_dim % 8 == 0):
+    if not ((tma_ok or gather_ok) and arch == "sm_90a" and 64 <= s.head_dim <= 256
+            and s.head_dim % 8 == 0):
         return False
     if s.seqlen_q < CACHE_MIN_SEQLEN_Q:
         return False
@@ -485,20 +502,61 @@ def takes_cache(s, tma_ok: bool, arch: str, sms: int, q_strides) -> bool:
     return -(-s.seqlen_q // (64 * cache_config(s)[0])) * s.heads_q * s.batch >= sms
 
 
+# A paged cache whose tensor-map boxes would hold at most GATHER_MAX_BOX rows
+# (cache_box_rows: gcd(page, BLOCK_N)), or whose pages hold a number of rows that is
+# not a multiple of 16 (no box at all), is gathered row by row
+# (flash_wgmma_gather_fwd: the producer warpgroup's cp.async): one copy instruction
+# per box and 64 columns falls behind at 16-row boxes (2 KB).
+GATHER_MAX_BOX = 16
+
+
+def gather_smem_bytes(block_n: int) -> int:
+    """GatheredKV::Ring (the row offsets of three K tiles and two claim slots, 16-byte
+    aligned) and 16 bytes to align it."""
+    return -(-(3 * block_n * 4 + 8) // 16) * 16 + 16
+
+
+def can_gather(s, vec: bool, kv_dims, k_strides, v_strides) -> bool:
+    """Whether the paged cache of DecodeShape ``s`` can be gathered row by row: 16-byte
+    aligned rows (``vec``), K and V strided alike (one row offset serves both) with no
+    negative stride, each row's element offset / 8 within 32 bits (caches up to 64
+    GiB), and the gather's shared memory beside the tiles. ``kv_dims``: (pages,
+    page_size); strides (page, head, row) in elements."""
+    if not (s.paged and vec and tuple(k_strides) == tuple(v_strides)):
+        return False
+    page, head, row = k_strides
+    if min(k_strides) < 0 or (page | head | row) % 8:
+        return False
+    pages, rows = kv_dims
+    if ((pages - 1) * page + (rows - 1) * row) // 8 >= 2 ** 32:
+        return False
+    cfg = cache_config(s)
+    return smem_bytes(s.head_dim, cfg) + gather_smem_bytes(cfg[1]) <= SMEM_LIMIT
+
+
+def cache_gathers(s, page_size: int, tma_ok: bool) -> bool:
+    """Whether a paged cache that can_gather is gathered (GATHER_MAX_BOX)."""
+    return not tma_ok or cache_box_rows(cache_config(s)[1], page_size) <= GATHER_MAX_BOX
+
+
 class CacheLaunch:
-    """flash_wgmma_cache_fwd for one DecodeShape with everything but the pointers
+    """flash_wgmma's cache kernel for one DecodeShape with everything but the pointers
     fixed; ``run`` has DecodeLaunch's signature (attention_decode's hot path repeats
     it). ``kv_dims``: (pages, page_size) of a paged cache, (B, Sk_max) of a contiguous
     one; strides in elements: (batch, head, row) of q, out and lse, (page or batch,
-    head, row) of the caches."""
+    head, row) of the caches. ``gather``: a paged cache's rows gathered with cp.async
+    (flash_wgmma_gather_fwd, can_gather), else boxes through tensor maps
+    (flash_wgmma_cache_fwd)."""
 
     def __init__(self, s, scale: float, *, q_strides, o_strides, lse_strides, k_strides,
                  v_strides, kv_dims, block_table, seqlens, page_size: int, device_id: int,
-                 arch: str):
+                 arch: str, gather: bool = False):
         cfg = cache_config(s)
         self.vt = dataclasses.replace(s.variant, cache="paged" if s.paged else "contiguous")
-        self.kernel = jit.get_function(spec(s.head_dim, s.dtype, self.vt, cfg), arch, device_id)
-        self.smem = smem_bytes(s.head_dim, cfg)
+        self.gather = gather
+        self.kernel = jit.get_function(spec(s.head_dim, s.dtype, self.vt, cfg, gather), arch,
+                                       device_id)
+        self.smem = smem_bytes(s.head_dim, cfg) + (gather_smem_bytes(cfg[1]) if gather else 0)
         self.threads = 128 * (cfg[0] + 1)
         block_m = 64 * cfg[0]
         tiles = -(-s.seqlen_q // block_m) * s.heads_q * s.batch
@@ -520,11 +578,13 @@ class CacheLaunch:
         self.template = make_struct(FWD_DTYPE, fwd).tobytes()
         self.cache = bytes(cache_params(block_table, seqlens, page_size).tobytes())
         q_geo = tma.map_geometry(s.batch, s.heads_q, s.seqlen_q, s.head_dim, q_strides, 64)
-        kv_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, st, box)
-                  for st in (k_strides, v_strides)]
-        rows_geo = [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, v_strides,
-                                     rows) for rows in _ROW_BOXES]
-        self.maps = tma.MapBuffers(tma.tile_maps(g) for g in (q_geo, *kv_geo, *rows_geo))
+        geos = [q_geo]
+        if not gather:
+            geos += [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, st, box)
+                     for st in (k_strides, v_strides)]
+            geos += [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, v_strides,
+                                      rows) for rows in _ROW_BOXES]
+        self.maps = tma.MapBuffers(tma.tile_maps(g) for g in geos)
         self.rows: dict = {}   # v -> V's five row maps as one CacheRowMaps parameter
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
@@ -536,15 +596,18 @@ class CacheLaunch:
             struct.pack_into("<Q", cache, _CACHE_TABLE_AT, table)
         if lengths is not None:
             struct.pack_into("<Q", cache, _CACHE_LENGTHS_AT, lengths)
-        maps = self.maps(q, k, v, v, v, v, v, v)
-        rows = self.rows.get(v)
-        if rows is None:
-            if len(self.rows) >= tma.MAPS_KEPT:
-                self.rows.clear()
-            rows = self.rows[v] = (ctypes.c_char * 640).from_buffer_copy(
-                b"".join(bytes(m) for m in maps[3:]))
-        tail = (*maps[:3], tile_counter_arg(self.device_id, stream), self.shift, self.section,
-                cache, self.box, rows)
+        counter = tile_counter_arg(self.device_id, stream)
+        if self.gather:
+            tail = (*self.maps(q), counter, self.shift, self.section, cache)
+        else:
+            maps = self.maps(q, k, v, v, v, v, v, v)
+            rows = self.rows.get(v)
+            if rows is None:
+                if len(self.rows) >= tma.MAPS_KEPT:
+                    self.rows.clear()
+                rows = self.rows[v] = (ctypes.c_char * 640).from_buffer_copy(
+                    b"".join(bytes(m) for m in maps[3:]))
+            tail = (*maps[:3], counter, self.shift, self.section, cache, self.box, rows)
         self.kernel.launch_packed(self.grid, (self.threads,), buf, self.smem, stream.ptr,
                                   tail=tail)
 

@@ -195,3 +195,88 @@ struct CacheTiles {
     }
   }
 };
+
+// Tiles of a paged cache gathered row by row (sm_80+ cp.async; any page size), for a
+// kernel whose tiles lay 16-byte chunks out as `Tile::offset(row, chunk)` (a
+// SwizzledTile): THREADS threads share a tile. First `locate` puts the offset of
+// each of its ROWS key rows into shared memory (`offsets`, 16-byte aligned, one u32 a
+// row: the row's element offset / 8 in k and v, whose page, head and row strides are
+// equal and multiples of 8; 0 past the sequence), one block-table read a row; after
+// the caller's barrier `copy` issues the tile's 16-byte chunks, THREADS side by side,
+// and commits them as one group. Rows past the sequence (`valid` on) and columns
+// D..D_K arrive as zeros (cp.async's zero fill), so no cache row past a sequence
+// reaches a tile.
+template <class Tile, int ROWS, int D, int D_K, int THREADS>
+struct GatherTiles {
+  static constexpr int CHUNKS = D_K / 8;   // 16-byte chunks of a tile row
+  static constexpr int TOTAL = ROWS * CHUNKS;
+  // Where a thread keeps one chunk column (THREADS a multiple of CHUNKS), it copies
+  // rows x0, x0 + STEP, ... (ROUNDS of them); their offsets are stored side by side
+  // (row x at (x % STEP) ROUNDS + x / STEP), four to a 16-byte load.
+  static constexpr int STEP = THREADS / CHUNKS;
+  static constexpr int ROUNDS = ROWS / (STEP > 0 ? STEP : 1);
+  static constexpr bool COLUMNS = THREADS % CHUNKS == 0 && (STEP & (STEP - 1)) == 0 &&
+                                  ROWS % STEP == 0 && ROUNDS % 4 == 0;
+  __device__ __forceinline__ static int slot(int x) {
+    return COLUMNS ? (x % STEP) * ROUNDS + x / STEP : x;
+  }
+  __device__ __forceinline__ static void locate(u32* offsets, const FwdParams& p,
+                                                const CacheParams& c, int b, int j0, int n,
+                                                int tid) {
+    for (int x = tid; x < ROWS; x += THREADS) {
+      const int j = j0 + x;
+      u32 off = 0;
+      if (j < n) {
+        i64 page, row;
+        KVCache<true>::locate(c, b, j, page, row);
+        off = u32((page * p.k_batch_stride + row * p.k_row_stride) >> 3);
+      }
+      offsets[slot(x)] = off;
+    }
+  }
+  // The rows located into `offsets` of the head at `head` (k or v plus the head's
+  // offset) into the tile at shared address `dst`, rows from `valid` on as zeros.
+  template <class T>
+  __device__ __forceinline__ static void copy(u32 dst, const T* head, const u32* offsets,
+                                              int valid, int tid) {
+    const char* bytes = reinterpret_cast<const char*>(head);
+    if constexpr (COLUMNS) {
+      // Thread tid copies chunk ch of rows x0 + i STEP: its source and destination
+      // computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both powers of
+      // two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk bits
+      // XORed by dr % 8: an immediate offset and at most one constant XOR.
+      const int ch = tid % CHUNKS, x0 = tid / CHUNKS;
+      const bool col_ok = D == D_K || ch < D / 8;
+      // the lane's source in a register, so that a row's address is one multiply-add
+      // of its offset (the compiler would rebuild it from element offsets: three)
+      const char* src;
+      asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
+      const u32 lane_dst = dst + Tile::offset(x0, ch);
+      const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
+      const uint4* mine = reinterpret_cast<const uint4*>(offsets + x0 * ROUNDS);
+#pragma unroll
+      for (int q = 0; q < ROUNDS / 4; ++q) {
+        const uint4 o = mine[q];
+        const u32 off[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int dr = (4 * q + e) * STEP;
+          cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[e]) << 4),
+                      dr < rows);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int i = 0; i < CeilDiv<TOTAL, THREADS>::value; ++i) {
+        const u32 f = u32(i * THREADS + tid);
+        if (TOTAL % THREADS == 0 || f < u32(TOTAL)) {
+          const u32 x = f / CHUNKS, ch = f % CHUNKS;
+          const bool ok = int(x) < valid && (D == D_K || ch < u32(D / 8));
+          cp_async_16(dst + Tile::offset(int(x), int(ch)),
+                      bytes + (u64(offsets[x]) << 4) + ch * 16, ok);
+        }
+      }
+    }
+    cp_async_commit();
+  }
+};
