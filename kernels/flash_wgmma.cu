@@ -788,7 +788,8 @@ struct Consumer {
       pa[ks][3] = MmaType<T>::pack(s0[6], s0[7]);
     }
     if constexpr (VT::Drop::enabled)
-      VT::Drop::template fragment_packed<KT::N_TILES>(sched.p, bh, q0 + row0, k0(j), lane, pa);
+      VT::Drop::template fragment_packed<KT::N_TILES, (KT::D <= 128)>(sched.p, bh, q0 + row0,
+                                                                      k0(j), lane, pa);
   }
 
   // Key step j >= 1: Q K_j^T and P_{j-1} V_{j-1} in flight, the softmax of tile j

@@ -170,27 +170,52 @@ struct PhiloxDropout {
   // s[nt * 4 + 2 r + e]) of (sequence, head) row bh = b * Hq + h, whose first row i0
   // and first column j0 are multiples of 16, in place: kept ones times the scale,
   // dropped ones selected to 0. One Philox call per 16 x 16 block.
+  // Each draw's halves decide their elements as drawn (half r * 4 + nt * 2 + e of block
+  // m is flat element (2 m + nt) * 4 + 2 r + e).
   template <int N_TILES>
   __device__ __forceinline__ static void fragment(const FwdParams& p, int bh, int i0, int j0,
                                                   int lane, float (&s)[N_TILES * 4]) {
-    u32 bits[N_TILES / 2];
-    keep_bits<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4, bits);
+    const DropoutDraw d = draw(p);
 #pragma unroll
-    for (int x = 0; x < N_TILES * 4; ++x) s[x] = factor(p, bits, x) * s[x];
+    for (int m = 0; m < N_TILES / 2; ++m) {
+      const Philox4 x = d.block(u32(bh), u32(i0 / 16), u32(j0 / 16 + m), u32(lane / 4),
+                                u32(lane % 4));
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        float& v = s[(2 * m + h / 2 % 2) * 4 + 2 * (h / 4) + h % 2];
+        v = DropoutDraw::kept(x, h, d.threshold) ? d.scale * v : 0.f;
+      }
+    }
   }
   // The same for P already rounded to 16-bit A fragments (m16n8k16 / wgmma A from
   // registers: word e of k16 step m holds flat elements 8 m + 2 e in its low half and
   // 8 m + 2 e + 1 in its high half): dropped halves cleared, kept ones left as they are,
   // so the caller scales the product P V by dropout_scale (flash_wgmma: with 1 / l_i).
-  template <int N_TILES>
+  // DIRECT: each draw word masks its pair as soon as it is drawn (block m's word w
+  // holds the pair of row g + 8 (w / 2), n8 tile w % 2, which is A word e = 2 (w % 2) +
+  // w / 2); packing the flags into one bit word first (keep_row) costs as many
+  // instructions as the draw itself, but keeps one block's draw live at a time: the
+  // direct form spilled at D = 192 (packed sequences) and 256 (ALiBi).
+  template <int N_TILES, bool DIRECT = true>
   __device__ __forceinline__ static void fragment_packed(const FwdParams& p, int bh, int i0,
                                                          int j0, int lane,
                                                          u32 (&a)[N_TILES / 2][4]) {
-    const u64 bits = keep_row<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4);
+    if constexpr (DIRECT) {
+      const DropoutDraw d = draw(p);
 #pragma unroll
-    for (int m = 0; m < N_TILES / 2; ++m)
+      for (int m = 0; m < N_TILES / 2; ++m) {
+        const Philox4 x = d.block(u32(bh), u32(i0 / 16), u32(j0 / 16 + m), u32(lane / 4),
+                                  u32(lane % 4));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[m][e] &= DropoutDraw::pair_mask(bits, 8 * m + 2 * e);
+        for (int e = 0; e < 4; ++e) a[m][e] &= d.word_mask(x.w[(e % 2) * 2 + e / 2]);
+      }
+    } else {
+      const u64 bits = keep_row<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4);
+#pragma unroll
+      for (int m = 0; m < N_TILES / 2; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[m][e] &= DropoutDraw::pair_mask(bits, 8 * m + 2 * e);
+    }
   }
   // The keep flags of a thread's C fragment over N_TILES n8 tiles (16 x 16 blocks of
   // 8 flags, bit x % 8 of bits[x / 8] for flat element x), rows g and g + 8 from row
