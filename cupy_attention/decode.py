@@ -226,8 +226,8 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
     ----------
     q : array [B, Sq, Hq, D], float16 or bfloat16. Sq = 1 is plain decoding, Sq > 1
         speculative decoding, multi-token prediction or chunked prefill (any Sq; on
-        Hopper, Sq >= 96 with a cache whose pages hold a multiple of 16 rows runs
-        flash_wgmma over the cache, see docs/decode.md).
+        Hopper, Sq >= 96 runs flash_wgmma over the cache at any page size: tensor-map
+        boxes, or rows gathered one by one on small pages, see docs/decode.md).
     k_cache, v_cache : arrays [B, Sk_max, Hkv, D] (contiguous), or
         [num_pages, page_size, Hkv, D] with ``block_table`` (paged; any page size).
         Hq must be a multiple of Hkv (GQA / MQA): the query heads of a group share
