@@ -17,9 +17,10 @@ bias ``-slope[h] * |i + offset - j|`` computed in the kernel, slopes per head).
 params then leave out the offset, which each sequence adds for itself
 (``kernels/common/seqs.cuh``). ``cache``: a batch of KV caches whose sequences hold
 keys of their own counts (``attention_decode``'s chunked prefill on flash_wgmma),
-``"contiguous"`` or ``"paged"``; the band leaves out the offset as for ``ragged``. ``dropout``: the probabilities are dropped with the
-Philox stream of ``cupy_attention.dropout`` (``PhiloxDropout``); p, seed and offset
-are per-call params (:func:`dropout_params`).
+``"contiguous"`` or ``"paged"``; the band leaves out the offset as for ``ragged``.
+``dropout``: the probabilities are dropped with the Philox stream of
+``cupy_attention.dropout`` (``PhiloxDropout``); p, seed and offset are per-call params
+(:func:`dropout_params`).
 """
 
 from __future__ import annotations

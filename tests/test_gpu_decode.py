@@ -415,8 +415,7 @@ def _gathers(page, D, causal=True, softcap=None):
         return False
     s = SimpleNamespace(head_dim=D, variant=SimpleNamespace(causal=causal,
                                                             transforms=softcap is not None))
-    return page % 16 != 0 or flash_wgmma.cache_box_rows(
-        flash_wgmma.cache_config(s)[1], page) <= flash_wgmma.GATHER_MAX_BOX
+    return flash_wgmma.cache_gathers(s, page, tma_ok=page % 16 == 0)
 
 
 @pytest.fixture

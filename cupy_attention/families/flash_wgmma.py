@@ -567,8 +567,6 @@ class CacheLaunch:
             query_shift(s.seqlen_q, s.capacity, block_m, cfg[1]) if causal else 0)
         self.section = ctypes.c_int32(
             CAUSAL_SECTION if causal and s.capacity >= CAUSAL_SECTION_MIN_KEYS else 0)
-        box = cache_box_rows(cfg[1], page_size if s.paged else None)
-        self.box = ctypes.c_int32(box)
         fwd = cache_fwd_fields(
             s, scale, q_strides=q_strides, o_strides=o_strides, k_strides=k_strides,
             v_strides=v_strides, lse_strides=lse_strides,
@@ -579,7 +577,9 @@ class CacheLaunch:
         self.cache = bytes(cache_params(block_table, seqlens, page_size).tobytes())
         q_geo = tma.map_geometry(s.batch, s.heads_q, s.seqlen_q, s.head_dim, q_strides, 64)
         geos = [q_geo]
-        if not gather:
+        if not gather:   # K and V in boxes, V's exact tails in boxes of 16, 1, 2, 4, 8 rows
+            box = cache_box_rows(cfg[1], page_size if s.paged else None)
+            self.box = ctypes.c_int32(box)
             geos += [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, st, box)
                      for st in (k_strides, v_strides)]
             geos += [tma.map_geometry(kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, v_strides,

@@ -225,13 +225,8 @@ struct GatherTiles {
                                                 int tid) {
     for (int x = tid; x < ROWS; x += THREADS) {
       const int j = j0 + x;
-      u32 off = 0;
-      if (j < n) {
-        i64 page, row;
-        KVCache<true>::locate(c, b, j, page, row);
-        off = u32((page * p.k_batch_stride + row * p.k_row_stride) >> 3);
-      }
-      offsets[slot(x)] = off;
+      // KV head 0: the caller's pointer holds the head's offset
+      offsets[slot(x)] = j < n ? u32(KVCache<true>::row(p, c, b, 0, j).k >> 3) : 0u;
     }
   }
   // The rows located into `offsets` of the head at `head` (k or v plus the head's
