@@ -84,6 +84,9 @@ def check_args(p, seed, offset, *, need_seed: bool = False) -> None:
         raise DTypeError(f"dropout_p must be a real number, got {type(p).__name__}")
     if not 0.0 <= float(p) < 1.0:
         raise ShapeError(f"dropout_p must be in [0, 1), got {p}")
+    if threshold(p) > 0xFFFF:
+        raise ShapeError(f"dropout_p must be below 1 - 2^-17 (it is quantized to 1/65536 and "
+                         f"would drop everything), got {p}")
     if p > 0 and need_seed and seed is None:
         raise ShapeError("dropout_p > 0 needs the dropout_seed and dropout_offset the forward used")
     for name, value, bound in (("dropout_seed", seed, 1 << 64),

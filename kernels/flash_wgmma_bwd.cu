@@ -65,8 +65,8 @@
 //      TileScheduler), so dQ is bitwise reproducible. In those two modes and in
 //      the atomic one over fixed lengths without a split (64- and 80-query tiles,
 //      and in the ordered modes the 128-query tiles at D = 64, whose warpgroups
-//      then write P^T to sP and dS^T to sdS and issue dV and dK from there; not
-//      under dropout) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
+//      then write P^T to sP and dS^T to sdS and issue dV and dK from there; under
+//      dropout only for the atomic dQ, DROP_FITS) a third warpgroup, the producer (BwdLaunch::PRODUCER_WG,
 //      setmaxnreg), takes every copy and the dQ additions off the MMA warpgroups:
 //      its first thread issues the tensor copies, two warps the lse and delta
 //      copies (they join each tile's kBarDs meeting, after which the tile's stats
@@ -140,12 +140,14 @@
 // logits transform (softcap) enters dS^T as d s / d dot (logits_grad_of_score,
 // variant.cuh) of the score recomputed from P: s2 = log2 P + lse2, the bias taken
 // back out (p_times_grad), so no register holds S^T past P^T.
-// Dropout (VT::Drop, DropBits): each thread draws the keep flags of its S^T elements
-// once per tile (a rolled Philox loop: one 16 x 16 block's registers at a time); dV
-// takes P^T keep (the dropped halves of P^T's A fragments cleared, 1 / (1 - p) applied
-// at the store) and dS^T = P^T (fac dP^T - delta) with fac = keep / (1 - p), delta
-// unchanged (dout . out). Both warpgroups of the wide kernel draw them (the same
-// elements of their accumulators).
+// Dropout (VT::Drop, DropDraws): each thread draws its S^T elements' 16-bit values one
+// 16 x 16 block at a time, as P^T is packed (one Philox call and a trade of halves with
+// the neighbouring lane: DropoutDraw::transposed_values), and decides P^T's and dP^T's
+// elements from them as drawn; dV takes P^T keep (the dropped halves of P^T's A
+// fragments zero, 1 / (1 - p) applied at the store) and dS^T = P^T (fac dP^T - delta)
+// with fac = keep / (1 - p), delta unchanged (dout . out). The narrow kernel waits for
+// dP^T before dV under dropout, so one draw serves both; in the wide kernel warpgroup 0
+// draws for P^T and warpgroup 1 for dP^T (the same elements of their accumulators).
 // Query rows that attend nothing (causal, i < Sq - Sk) are zeroed in sQ and sdO
 // (Producer::fix; under packed sequences also the rows and keys past the sequence,
 // which hold the next one's), so NaN there cannot reach dK or dV through 0 * NaN,
@@ -336,8 +338,10 @@ enum WgmmaBwdDq : int {
 // warpgroups), and so does the atomic dQ over fixed lengths without a split, where
 // with dQ issued before dK (the kernel's DQ_FIRST) it measured 0.98-1.05x at D = 128
 // (alone 0.99-1.01x; H100; benchmarks/results/notes-deterministic-dq.md,
-// notes-bwd-loops.md §11). Not under dropout (its prologue spilled), nor, for the
-// atomic dQ, with packed sequences, a split or softcap with ALiBi (108-124, 8 and 12
+// notes-bwd-loops.md §11). Under dropout only for the atomic dQ, without softcap or a
+// window's lower bound (DROP_FITS: 32, 96 and 8 bytes spilled otherwise, ptxas of CUDA
+// 13.5; 1.03-1.05x at D = 80, 0.99-1.03x at D = 128, H100: notes-dropout.md). Not, for
+// the atomic dQ, with packed sequences, a split or softcap with ALiBi (108-124, 8 and 12
 // bytes spilled at the consumers' 240 registers). The 128-query tiles (KV_SS_FITS) take
 // it in the ordered modes only (the atomic mode ran 0.89-0.96x there:
 // notes-bwd-loops.md §14) and not with ALiBi (64 bytes spilled under causal at 232).
@@ -346,8 +350,10 @@ struct BwdLaunch {
   static constexpr bool ATOMIC_FITS = !SPLIT && !VT::Seqs::kRagged &&
                                       !(VT::Logits::kTransform && VT::Dense::enabled);
   static constexpr bool KV_SS_OK = !KT::KV_SS_FITS || (DQ >= kDqOrdered && !VT::Dense::enabled);
+  static constexpr bool DROP_FITS =
+      KT::BLOCK_M == 64 && DQ == kDqAtomic && !VT::Logits::kTransform && !VT::Band::kLo;
   static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && KT::STAGE_DQ &&
-                                      !VT::Drop::enabled && KV_SS_OK &&
+                                      (!VT::Drop::enabled || DROP_FITS) && KV_SS_OK &&
                                       (DQ >= kDqOrdered || (DQ == kDqAtomic && ATOMIC_FITS));
   static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
 };
@@ -775,38 +781,71 @@ __device__ __forceinline__ void pack_a(u32 (&a)[KT::KV_STEPS][4],
       a[ks][e] = MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
 }
 
-// Dropout (VT::Drop): the keep flags of this thread's S^T elements (keys j0 + g +
-// 8 r, queries m0 + 8 nt + 2 t + c: an m16n8 C fragment transposed, per warp of the
-// m64 wgmma accumulator) of query head h, flat element i's at bit i (PhiloxDropout::
-// keep_row); nothing when dropout is off. The forward's P V took P fac (fac = keep /
-// (1 - p), 0 where dropped): dV takes P^T keep (clear; the scale at the store) and
-// dS^T = P^T (fac dP^T - delta) (apply to dP^T).
+// Dropout (VT::Drop): this thread's S^T elements (keys j0 + g + 8 r, queries m0 + 8 nt +
+// 2 t + c: an m16n8 C fragment transposed, per warp of the m64 wgmma accumulator) of
+// query head h, drawn one 16 x 16 block (k16 step ks) at a time as the 16-bit values
+// of P^T's A fragment pairs (DropoutDraw::transposed_values) and decided as they are
+// used; nothing when dropout is off. The forward's P V took P fac (fac = keep / (1 -
+// p), 0 where dropped): dV takes P^T keep (pack_kept: the dropped halves of its A
+// fragments zero; the scale at the store) and dS^T = P^T (fac dP^T - delta)
+// (scale_kept on dP^T).
 template <class KT, class VT>
-struct DropBits {
-  // One register at BLOCK_M = 64 (with u64 ptxas spilled packed sequences with softcap
-  // at D = 120-128).
-  using Word = typename SelectType<KT::Q_TILES <= 8, u32, u64>::type;
-  Word bits = 0;
-  __device__ __forceinline__ DropBits(const FwdParams& f, int b, int h, int m0, int j0,
-                                      int lane) {
-    if constexpr (VT::Drop::enabled)
-      bits = VT::Drop::template keep_row<true, KT::Q_TILES, Word>(f, b * f.heads_q + h, j0, m0,
-                                                                  lane / 4, lane % 4);
+struct DropDraws {
+  DropoutDraw d;
+  u32 bh, ib0, jb;
+  int g, t;
+  __device__ __forceinline__ DropDraws(const FwdParams& f, int b, int h, int m0, int j0, int lane)
+      : bh(u32(b * f.heads_q + h)), ib0(u32(m0 / 16)), jb(u32(j0 / 16)), g(lane / 4),
+        t(lane % 4) {
+    if constexpr (VT::Drop::enabled) d = VT::Drop::draw(f);
   }
-  // The dropped halves of P^T's A fragments (pack_a) cleared.
-  __device__ __forceinline__ void clear(u32 (&a)[KT::KV_STEPS][4]) const {
-    if constexpr (VT::Drop::enabled) {
+  __device__ __forceinline__ void values(int ks, u32 (&v)[4]) const {
+    d.transposed_values(bh, ib0 + u32(ks), jb, g, t, v);
+  }
+  // P^T (x) packed as A fragments with the dropped elements 0 (pack_a otherwise).
+  __device__ __forceinline__ void pack_kept(u32 (&a)[KT::KV_STEPS][4],
+                                            const float (&x)[KT::BLOCK_M / 2]) const {
 #pragma unroll
-      for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
+      u32 v[4];
+      values(ks, v);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[ks][e] &= DropoutDraw::pair_mask(bits, 8 * ks + 2 * e);
+      for (int e = 0; e < 4; ++e)
+        a[ks][e] = MmaType<typename KT::T>::pack(d.kept_low(v[e]) ? x[8 * ks + 2 * e] : 0.f,
+                                                 d.kept_high(v[e]) ? x[8 * ks + 2 * e + 1] : 0.f);
     }
   }
-  // x times its elements' fac, in place (dP^T).
-  __device__ __forceinline__ void apply(const FwdParams& f, float (&x)[KT::BLOCK_M / 2]) const {
-    if constexpr (VT::Drop::enabled) {
+  // dP^T (x) times its elements' fac, in place.
+  __device__ __forceinline__ void scale_kept(float (&x)[KT::BLOCK_M / 2]) const {
 #pragma unroll
-      for (int i = 0; i < KT::BLOCK_M / 2; ++i) x[i] = VT::Drop::factor(f, bits, i) * x[i];
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
+      u32 v[4];
+      values(ks, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float& lo = x[8 * ks + 2 * e];
+        float& hi = x[8 * ks + 2 * e + 1];
+        lo = d.kept_low(v[e]) ? d.scale * lo : 0.f;
+        hi = d.kept_high(v[e]) ? d.scale * hi : 0.f;
+      }
+    }
+  }
+  // Both from one draw a block (the narrow kernel, whose warpgroup holds P^T and dP^T).
+  __device__ __forceinline__ void pack_and_scale(u32 (&a)[KT::KV_STEPS][4],
+                                                 const float (&pt)[KT::BLOCK_M / 2],
+                                                 float (&dp)[KT::BLOCK_M / 2]) const {
+#pragma unroll
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
+      u32 v[4];
+      values(ks, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = 8 * ks + 2 * e;
+        const bool lo = d.kept_low(v[e]), hi = d.kept_high(v[e]);
+        a[ks][e] = MmaType<typename KT::T>::pack(lo ? pt[x] : 0.f, hi ? pt[x + 1] : 0.f);
+        dp[x] = lo ? d.scale * dp[x] : 0.f;
+        dp[x + 1] = hi ? d.scale * dp[x + 1] : 0.f;
+      }
     }
   }
 };
@@ -1216,6 +1255,10 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!KV_SS || (DQ_FIRST && !VT::Logits::kTransform && !VT::Drop::enabled),
                 "dV from sP: P^T unscaled and undropped, dQ before dK");
   constexpr bool DS_SPLIT = KT::SPLIT_P && !VT::Seqs::kRagged;
+  // Dropout decides P^T's and dP^T's elements from one draw as it is made (after dP^T
+  // is waited for; dV issued later): 64-query tiles only (on 128, with every block's
+  // draw unrolled, ptxas spilled 400-488 bytes; the host's _narrow_rows)
+  static_assert(!VT::Drop::enabled || KT::BLOCK_M == 64, "dropout: 64-query tiles");
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
@@ -1232,7 +1275,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const Epilogue<KT, Sched> epi{p, st, sched};
   // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma
   // descriptors derived from it stay in uniform registers (no R2UR per wgmma). Not
-  // under dropout, whose builds then spilled 28-240 bytes.
+  // under dropout, whose builds then spilled 8-88 bytes (the wide kernel's do not).
   const int wg = VT::Drop::enabled ? int(threadIdx.x / 128)
                                    : __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1273,8 +1316,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
   static_assert(!KT::DQ_TRANSPOSED || PWG || !DQ_HERE,
                 "dQ^T's single sdQ buffer takes the producer warpgroup's handshake");
-  static_assert(!KT::LATE_DV || !VT::Logits::kTransform,
-                "dV after dS^T: P^T must not be scaled by d s / d dot yet");
+  static_assert(!KT::LATE_DV || (!VT::Logits::kTransform && !VT::Drop::enabled),
+                "dV after dS^T: P^T must not be scaled by d s / d dot yet, nor dP^T by dropout");
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
@@ -1300,8 +1343,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     fence_regs(s);
     const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
     const bool partial = p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
-    // (Drawn here rather than before S^T and dP^T: fewer spills with packed sequences.)
-    const DropBits<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
+    const DropDraws<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     const auto issue_dv = [&] {
       if constexpr (KV_SS) {
         // P^T into this warpgroup's rows of sP, which its dV of tile it - 1 (waited
@@ -1313,18 +1355,25 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
         issue_accumulate_ss<KT>(dv, st.pt(), 64 * wg, o_tile);
         return;
       }
-      pack_a<KT>(pa, s);
-      drop.clear(pa);  // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T
+      // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T. Dropout
+      // decides P^T's and dP^T's elements from one draw, so dP^T is waited for first.
+      if constexpr (VT::Drop::enabled) drop.pack_and_scale(pa, s, dp);
+      else pack_a<KT>(pa, s);
       if constexpr (VT::Logits::kTransform)
         p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       wgmma_fence();
       issue_accumulate<KT>(dv, pa, o_tile);
     };
-    if constexpr (!KT::LATE_DV) issue_dv();
+    if constexpr (!KT::LATE_DV) {
+      if constexpr (VT::Drop::enabled) {
+        wgmma_wait<0>();
+        fence_regs(dp);
+      }
+      issue_dv();
+    }
 
     wgmma_wait<KT::LATE_DV ? 0 : 1>();
     fence_regs(dp);
-    drop.apply(f, dp);
     // dS^T's select only where the tile is partial: in code of its own where that
     // spills nothing (not the 80- or 128-query tiles past D = 64, nor packed
     // sequences: 16-260 bytes, ptxas of CUDA 13)
@@ -1455,10 +1504,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, Sched> epi{p, st, sched};
   // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma
-  // descriptors derived from it stay in uniform registers (no R2UR per wgmma). Not
-  // under dropout, whose builds then spilled 28-240 bytes.
-  const int wg = VT::Drop::enabled ? int(threadIdx.x / 128)
-                                   : __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  // descriptors derived from it stay in uniform registers (no R2UR per wgmma).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
@@ -1485,9 +1532,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
     __syncthreads();
-    // Both warpgroups hold the same elements of their X^T: each draws the keep flags,
-    // before X^T takes its registers.
-    const DropBits<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
+    // Both warpgroups hold the same elements of their X^T: warpgroup 0 draws them for
+    // P^T's A fragments, 1 for dP^T.
+    const DropDraws<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
@@ -1518,7 +1565,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         const float4 v = p_slots[i * 128];
         pt[4 * i] = v.x, pt[4 * i + 1] = v.y, pt[4 * i + 2] = v.z, pt[4 * i + 3] = v.w;
       }
-      drop.apply(f, x);
+      if constexpr (VT::Drop::enabled) drop.scale_kept(x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
       // (The __syncthreads at the next tile's start orders these delta reads before
       // the stats copies two tiles on; racecheck reported them now and then without a
@@ -1526,8 +1573,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       // measurable: notes-bwd-loops.md §16.)
       warpgroup_barrier(1);
     }
-    pack_a<KT>(xa, x);
-    if (wg == 0) drop.clear(xa);  // dV from P^T keep; warpgroup 1 took P^T itself
+    if (VT::Drop::enabled && wg == 0) drop.pack_kept(xa, x);  // dV from P^T keep
+    else pack_a<KT>(xa, x);
     if (DQ_HERE && wg == 1) {
       store_ds<KT>(st.ds(), xa, key0, g, t);
       fence_proxy_async();

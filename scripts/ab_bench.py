@@ -43,7 +43,8 @@ def grid(quick: bool):
     return cells
 
 
-def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic: bool = False):
+def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic: bool = False,
+             dropout_p: float = 0.0):
     """Runs in the child: time every cell with this tree's package."""
     import cupy
     import ml_dtypes
@@ -65,14 +66,16 @@ def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic
         flops = 4.0 * c["b"] * c["h"] * c["sq"] * c["sk"] * c["d"]
         if c["causal"] and c["sq"] == c["sk"]:
             flops /= 2
+        drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
         if c["dir"] == "fwd":
-            fn = lambda: ca.attention(q, k, v, causal=c["causal"], kernel=kernel)  # noqa: E731
+            fn = lambda: ca.attention(q, k, v, causal=c["causal"], kernel=kernel, **drop)  # noqa: E731
         else:
-            o, lse = ca.attention(q, k, v, causal=c["causal"], return_lse=True, kernel=kernel)
+            o, lse = ca.attention(q, k, v, causal=c["causal"], return_lse=True, kernel=kernel,
+                                  **drop)
             do = mk(o.shape)
             flops *= 2.5
             fn = lambda: ca.attention_backward(do, q, k, v, o, lse, causal=c["causal"],  # noqa: E731
-                                               kernel=kernel, deterministic=deterministic)
+                                               kernel=kernel, deterministic=deterministic, **drop)
         try:
             for _ in range(3):
                 fn()
@@ -95,7 +98,7 @@ def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic
     return out
 
 
-def _warm_one(c, kernel="auto", deterministic=False):
+def _warm_one(c, kernel="auto", deterministic=False, dropout_p=0.0):
     """Compile (into the disk cache) the kernels of one cell, on a tiny problem."""
     import cupy
     import cupy_attention as ca
@@ -104,22 +107,25 @@ def _warm_one(c, kernel="auto", deterministic=False):
     x = cupy.random.default_rng(0).standard_normal((1, 2, small["sq"], c["d"]), dtype=cupy.float32)
     q = x.astype("bfloat16" if c["dtype"] == "bfloat16" else c["dtype"])
     k = cupy.random.default_rng(1).standard_normal((1, 2, small["sk"], c["d"]), dtype=cupy.float32).astype(q.dtype)
-    o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True, kernel=kernel)
+    drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
+    o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True, kernel=kernel, **drop)
     if c["dir"] == "bwd":
         ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"], kernel=kernel,
-                              deterministic=deterministic)
+                              deterministic=deterministic, **drop)
     cupy.cuda.get_current_stream().synchronize()
     return True
 
 
-def prewarm(cells, workers: int = 12, kernel: str = "auto", deterministic: bool = False):
+def prewarm(cells, workers: int = 12, kernel: str = "auto", deterministic: bool = False,
+            dropout_p: float = 0.0):
     """Every kernel the grid needs, compiled in parallel before any timing."""
     import concurrent.futures as cf
     import multiprocessing
 
     uniq = list({(c["dir"], c["dtype"], c["d"], c["causal"], c["sq"] == 1): c for c in cells}.values())
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_warm_one, uniq, [kernel] * len(uniq), [deterministic] * len(uniq)))
+        list(pool.map(_warm_one, uniq, [kernel] * len(uniq), [deterministic] * len(uniq),
+                      [dropout_p] * len(uniq)))
 
 
 def key(c):
@@ -144,6 +150,8 @@ def main() -> int:
                     help="the kernel argument of every call (flash_mma: the sm_80 path)")
     ap.add_argument("--deterministic", action="store_true",
                     help="backward cells in deterministic mode")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout_p of every call (fixed seed), both directions")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     dims = {int(x) for x in a.dims.split(",")} if a.dims else None
@@ -156,10 +164,12 @@ def main() -> int:
                                               ("causal", a.causal), ("only", a.only))
                     if v is not None]
                    + ["--reps", str(a.reps), "--batches", str(a.batches), "--kernel", a.kernel]
-                   + ["--quick"] * a.quick + ["--deterministic"] * a.deterministic)
+                   + ["--quick"] * a.quick + ["--deterministic"] * a.deterministic
+                   + ["--dropout", str(a.dropout)])
     if a.child:
-        prewarm(cells, kernel=a.kernel, deterministic=a.deterministic)
-        json.dump(run_tree(cells, a.reps, a.batches, a.kernel, a.deterministic), open(a.child, "w"))
+        prewarm(cells, kernel=a.kernel, deterministic=a.deterministic, dropout_p=a.dropout)
+        json.dump(run_tree(cells, a.reps, a.batches, a.kernel, a.deterministic, a.dropout),
+                  open(a.child, "w"))
         return 0
     results = {0: [], 1: []}
     for rnd in range(a.rounds):
@@ -192,6 +202,7 @@ def main() -> int:
                    max_old_spread=max(spreads) if spreads else None)
     if a.json:
         json.dump(dict(trees=a.trees, kernel=a.kernel, deterministic=a.deterministic,
+                       dropout_p=a.dropout,
                        summary=summary, rows=rows), open(a.json, "w"), indent=1)
     print(f"{'dir':4s} {'dtype':9s} {'D':>4s} {'Sq':>6s} {'Sk':>6s} {'causal':6s} {'old TF':>8s} {'new TF':>8s} {'new/old':>8s}")
     for r in rows:

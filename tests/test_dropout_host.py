@@ -66,6 +66,7 @@ def test_generator_advances_and_reseeds():
 @pytest.mark.parametrize("p, seed, offset, error", [
     ("0.1", None, None, dropout.DTypeError), (True, None, None, dropout.DTypeError),
     (1.0, None, None, dropout.ShapeError), (-0.1, None, None, dropout.ShapeError),
+    (1 - 2.0 ** -18, None, None, dropout.ShapeError),  # would round to T = 65536
     (0.1, 1.5, None, dropout.DTypeError), (0.1, 1 << 64, None, dropout.ShapeError),
     (0.1, -1, None, dropout.ShapeError), (0.1, 1, 1 << 32, dropout.ShapeError),
 ])
@@ -89,8 +90,9 @@ _DRIVER = r"""
 #include <cstdlib>
 #include "dropout.cuh"
 int main(int argc, char** argv) {
-  // seed offset B Hq Sq Sk threshold; prints Philox KATs, then per (b, h, i, j) three
-  // flags: keep(), and the fragment() and fragment_transposed() bits of the element.
+  // seed offset B Hq Sq Sk threshold; prints Philox KATs, then per (b, h, i, j) four
+  // flags: keep(), the fragment() and fragment_transposed() bits of the element, and
+  // its transposed_values() half against the threshold.
   unsigned long long seed = strtoull(argv[1], 0, 10);
   u32 offset = u32(strtoul(argv[2], 0, 10));
   int B = atoi(argv[3]), H = atoi(argv[4]), S = atoi(argv[5]), K = atoi(argv[6]);
@@ -109,8 +111,12 @@ int main(int argc, char** argv) {
           // 2t' + e = i % 8
           const u32 tbits = d.fragment_transposed(bh, i / 16, j / 16, j % 8, (i % 8) / 2);
           const int tbit = ((i % 16) / 8) * 4 + 2 * ((j % 16) / 8) + i % 2;
-          printf("%d%d%d", int(d.keep(bh, i, j)), int((bits >> bit) & 1),
-                 int((tbits >> tbit) & 1));
+          // transposed_values: word 2 ((i % 16) / 8) + (j % 16) / 8, half i % 2
+          u32 v[4];
+          d.transposed_values(bh, i / 16, j / 16, j % 8, (i % 8) / 2, v);
+          const u32 word = v[2 * ((i % 16) / 8) + (j % 16) / 8];
+          printf("%d%d%d%d", int(d.keep(bh, i, j)), int((bits >> bit) & 1),
+                 int((tbits >> tbit) & 1), int(i % 2 ? d.kept_high(word) : d.kept_low(word)));
         }
   printf("\n");
   return 0;
@@ -119,7 +125,8 @@ int main(int argc, char** argv) {
 
 
 def test_device_header_draws_the_host_stream(tmp_path):
-    """dropout.cuh's Philox, keep(), fragment() and fragment_transposed() give the bits
+    """dropout.cuh's Philox, keep(), fragment(), fragment_transposed() and
+    transposed_values() (the host's form: both draws, no lane trade) give the bits
     keep_mask gives, for a seed with both words set, a nonzero offset and sizes that are
     not multiples of 16."""
     import shutil
@@ -141,9 +148,9 @@ def test_device_header_draws_the_host_stream(tmp_path):
                          text=True).stdout.split()
     assert tuple(int(w, 16) for w in out[:4]) == \
         tuple(int(w) for w in dropout.philox4x32_10((0, 0, 0, 0), (0, 0)))
-    flags = np.array([int(c) for c in out[4]], dtype=bool).reshape(B, H, S, K, 3)
+    flags = np.array([int(c) for c in out[4]], dtype=bool).reshape(B, H, S, K, 4)
     want = dropout.keep_mask(seed, offset, B, H, S, K, p)
-    for n in range(3):
+    for n in range(4):
         assert np.array_equal(flags[..., n], want), n
 
 
@@ -154,21 +161,31 @@ _WGMMA_DRIVER = r"""
 // One warpgroup's wgmma m64nN accumulator (PTX ISA, "wgmma D fragment"): thread T
 // (warp w = T / 32, lane: g = lane / 4, t = lane % 4) holds element i < N / 2 at row
 // 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1). For each element of a
-// tile it prints "query key flags unrolled": flags = 2 * (its half of the pair_mask of
-// its packed 16-bit pair: P's A fragments) + its bit of fragment_row (the factor of
-// dP^T), both what the kernels take, and unrolled = its bit of fragment_bits.
+// tile it prints "query key flags unrolled", unrolled = its bit of fragment_bits
+// (flash_mma) and flags what the Hopper kernels take: forward, 2 * (its half of the
+// pair_mask of its packed 16-bit pair: P's A fragments, fragment_packed's word path) +
+// its bit of fragment_row; backward (S^T), its half of transposed_values' word of its
+// pair (the A fragments of P^T and the factor of dP^T alike), twice.
 template <bool TRANSPOSED, int N>
 void tile(const DropoutDraw& d, u32 bh, int r_corner, int c_corner) {
   for (int T = 0; T < 128; ++T) {
     const int w = T / 32, g = (T % 32) / 4, t = T % 4, r0 = r_corner + 16 * w;
     if (r0 < 0) continue;   // rows before the sequence (a shifted query block)
-    const u64 row = d.fragment_row<TRANSPOSED>(bh, u32(r0 / 16), u32(c_corner / 16), N / 16, g, t);
+    const u64 row = TRANSPOSED ? 0 : d.fragment_row(bh, u32(r0 / 16), u32(c_corner / 16), N / 16, g, t);
     u32 unrolled[N / 16];
     d.fragment_bits<TRANSPOSED, N / 8>(bh, r0, c_corner, g, t, unrolled);
     for (int i = 0; i < N / 2; ++i) {
       const int r = r0 + g + 8 * ((i >> 1) & 1), c = c_corner + 8 * (i >> 2) + 2 * t + (i & 1);
-      const int flag = int((DropoutDraw::pair_mask(row, i & ~1) >> (16 * (i & 1))) & 1u) * 2 +
-                       int((row >> i) & 1u);   // packed word i / 2, half i % 2; bit i
+      int flag;
+      if (TRANSPOSED) {   // k16 step i / 8 of the queries, A word (i % 8) / 2, half i % 2
+        u32 v[4];
+        d.transposed_values(bh, u32(c_corner / 16 + i / 8), u32(r0 / 16), g, t, v);
+        const u32 word = v[(i % 8) / 2];
+        flag = 3 * int(i & 1 ? d.kept_high(word) : d.kept_low(word));
+      } else {            // packed word i / 2, half i % 2; bit i
+        flag = int((DropoutDraw::pair_mask(row, i & ~1) >> (16 * (i & 1))) & 1u) * 2 +
+               int((row >> i) & 1u);
+      }
       printf("%d %d %d %d\n", TRANSPOSED ? c : r, TRANSPOSED ? r : c, flag,
              int((unrolled[i / 8] >> (i % 8)) & 1u));
     }
@@ -192,7 +209,6 @@ int main(int argc, char** argv) {
       case 112 * 2 + 1: tile<false, 112>(d, bh, rc, cc); break;
       case 128 * 2 + 1: tile<false, 128>(d, bh, rc, cc); break;
       case 64 * 2: tile<true, 64>(d, bh, rc, cc); break;
-      case 128 * 2: tile<true, 128>(d, bh, rc, cc); break;
       default: return 2;
     }
     printf("end\n");
@@ -215,7 +231,7 @@ def _wgmma_cases():
     for n, q0, c, kb in ((128, 0, 0, 0), (128, 192, 2, 1), (112, -48, 0, 2), (112, 144, 1, 0),
                          (96, 64, 1, 3), (80, 0, 2, 1), (64, -16, 0, 4), (64, 256, 1, 3)):
         out.append(("fwd", 1, 2, q0 + 64 * c, kb * n, n))
-    for bm, n0, wg, mb in ((64, 0, 0, 0), (64, 128, 1, 3), (128, 256, 1, 1), (128, 0, 0, 2)):
+    for bm, n0, wg, mb in ((64, 0, 0, 0), (64, 128, 1, 3), (64, 256, 1, 5), (64, 384, 0, 2)):
         out.append(("bwd", 0, 1, n0 + 64 * wg, mb * bm, bm))   # narrow kernel
     for n0, mb in ((64, 2), (192, 0)):
         out.append(("bwd", 1, 0, n0, mb * 64, 64))               # wide kernel
@@ -225,10 +241,10 @@ def _wgmma_cases():
 def test_wgmma_fragments_draw_the_host_mask(tmp_path):
     """The keep flags the Hopper kernels give each element of their wgmma accumulators
     (the PTX layout of an m64nN fragment, written out here independently of the
-    kernels) are keep_mask's, bit for bit: fragment_row's bits (the backward's factor
-    of dP^T; transposed there, S^T's keys as rows), pair_mask on P packed as A
-    fragments (the forward's P V, the backward's dV) and the unrolled fragment_bits
-    (flash_mma) alike; every element of each tile is drawn exactly once."""
+    kernels) are keep_mask's, bit for bit: fragment_row's bits and pair_mask on P packed
+    as A fragments (the forward's P V past D = 128), transposed_values (the backward's
+    P^T and dP^T, S^T's keys as rows) and the unrolled fragment_bits (flash_mma)
+    alike; every element of each tile is drawn exactly once."""
     import shutil
     import subprocess
 
@@ -273,7 +289,10 @@ def test_device_header_compiles_with_nvrtc():
            'extern "C" __global__ void k(DropoutDraw d, unsigned* out) {\n'
            '  out[threadIdx.x] = d.fragment(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4) |\n'
            '                     (d.fragment_transposed(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4) << 8) |\n'
-           '                     (d.keep(1, threadIdx.x, 5) << 16);\n}\n')
+           '                     (d.keep(1, threadIdx.x, 5) << 16);\n'
+           '  unsigned v[4];\n'
+           '  d.transposed_values(1, 2, 3, threadIdx.x / 4, threadIdx.x % 4, v);\n'
+           '  out[32 + threadIdx.x] = v[0] ^ v[1] ^ v[2] ^ d.kept_high(v[3]);\n}\n')
     for arch in ("sm_80", "sm_90a"):
         ok, log = nvrtc_probe(src, ["-std=c++17", f"-I{jit.kernels_dir()}", f"-arch={arch}"])
         assert ok, log
@@ -427,16 +446,18 @@ def test_wgmma_tiles_with_dropout():
 
 
 def test_wgmma_backward_tiles_with_dropout():
-    """The flash_wgmma backward keeps the 128-query tiles with dropout at D = 64 and
-    takes 64-query tiles above (the plain kernel has 128 up to D = 80, causal ones up
-    to D = 64); deterministic, its dK/dV kernel adds dQ in order up to D = 128, past it
-    the separate dQ kernel is flash_mma's, which draws the same mask."""
+    """The flash_wgmma backward takes 64-query tiles with dropout at every head dim (the
+    plain kernel has 128 up to D = 80, causal ones up to D = 64), and the producer
+    warpgroup in the atomic dQ mode up to D = 128; deterministic, its dK/dV kernel adds
+    dQ in order up to D = 128, past it the separate dQ kernel is flash_mma's, which
+    draws the same mask."""
     from cupy_attention.families import flash_wgmma_bwd
     from cupy_attention.variant import Variant
 
     for d in range(64, 257, 8):
         vt = Variant(False, dropout=True)
-        assert flash_wgmma_bwd.config(d, vt).block_m == (128 if d <= 64 else 64)
+        assert flash_wgmma_bwd.config(d, vt).block_m == 64
+        assert flash_wgmma_bwd.config(d, vt).threads("atomic", vt) == (384 if d <= 128 else 256)
         assert flash_wgmma_bwd.config(d, Variant()).block_m == (
             128 if d <= 80 else 80 if d <= 128 else 64)   # (80: non-causal, unsplit)
         assert flash_wgmma_bwd.config(d, Variant(True)).block_m == (128 if d <= 64 else 64)

@@ -286,7 +286,9 @@ def test_device_transposed_fragments_match_keep_mask(device_cc):
     """DropoutDraw::fragment_transposed on the device (each lane draws its forward
     fragment, the transposed flags come from two other lanes by shuffles) gives
     keep_mask's bits: warp w of a 16-warp block draws S^T block (query block w // 4,
-    key block w % 4) of head row 3, bit nt * 4 + 2 r + e = key g + 8 r, query 8 nt + 2 t + e."""
+    key block w % 4) of head row 3, bit nt * 4 + 2 r + e = key g + 8 r, query 8 nt + 2 t + e.
+    So does transposed_values (one draw a lane, halves traded with lane ^ 4): word
+    w = 2 nt + r's half e against the threshold."""
     import cupy
 
     from cupy_attention import device, jit
@@ -297,18 +299,23 @@ def test_device_transposed_fragments_match_keep_mask(device_cc):
            '  const DropoutDraw d{k0, k1, offset, thr, 1.f};\n'
            '  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;\n'
            '  out[threadIdx.x] = d.fragment_transposed(3, w / 4, w % 4, lane / 4, lane % 4);\n'
+           '  u32 v[4], bits = 0;\n'
+           '  d.transposed_values(3, w / 4, w % 4, lane / 4, lane % 4, v);\n'
+           '  for (int x = 0; x < 4; ++x)\n'
+           '    bits |= (u32(d.kept_low(v[x])) | u32(d.kept_high(v[x])) << 1) << (2 * x);\n'
+           '  out[blockDim.x + threadIdx.x] = bits;\n'
            '}\n')
     cubin, names, log = jit.compile_source(src, "transposed_probe.cu", ["k"],
                                            device.device_arch(cupy.cuda.runtime.getDevice()))
     assert cubin is not None, log
     module = cupy.cuda.function.Module()
     module.load(cubin)
-    out = cupy.zeros(16 * 32, dtype=cupy.uint32)
+    out = cupy.zeros(2 * 16 * 32, dtype=cupy.uint32)
     module.get_function(names["k"])(
         (1, 1, 1), (16 * 32, 1, 1),
         (np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32), np.uint32(offset),
          np.uint32(dropout.threshold(p)), out))
-    got = out.get()
+    got, from_values = out.get().reshape(2, -1)
     keep = dropout.keep_mask(seed, offset, 1, 4, 64, 64, p)[0, 3]   # [query, key]
     want = np.zeros_like(got)
     for x in range(16 * 32):
@@ -320,3 +327,5 @@ def test_device_transposed_fragments_match_keep_mask(device_cc):
                     i, j = 16 * (w // 4) + 8 * nt + 2 * t + e, 16 * (w % 4) + g + 8 * r
                     want[x] |= np.uint32(int(keep[i, j])) << np.uint32(nt * 4 + 2 * r + e)
     assert np.array_equal(got, want), f"{int((got != want).sum())} of {got.size} lanes differ"
+    assert np.array_equal(from_values, want), \
+        f"transposed_values: {int((from_values != want).sum())} of {got.size} lanes differ"

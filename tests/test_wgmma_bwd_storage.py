@@ -57,7 +57,9 @@ def test_smem_probe_catches_a_wrong_size():
     assert not ok and "SMEM_BYTES D=" in log, log
 
 
-LAUNCH_VARIANTS = (Variant(), Variant(True), Variant(True, dropout=True), Variant(softcap=30.0),
+LAUNCH_VARIANTS = (Variant(), Variant(True), Variant(True, dropout=True),
+                   Variant(True, (64, 0), dropout=True), Variant(softcap=30.0, dropout=True),
+                   Variant(softcap=30.0),
                    Variant(True, (64, 0)), Variant(ragged=True), Variant(dense="alibi"),
                    Variant(True, softcap=30.0, dense="alibi"))
 
@@ -96,9 +98,13 @@ def test_where_the_producer_warpgroup_runs():
     c = fb.config(128)
     assert c.threads("ordered", Variant(True)) == c.threads("staggered", Variant()) == 384
     assert c.threads("atomic", Variant(True)) == 384
-    # not under dropout, nor for the atomic dQ with packed sequences or a split, nor
-    # without dQ, nor on 128-query tiles past D = 64 or in the wide kernel
+    # under dropout for the atomic dQ only, without softcap or a window's lower bound;
+    # not for the atomic dQ with packed sequences or a split, nor without dQ, nor on
+    # 128-query tiles past D = 64 or in the wide kernel
+    assert c.threads("atomic", Variant(True, dropout=True)) == 384
     assert c.threads("ordered", Variant(dropout=True)) == 256
+    assert c.threads("atomic", Variant(True, softcap=30.0, dropout=True)) == 256
+    assert c.threads("atomic", Variant(True, (64, 0), dropout=True)) == 256
     assert c.threads("atomic", Variant(True, ragged=True)) == 256
     assert c.threads("atomic", Variant(True), split=True) == 256
     assert c.threads("atomic", Variant(True, softcap=30.0, dense="alibi")) == 256

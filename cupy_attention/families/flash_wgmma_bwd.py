@@ -90,15 +90,21 @@ class Config:
         (``PRODUCER_WG_FITS``: 64 or 80 queries, or 128 at D <= 64 with dV and dK
         from shared memory, not with ALiBi) in the ordered dQ modes and in the atomic
         one over fixed lengths without a split or softcap with ALiBi (not on 128-query
-        tiles), but not under dropout (its prologue spilled at the 168 registers a
-        thread of the launch)."""
+        tiles); under dropout only where ``_drop_fits``."""
         atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none")
                            or self.kv_ss)
         modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
         fits = self.block_m in (64, 80) or (self.kv_ss and vt.dense == "none")
         producer = (dq in modes and not self.wide and fits and self.stage_dq
-                    and not vt.dropout)
+                    and (not vt.dropout or self._drop_fits(dq, vt)))
         return THREADS + 128 if producer else THREADS
+
+    def _drop_fits(self, dq: str, vt: Variant) -> bool:
+        """``BwdLaunch::DROP_FITS``: dropout takes the producer warpgroup on 64-query tiles
+        in the atomic dQ mode without softcap or a window's lower bound (ptxas of CUDA
+        13.5 spilled 96 bytes at D = 128 with softcap, 8 with a window, 32 in the
+        ordered mode)."""
+        return self.block_m == 64 and dq == "atomic" and not vt.softcap and not vt.band_flags[0]
 
     @property
     def block_n(self) -> int:
@@ -159,16 +165,16 @@ class Config:
 # Softcap keeps more live in the 128-row tiles (d s / d dot per element beside S^T and
 # dP^T): ptxas (CUDA 13) spilled 512-600 bytes at D = 64-80, and still 116-216 once
 # its division became a multiplication, so softcap takes the 64-row tiles of the next
-# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout's keep
-# flags (one 64-bit word per thread, live until dS^T) fit them at D = 64 (246-250
-# registers, no spills, every variant and dQ mode); past it dropout takes the 64-row
-# tiles, which spill nothing up to D = 256. Past D = 64 the 128-row tiles (D = 72,
-# 80) sit at 254-255 registers with the tensor-map producer: dropout, packed
-# sequences, ALiBi with dropout spilled 36-72 bytes (ptxas of CUDA 12.9), and causal
+# row (benchmarks/results/notes-alibi.md). ALiBi fits the 128-row tiles. Dropout takes
+# the 64-row tiles at every head dim: its draws decide P^T's and dP^T's elements as
+# they are made, which fits 64 rows (with the producer warpgroup: Config.threads) and
+# spilled 400-488 bytes on 128; at D = 64 the 64 rows ran 0.98-1.07x the 128 rows'
+# keep-flag word (H100, benchmarks/results/notes-dropout.md). Past D = 64 the 128-row
+# tiles (D = 72, 80) sit at 254-255 registers with the tensor-map producer: packed
+# sequences and ALiBi with dropout spilled 36-72 bytes (ptxas of CUDA 12.9), and causal
 # ones ran 0.88-0.91x the kernel before it (H100, benchmarks/results/notes-bwd-
 # producer.md), so there only the plain and ALiBi full-band fixed-length variants
 # keep them.
-DROPOUT_WIDE_ROWS_MAX_D = 64
 BANDED_WIDE_ROWS_MAX_D = 64
 # The split kernel (kv_splits) with those 128-row tiles spilled past D = 64 too
 # (ptxas of CUDA 12.9: 12 bytes at D = 72): they run unsplit.
@@ -185,8 +191,8 @@ def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool
     # themselves (dV and dK from shared memory, KV_SS_FITS), except with ALiBi
     ordered_pwg = (deterministic and not vt.ragged and not vt.dropout
                    and not (head_dim <= 64 and vt.dense == "none"))
-    return (bool(vt.softcap) or (vt.dropout and head_dim > DROPOUT_WIDE_ROWS_MAX_D)
-            or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D) or ordered_pwg)
+    return (bool(vt.softcap) or vt.dropout or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D)
+            or ordered_pwg)
 
 
 def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,

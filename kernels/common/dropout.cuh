@@ -94,6 +94,42 @@ struct DropoutDraw {
           bits |= u32(kept(x, r * 4 + nt * 2 + e, threshold)) << (nt * 4 + 2 * r + e);
     return bits;
   }
+  // The 16-bit values themselves for a transposed fragment, in the order of P^T's
+  // 16-bit A fragment pairs: word w = 2 nt + r holds key g + 8 r, query 8 nt + 2 t + c
+  // of block (ib, jb) in half c (so `kept_low` and `kept_high` of word w decide the
+  // pair an A fragment's word w holds). On the device the whole warp calls it: lane
+  // (g, t) draws the forward's fragment of query rows 2t + g % 2 (+ 8), keys g / 2 * 2
+  // .. + 1 (+ 8), which holds half g % 2 of its own words, and trades the other halves
+  // with lane (g ^ 1, t), which drew rows 2t + 1 - g % 2: one Philox call, two
+  // shuffles and six byte permutations, no flag bits. The host draws both.
+  CA_HD void transposed_values(u32 bh, u32 ib, u32 jb, int g, int t, u32 (&v)[4]) const {
+#if defined(__CUDA_ARCH__)
+    const bool odd = g & 1;
+    const Philox4 x = block(bh, ib, jb, u32(2 * t + (g & 1)), u32(g / 2));
+    // the halves the partner needs (odd: its low halves; even: its high ones), two a word
+    const u32 give = odd ? 0x5410u : 0x7632u;
+    const u32 take0 = __shfl_xor_sync(0xffffffffu, __byte_perm(x.w[0], x.w[1], give), 4);
+    const u32 take1 = __shfl_xor_sync(0xffffffffu, __byte_perm(x.w[2], x.w[3], give), 4);
+    // query c = g % 2 from this lane's word, the other from the partner's
+    const u32 even_w = odd ? 0x3254u : 0x5410u, odd_w = odd ? 0x3276u : 0x7610u;
+    v[0] = __byte_perm(x.w[0], take0, even_w);
+    v[1] = __byte_perm(x.w[1], take0, odd_w);
+    v[2] = __byte_perm(x.w[2], take1, even_w);
+    v[3] = __byte_perm(x.w[3], take1, odd_w);
+#else
+    for (int w = 0; w < 4; ++w) {
+      v[w] = 0;
+      for (int c = 0; c < 2; ++c) {
+        const Philox4 x = block(bh, ib, jb, u32(2 * t + c), u32(g / 2));
+        v[w] |= ((x.w[w] >> (16 * (g % 2))) & 0xffffu) << (16 * c);
+      }
+    }
+#endif
+  }
+  // Whether the value in the low, or the high, half of a word passes the threshold
+  // (threshold <= 65535: dropout.py's check_args).
+  CA_HD bool kept_low(u32 v) const { return (v & 0xffffu) >= threshold; }
+  CA_HD bool kept_high(u32 v) const { return v >= (threshold << 16); }
   // The same for a transposed fragment (the backward's S^T: rows are keys, columns
   // queries): bit nt * 4 + 2 r + e is key g + 8 r, query 8 nt + 2 t + e of block (ib,
   // jb). Its elements sit in two threads' draws of the forward's order: lanes (2t + e)
@@ -126,21 +162,15 @@ struct DropoutDraw {
     return bits;
   }
   // fragment()'s flags of the n <= 8 blocks (rb, cb0 + m), m < n, of a block row, block
-  // m's in bits 8 m .. 8 m + 7; TRANSPOSED: fragment_transposed()'s of the blocks
-  // (query block cb0 + m, key block rb) of a key block row. One block after the other
-  // in a rolled loop, which keeps one block's Philox registers live (flash_wgmma's
-  // consumers, whose accumulators leave few).
-  template <bool TRANSPOSED, class Word = u64>
-  CA_HD Word fragment_row(u32 bh, u32 rb, u32 cb0, int n, int g, int t) const {
-    Word bits = 0;
+  // m's in bits 8 m .. 8 m + 7. One block after the other in a rolled loop, which keeps
+  // one block's Philox registers live (flash_wgmma's forward past D = 128, whose
+  // accumulators leave few).
+  CA_HD u64 fragment_row(u32 bh, u32 rb, u32 cb0, int n, int g, int t) const {
+    u64 bits = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
-    for (int m = 0; m < n; ++m) {
-      const u32 cb = cb0 + u32(m);
-      const u32 x = TRANSPOSED ? fragment_transposed(bh, cb, rb, g, t) : fragment(bh, rb, cb, g, t);
-      bits |= Word(x) << (8 * m);
-    }
+    for (int m = 0; m < n; ++m) bits |= u64(fragment(bh, rb, cb0 + u32(m), g, t)) << (8 * m);
     return bits;
   }
   // The AND mask of one output word of a block's draw (halves 2w and 2w + 1: one row

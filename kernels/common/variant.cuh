@@ -193,7 +193,7 @@ struct PhiloxDropout {
   // so the caller scales the product P V by dropout_scale (flash_wgmma: with 1 / l_i).
   // DIRECT: each draw word masks its pair as soon as it is drawn (block m's word w
   // holds the pair of row g + 8 (w / 2), n8 tile w % 2, which is A word e = 2 (w % 2) +
-  // w / 2); packing the flags into one bit word first (keep_row) costs as many
+  // w / 2); packing the flags into one bit word first (fragment_row) costs as many
   // instructions as the draw itself, but keeps one block's draw live at a time: the
   // direct form spilled at D = 192 (packed sequences) and 256 (ALiBi).
   template <int N_TILES, bool DIRECT = true>
@@ -210,7 +210,9 @@ struct PhiloxDropout {
         for (int e = 0; e < 4; ++e) a[m][e] &= d.word_mask(x.w[(e % 2) * 2 + e / 2]);
       }
     } else {
-      const u64 bits = keep_row<false, N_TILES>(p, bh, i0, j0, lane / 4, lane % 4);
+      static_assert(N_TILES <= 16, "as many flags as the word holds");
+      const u64 bits = draw(p).fragment_row(u32(bh), u32(i0 / 16), u32(j0 / 16), N_TILES / 2,
+                                            lane / 4, lane % 4);
 #pragma unroll
       for (int m = 0; m < N_TILES / 2; ++m)
 #pragma unroll
@@ -225,26 +227,11 @@ struct PhiloxDropout {
                                                    int g, int t, u32 (&bits)[N_TILES / 2]) {
     draw(p).template fragment_bits<TRANSPOSED, N_TILES>(u32(bh), r0, c0, g, t, bits);
   }
-  // keep_bits' flags in one Word, flat element x's at bit x (N_TILES <= 16; <= 8 for
-  // u32), drawn one 16 x 16 block after the other (DropoutDraw::fragment_row): for
-  // kernels whose accumulators leave few registers beside the Philox rounds
-  // (flash_wgmma).
-  template <bool TRANSPOSED, int N_TILES, class Word = u64>
-  __device__ __forceinline__ static Word keep_row(const FwdParams& p, int bh, int r0, int c0,
-                                                  int g, int t) {
-    static_assert(N_TILES % 2 == 0 && N_TILES * 4 <= 8 * int(sizeof(Word)),
-                  "whole 16 x 16 blocks, as many flags as the word holds");
-    return draw(p).template fragment_row<TRANSPOSED, Word>(
-        u32(bh), u32(r0 / 16), u32(c0 / 16), N_TILES / 2, g, t);
-  }
   // Flat element x's factor: the scale where kept, 0 where dropped (selected, so a
   // dropped inf or NaN stays out).
   template <int B>
   __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&bits)[B], int x) {
     return (bits[x / 8] >> (x % 8)) & 1u ? p.dropout_scale : 0.f;
-  }
-  __device__ __forceinline__ static float factor(const FwdParams& p, u64 bits, int x) {
-    return (bits >> x) & 1u ? p.dropout_scale : 0.f;
   }
 };
 
