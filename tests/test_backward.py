@@ -1008,9 +1008,10 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     vt = Variant(True, dense="alibi")   # D = 64 with ALiBi: 64-query tiles (KV_SS spilled)
     assert ",BM=64," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
     assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 384
-    vt = Variant(False, dropout=True)   # no producer warpgroup under dropout
-    assert ",BM=128," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
-    assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 256
+    vt = Variant(False, dropout=True)   # dropout: 64-query tiles, the producer warpgroup
+    assert ",BM=64," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
+    assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 256  # atomic only
+    assert flash_wgmma_bwd.config(64, vt, False).threads("atomic", vt) == 384
     for d, causal in ((136, True), (256, False)):
         assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         got = names(d, Variant(causal), True)
