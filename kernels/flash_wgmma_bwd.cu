@@ -162,10 +162,6 @@
 #include "common/storage.cuh"
 #include "common/wgmma.cuh"
 
-// One of two types by a compile-time flag.
-template <bool C, class A, class B> struct SelectType { using type = A; };
-template <class A, class B> struct SelectType<false, A, B> { using type = B; };
-
 template <int D_, int BLOCK_M_, class T_>
 struct WgmmaBwdTraits {
   using T = T_;

@@ -101,6 +101,10 @@ __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / 
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
+// A if C, else B (std::conditional, which NVRTC's headers do not give here).
+template <bool C, class A, class B> struct SelectType { using type = A; };
+template <class A, class B> struct SelectType<false, A, B> { using type = B; };
+
 // x / d and x % d for 0 <= x < 2^31 and a divisor d >= 1 known only at run time:
 // a multiply-high and a shift where an integer division takes ~20 instructions.
 // With l = ceil(log2 d) and m = ceil(2^(31 + l) / d) < 2^32, x / d = (x m) >> (31 + l)

@@ -233,6 +233,26 @@ struct PhiloxDropout {
   __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&bits)[B], int x) {
     return (bits[x / 8] >> (x % 8)) & 1u ? p.dropout_scale : 0.f;
   }
+  // A transposed C fragment's 16-bit values instead of flags (the backward's S^T, rows
+  // keys from r0, columns queries from c0): DropoutDraw::transposed_values of its
+  // N_TILES / 2 blocks, whose word (x % 8) / 2 of block x / 8 holds flat element x in
+  // half x % 2; the whole warp calls it.
+  template <int N_TILES>
+  __device__ __forceinline__ static void transposed_values(const FwdParams& p, int bh, int r0,
+                                                           int c0, int g, int t,
+                                                           u32 (&v)[N_TILES / 2][4]) {
+    const DropoutDraw d = draw(p);
+#pragma unroll
+    for (int m = 0; m < N_TILES / 2; ++m)
+      d.transposed_values(u32(bh), u32(c0 / 16 + m), u32(r0 / 16), g, t, v[m]);
+  }
+  template <int B>
+  __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&v)[B][4], int x) {
+    const u32 w = v[x / 8][(x % 8) / 2];
+    return (x % 2 ? w >= (p.dropout_threshold << 16) : (w & 0xffffu) >= p.dropout_threshold)
+               ? p.dropout_scale
+               : 0.f;
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -509,13 +529,17 @@ struct Scores {
     // Dropout (V::Drop): out = (P fac) V with fac = keep / (1 - p) (0 where dropped),
     // so dS = P (fac dP - delta) with dP = dout V^T as given, and the P left in `s`
     // for dV is P fac (after dS is masked by P itself, which dropping leaves alone).
+    // Transposed, the elements' 16-bit values (one draw a block, no flags: 4 words).
     static_assert(!V::Drop::enabled || Frag::kMma, "dropout draws for mma C fragments");
     constexpr int BLOCKS = V::Drop::enabled ? Frag::COLS / 4 : 1;
-    u32 bits[BLOCKS];
-    if constexpr (V::Drop::enabled)
-      V::Drop::template keep_bits<TRANSPOSED, Frag::COLS / 2>(
-          p, b * p.heads_q + h, TRANSPOSED ? j0 : i0, TRANSPOSED ? i0 : j0, f.row_lane,
-          f.col_lane / 2, bits);
+    using Draws = typename SelectType<TRANSPOSED, u32[BLOCKS][4], u32[BLOCKS]>::type;
+    Draws bits;
+    if constexpr (V::Drop::enabled && TRANSPOSED)
+      V::Drop::template transposed_values<Frag::COLS / 2>(p, b * p.heads_q + h, j0, i0,
+                                                          f.row_lane, f.col_lane / 2, bits);
+    else if constexpr (V::Drop::enabled)
+      V::Drop::template keep_bits<false, Frag::COLS / 2>(p, b * p.heads_q + h, i0, j0,
+                                                         f.row_lane, f.col_lane / 2, bits);
     const auto op = [&](float dot, int r, int c, int i, int j) {
       const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
       float& y = dp(Frag::at(r, c));
