@@ -798,51 +798,44 @@ struct DropDraws {
   __device__ __forceinline__ void values(int ks, u32 (&v)[4]) const {
     d.transposed_values(bh, ib0 + u32(ks), jb, g, t, v);
   }
+  // op(ks, e, x, lo, hi) for word e of k16 step ks of P^T's A fragments, which pairs
+  // flat elements x and x + 1, kept or not (lo, hi): one draw a k16 step.
+  template <class Op>
+  __device__ __forceinline__ void each_pair(Op&& op) const {
+#pragma unroll
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
+      u32 v[4];
+      values(ks, v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) op(ks, e, 8 * ks + 2 * e, d.kept_low(v[e]), d.kept_high(v[e]));
+    }
+  }
+  __device__ __forceinline__ static u32 kept_pair(const float (&x)[KT::BLOCK_M / 2], int i,
+                                                  bool lo, bool hi) {
+    return MmaType<typename KT::T>::pack(lo ? x[i] : 0.f, hi ? x[i + 1] : 0.f);
+  }
+  __device__ __forceinline__ void scale_pair(float (&x)[KT::BLOCK_M / 2], int i, bool lo,
+                                             bool hi) const {
+    x[i] = lo ? d.scale * x[i] : 0.f;
+    x[i + 1] = hi ? d.scale * x[i + 1] : 0.f;
+  }
   // P^T (x) packed as A fragments with the dropped elements 0 (pack_a otherwise).
   __device__ __forceinline__ void pack_kept(u32 (&a)[KT::KV_STEPS][4],
                                             const float (&x)[KT::BLOCK_M / 2]) const {
-#pragma unroll
-    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
-      u32 v[4];
-      values(ks, v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        a[ks][e] = MmaType<typename KT::T>::pack(d.kept_low(v[e]) ? x[8 * ks + 2 * e] : 0.f,
-                                                 d.kept_high(v[e]) ? x[8 * ks + 2 * e + 1] : 0.f);
-    }
+    each_pair([&](int ks, int e, int i, bool lo, bool hi) { a[ks][e] = kept_pair(x, i, lo, hi); });
   }
   // dP^T (x) times its elements' fac, in place.
   __device__ __forceinline__ void scale_kept(float (&x)[KT::BLOCK_M / 2]) const {
-#pragma unroll
-    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
-      u32 v[4];
-      values(ks, v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float& lo = x[8 * ks + 2 * e];
-        float& hi = x[8 * ks + 2 * e + 1];
-        lo = d.kept_low(v[e]) ? d.scale * lo : 0.f;
-        hi = d.kept_high(v[e]) ? d.scale * hi : 0.f;
-      }
-    }
+    each_pair([&](int, int, int i, bool lo, bool hi) { scale_pair(x, i, lo, hi); });
   }
   // Both from one draw a block (the narrow kernel, whose warpgroup holds P^T and dP^T).
   __device__ __forceinline__ void pack_and_scale(u32 (&a)[KT::KV_STEPS][4],
                                                  const float (&pt)[KT::BLOCK_M / 2],
                                                  float (&dp)[KT::BLOCK_M / 2]) const {
-#pragma unroll
-    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
-      u32 v[4];
-      values(ks, v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int x = 8 * ks + 2 * e;
-        const bool lo = d.kept_low(v[e]), hi = d.kept_high(v[e]);
-        a[ks][e] = MmaType<typename KT::T>::pack(lo ? pt[x] : 0.f, hi ? pt[x + 1] : 0.f);
-        dp[x] = lo ? d.scale * dp[x] : 0.f;
-        dp[x + 1] = hi ? d.scale * dp[x + 1] : 0.f;
-      }
-    }
+    each_pair([&](int ks, int e, int i, bool lo, bool hi) {
+      a[ks][e] = kept_pair(pt, i, lo, hi);
+      scale_pair(dp, i, lo, hi);
+    });
   }
 };
 
