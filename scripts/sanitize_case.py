@@ -21,6 +21,10 @@ reference backward.
 --decode runs attention_decode instead: contiguous caches (on sm_90 through tensor maps),
 paged ones, lengths off every tile, forced split counts (the merge), GQA with Sq > 1.
 
+--dropout P runs every case with attention dropout (seed 7, offset 3) on the families
+that take it (flash_wgmma, flash_mma; no dense masks), forward and backward, against the
+reference with the same mask.
+
 --no-pool turns CuPy's memory pool off (cupy.cuda.set_allocator(None)), so
 memcheck sees every allocation's real bounds. --dims 64,256 keeps the cases of those
 head dims only (forward and backward), for a quicker run on the kernels a change touched.
@@ -55,6 +59,7 @@ PERSISTENT_CASES = (
     (3, 40, 8, 300, 300, 128, False, None),
 )
 BACKWARD_KERNELS = ("flash_wgmma", "flash_mma", "flash")
+DROPOUT_FAMILIES = ("flash_wgmma", "flash_mma")   # the families that take dropout
 # attention_decode: (B, Hq, Hkv, Sq, capacity, D, lengths, page size or 0, splits)
 DECODE_CASES = (
     (3, 8, 2, 1, 300, 128, (1, 77, 300), 0, None),
@@ -89,7 +94,11 @@ def main(argv=None) -> int:
                     help=f"default: {' '.join(BACKWARD_KERNELS)}")
     ap.add_argument("--dims", type=lambda s: {int(x) for x in s.split(",")},
                     help="comma-separated head dims: only their cases (default: all)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="dropout_p of every case, on the families that take it")
     args = ap.parse_args(argv)
+    drop = dict(dropout_p=args.dropout, dropout_seed=7, dropout_offset=3) if args.dropout else {}
+    ref_drop = (args.dropout, 7, 3) if args.dropout else None
 
     import cupy
 
@@ -110,11 +119,13 @@ def main(argv=None) -> int:
         return 1 if bad else 0
     bad = 0
     for name in args.families or list(FAMILIES):
+        if drop and name not in DROPOUT_FAMILIES:
+            continue
         family = FAMILIES[name]
         dtype = "float16" if "float16" in family.dtypes else family.dtypes[0]
         cases = CASES + (PERSISTENT_CASES if name == "flash_wgmma" else ())
         for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in cases:
-            if args.dims and D not in args.dims:
+            if (args.dims and D not in args.dims) or (drop and mask_kind in ("bool", "add")):
                 continue
             q, k, v = host_inputs(rng, dtype, B, Hq, Hkv, Sq, Sk, D)
             mask = None
@@ -137,9 +148,10 @@ def main(argv=None) -> int:
             dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
             dm = None if mask is None else cupy.asarray(mask)
             out, lse = ca.attention(dq, dk, dv, causal=causal, mask=dm, return_lse=True,
-                                    kernel=name)
+                                    kernel=name, **drop)
             cupy.cuda.Device().synchronize()
-            ref, ref_lse = ca.attention_reference(q, k, v, causal=causal, mask=mask)
+            ref, ref_lse = ca.attention_reference(q, k, v, causal=causal, mask=mask,
+                                                  dropout=ref_drop)
             got = cupy.asnumpy(out).astype(np.float64)
             err = float(np.abs(got - ref).max()) if got.size else 0.0
             ok = bool(np.isfinite(got).all()) and err < (2e-2 if dtype != "float32" else 1e-4)
@@ -151,7 +163,7 @@ def main(argv=None) -> int:
             print(f"{'ok   ' if ok else 'WRONG'} {label}: max err {err:.2e} "
                   f"({time.perf_counter() - t0:.1f}s)", flush=True)
     if not args.no_backward:
-        bad += backward_cases(cupy, ca, rng, args.backward_kernels, args.dims)
+        bad += backward_cases(cupy, ca, rng, args.backward_kernels, args.dims, args.dropout)
     print(f"sanitize_case: {'all results correct' if not bad else f'{bad} wrong results'}")
     return 1 if bad else 0
 
@@ -206,9 +218,10 @@ def decode_cases(cupy, ca, rng) -> int:
     return bad
 
 
-def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, dims=None) -> int:
+def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, dims=None, dropout=0.0) -> int:
     """Each backward kernel and dQ mode on the unmasked CASES (of head dims `dims` where
-    given); returns the wrong count."""
+    given; with dropout `dropout` where nonzero, on the kernels that take it); returns
+    the wrong count."""
     from cupy_attention.errors import UnsupportedError
     from cupy_attention.reference import attention_backward_reference
 
@@ -218,16 +231,19 @@ def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, dims=None) -> int:
             continue
         q, k, v = host_inputs(rng, "float16", B, Hq, Hkv, Sq, Sk, D)
         dout = rng.standard_normal(q.shape).astype(q.dtype)
-        ref = attention_backward_reference(dout, q, k, v, causal=causal)
+        drop = dict(dropout_p=dropout, dropout_seed=7, dropout_offset=3) if dropout else {}
+        ref = attention_backward_reference(dout, q, k, v, causal=causal,
+                                           dropout=(dropout, 7, 3) if dropout else None)
         dq, dk, dv, dd = (cupy.asarray(x) for x in (q, k, v, dout))
-        out, lse = ca.attention(dq, dk, dv, causal=causal, return_lse=True)
+        out, lse = ca.attention(dq, dk, dv, causal=causal, return_lse=True, **drop)
         for kernel in kernels:
             for deterministic in (False, True):
                 label = (f"backward {kernel}{' deterministic' if deterministic else ''} B={B} "
                          f"Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D}{' causal' if causal else ''}")
                 try:
                     grads = ca.attention_backward(dd, dq, dk, dv, out, lse, causal=causal,
-                                                  deterministic=deterministic, kernel=kernel)
+                                                  deterministic=deterministic, kernel=kernel,
+                                                  **drop)
                 except UnsupportedError as exc:
                     print(f"skip  {label}: {exc}", flush=True)
                     continue
