@@ -8,7 +8,8 @@ a multiple of 8, lengths off every tile, causal with Sq > Sk and Sq < Sk, GQA, a
 dense mask where the family takes one, a 16-byte-aligned case for the vector
 path; for flash_wgmma three consumer warpgroups at D = 64, 72 and 160, two at
 128 under the causal mask and at 256, the backward's 80-query tiles at D = 96 without a
-mask and its 128-query tiles at D = 64; keys whose scores climb steadily or leap, for
+mask, its 128-query tiles at D = 64 and its producer warpgroup under a causal mask
+with Sq > Sk; keys whose scores climb steadily or leap, for
 flash_wgmma's max-free softmax and the two ways it recovers; and, for flash_wgmma
 alone, problems with a few work tiles per block, whose Q rows and work tile
 slots change hands between its warpgroups). Inputs come from the
@@ -52,6 +53,9 @@ CASES = (
     (1, 2, 1, 90, 150, 256, True, None),
     (1, 3, 1, 170, 230, 96, False, None),
     (1, 2, 1, 150, 170, 64, False, None),
+    # causal Sq > Sk on the backward's producer warpgroup (64-query tiles, atomic dQ):
+    # rows 0..62 attend nothing (racecheck reports this one: notes-dropout.md)
+    (2, 4, 2, 130, 67, 128, True, None),
 )
 # flash_wgmma is persistent: these give each of up to 132 blocks about three work tiles
 PERSISTENT_CASES = (
