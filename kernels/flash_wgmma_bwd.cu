@@ -1361,6 +1361,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       issue_dv();
     }
 
+    // (Under dropout dP^T was waited for above and this wait finds only dV in flight;
+    // without it ptxas spilled 16 bytes at D = 128 with window, softcap, packed
+    // sequences and dropout.)
     wgmma_wait<KT::LATE_DV ? 0 : 1>();
     fence_regs(dp);
     // dS^T's select only where the tile is partial: in code of its own where that

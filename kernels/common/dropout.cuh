@@ -177,8 +177,7 @@ struct DropoutDraw {
   // of the fragment, columns 2t and 2t + 1 of one n8 tile) that clears the dropped
   // halves of the 16-bit pair holding the same two elements.
   CA_HD u32 word_mask(u32 w) const {
-    return ((w & 0xffffu) >= threshold ? 0x0000ffffu : 0u) |
-           ((w >> 16) >= threshold ? 0xffff0000u : 0u);
+    return (kept_low(w) ? 0x0000ffffu : 0u) | (kept_high(w) ? 0xffff0000u : 0u);
   }
   // The AND mask that clears the dropped halves of a 16-bit pair holding flat elements x
   // (low half) and x + 1 (high half) of a fragment_row() (x even): P packed as an A

@@ -248,10 +248,9 @@ struct PhiloxDropout {
   }
   template <int B>
   __device__ __forceinline__ static float factor(const FwdParams& p, const u32 (&v)[B][4], int x) {
+    const DropoutDraw d = draw(p);
     const u32 w = v[x / 8][(x % 8) / 2];
-    return (x % 2 ? w >= (p.dropout_threshold << 16) : (w & 0xffffu) >= p.dropout_threshold)
-               ? p.dropout_scale
-               : 0.f;
+    return (x % 2 ? d.kept_high(w) : d.kept_low(w)) ? d.scale : 0.f;
   }
 };
 
