@@ -64,6 +64,14 @@ PERSISTENT_CASES = (
 )
 BACKWARD_KERNELS = ("flash_wgmma", "flash_mma", "flash")
 DROPOUT_FAMILIES = ("flash_wgmma", "flash_mma")   # the families that take dropout
+
+
+def dropout_args(p: float):
+    """(the kernels' keyword arguments, the reference's ``dropout``) for dropout p with
+    --dropout's stream (seed 7, offset 3); nothing where p is 0."""
+    if not p:
+        return {}, None
+    return dict(dropout_p=p, dropout_seed=7, dropout_offset=3), (p, 7, 3)
 # attention_decode: (B, Hq, Hkv, Sq, capacity, D, lengths, page size or 0, splits)
 DECODE_CASES = (
     (3, 8, 2, 1, 300, 128, (1, 77, 300), 0, None),
@@ -101,8 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="dropout_p of every case, on the families that take it")
     args = ap.parse_args(argv)
-    drop = dict(dropout_p=args.dropout, dropout_seed=7, dropout_offset=3) if args.dropout else {}
-    ref_drop = (args.dropout, 7, 3) if args.dropout else None
+    drop, ref_drop = dropout_args(args.dropout)
 
     import cupy
 
@@ -235,9 +242,8 @@ def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, dims=None, dropout=0
             continue
         q, k, v = host_inputs(rng, "float16", B, Hq, Hkv, Sq, Sk, D)
         dout = rng.standard_normal(q.shape).astype(q.dtype)
-        drop = dict(dropout_p=dropout, dropout_seed=7, dropout_offset=3) if dropout else {}
-        ref = attention_backward_reference(dout, q, k, v, causal=causal,
-                                           dropout=(dropout, 7, 3) if dropout else None)
+        drop, ref_drop = dropout_args(dropout)
+        ref = attention_backward_reference(dout, q, k, v, causal=causal, dropout=ref_drop)
         dq, dk, dv, dd = (cupy.asarray(x) for x in (q, k, v, dout))
         out, lse = ca.attention(dq, dk, dv, causal=causal, return_lse=True, **drop)
         for kernel in kernels:
