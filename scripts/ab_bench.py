@@ -43,6 +43,11 @@ def grid(quick: bool):
     return cells
 
 
+def _drop(p: float) -> dict:
+    """The dropout arguments of every call: p with a fixed stream; none where p is 0."""
+    return dict(dropout_p=p, dropout_seed=1234, dropout_offset=0) if p else {}
+
+
 def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic: bool = False,
              dropout_p: float = 0.0):
     """Runs in the child: time every cell with this tree's package."""
@@ -66,7 +71,7 @@ def run_tree(cells, reps: int, batches: int, kernel: str = "auto", deterministic
         flops = 4.0 * c["b"] * c["h"] * c["sq"] * c["sk"] * c["d"]
         if c["causal"] and c["sq"] == c["sk"]:
             flops /= 2
-        drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
+        drop = _drop(dropout_p)
         if c["dir"] == "fwd":
             fn = lambda: ca.attention(q, k, v, causal=c["causal"], kernel=kernel, **drop)  # noqa: E731
         else:
@@ -107,7 +112,7 @@ def _warm_one(c, kernel="auto", deterministic=False, dropout_p=0.0):
     x = cupy.random.default_rng(0).standard_normal((1, 2, small["sq"], c["d"]), dtype=cupy.float32)
     q = x.astype("bfloat16" if c["dtype"] == "bfloat16" else c["dtype"])
     k = cupy.random.default_rng(1).standard_normal((1, 2, small["sk"], c["d"]), dtype=cupy.float32).astype(q.dtype)
-    drop = dict(dropout_p=dropout_p, dropout_seed=1234, dropout_offset=0) if dropout_p else {}
+    drop = _drop(dropout_p)
     o, lse = ca.attention(q, k, k, causal=c["causal"], return_lse=True, kernel=kernel, **drop)
     if c["dir"] == "bwd":
         ca.attention_backward(o, q, k, k, o, lse, causal=c["causal"], kernel=kernel,
