@@ -106,8 +106,11 @@
 //        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
 //        w + 2), each round's wgmma waited for and its dQ / scale added into
 //        dq_accum right away.
-//      The wide kernel's warpgroups meet at a barrier of the block at the start
-//      of each tile (sP and sdS are single buffers).
+//      sP and sdS are single buffers. With dQ here the warpgroups meet only at
+//      their hand-overs (kBarP, kBarDs, and kBarDsFree: warpgroup 0's dQ done
+//      with sdS before 1 overwrites it), so warpgroup 0 starts the next tile's
+//      S^T while 1 still adds its dQ (1.01-1.06x over a barrier of the block at
+//      each tile's start, which the mode without dQ keeps: notes-bwd-loops.md §20).
 //
 //      Then dK * scale and dV (times 1 / (1 - p) under dropout) are staged through
 //      sK, sV and written with 16-byte stores: one block owns each key of a KV head,
@@ -314,7 +317,8 @@ enum WgmmaBwdBarrier : int {
   kBarP = 3,        // wide: sP written by warpgroup 0, read by 1
   kBarDs = 4,       // sdS written (wide: by warpgroup 1; narrow: both), read by both (dQ);
                     // narrow with the producer warpgroup, its stats threads too (DS_MEETING)
-  kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0)
+  kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0);
+                    // wide: warpgroup 0 is done reading sdS, 1 may write it
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
   kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
 };
@@ -520,15 +524,21 @@ struct Producer {
   // block's K and V too, on the same mbarrier. STATS_FREE: the caller knows that
   // every warp is past its reads of the stage's lse and delta (a barrier of the
   // block since), so only the copy engine's loads wait for the stage's release.
-  // The first STAT_THREADS threads, thread 0 the issuer (the producer warpgroup
-  // calls issue_copies and copy_stats itself: produce).
-  template <bool STATS_FREE>
+  // The first STAT_THREADS threads, thread ISSUER the issuer (the producer warpgroup
+  // calls issue_copies and copy_stats itself: produce). An ISSUER past the stats
+  // threads (STATS_FREE only) waits for the stage's release alone.
+  template <bool STATS_FREE, int ISSUER = 0>
   __device__ __forceinline__ void load_q(int it, bool with_kv = false) {
+    static_assert(ISSUER == 0 || (STATS_FREE && ISSUER >= KT::STAT_THREADS), "the issuer");
     const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
+    if (ISSUER != 0 && threadIdx.x == ISSUER) {
+      if (it - sched.begin >= KT::kStages) mbarrier_wait(st.empty(stage), next.phase() ^ 1);
+      issue_copies(stage, h, m0, with_kv);
+    }
     if (threadIdx.x < KT::STAT_THREADS) {
-      if ((!STATS_FREE || threadIdx.x == 0) && it - sched.begin >= KT::kStages)
+      if ((!STATS_FREE || (ISSUER == 0 && threadIdx.x == 0)) && it - sched.begin >= KT::kStages)
         mbarrier_wait(st.empty(stage), next.phase() ^ 1);
-      if (threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
+      if (ISSUER == 0 && threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
       copy_stats(stage, h, m0, threadIdx.x);
     }
     next.advance();
@@ -1379,12 +1389,13 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     }
 
     if constexpr (DQ_HERE) {
-      // sdS is free once the other warpgroup's dQ of tile it - 1 is done. (KV_SS, the
-      // first tile: a barrier all the same, between the delta reads above and the
-      // kBarDs meeting, which orders them before the stats warps' stores two tiles
-      // on; racecheck reports those stores without one: notes-bwd-loops.md §16.)
+      // sdS is free once the other warpgroup's dQ of tile it - 1 is done. (The
+      // producer warpgroup, the first tile: a barrier all the same, between the
+      // delta reads above and the kBarDs meeting, which orders them before the stats
+      // warps' stores two tiles on; racecheck reports those stores without one:
+      // notes-bwd-loops.md §16 and §20.)
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::CONSUMERS);
-      else if constexpr (KV_SS) warpgroup_barrier(wg);
+      else if constexpr (PWG) warpgroup_barrier(wg);
       if constexpr (KV_SS) store_ds<KT>(st.ds(), dp, key0, g, t);
       else store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
@@ -1520,17 +1531,27 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int h = sched.head(it), m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
-    // Tile it landed; both warpgroups are done with tile it - 1 (sP, sdS).
+    // Tile it landed. With dQ here the warpgroups do not meet at the tile's start:
+    // sP (and the stats of tile it - 1's stage, reloaded below) are free once
+    // warpgroup 0 passed tile it - 1's kBarDs, which warpgroup 1 reached past its sP
+    // and delta reads; sdS once warpgroup 0 arrived at kBarDsFree. Without dQ, a
+    // barrier of the block says both.
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
-    __syncthreads();
+    if constexpr (!DQ_HERE) __syncthreads();
     // Both warpgroups hold the same elements of their X^T: warpgroup 0 draws them for
     // P^T's A fragments, 1 for dP^T.
     const DropDraws<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
-    if (it + 1 < sched.end) producer.template load_q<true>(it + 1);  // past this tile's barrier
+    // Tile it + 1 into tile it - 1's stage. With dQ here, warpgroup 1's first thread
+    // issues its tensor copies: warpgroup 1 runs behind 0 (it waits for P^T), so
+    // the release it waits for is its own.
+    if (it + 1 < sched.end) {
+      if constexpr (DQ_HERE) producer.template load_q<true, 128>(it + 1);
+      else producer.template load_q<true>(it + 1);
+    }
     wgmma_wait<0>();
     fence_regs(x);
 
@@ -1559,15 +1580,18 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       }
       if constexpr (VT::Drop::enabled) drop.scale_kept(x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
-      // (The __syncthreads at the next tile's start orders these delta reads before
-      // the stats copies two tiles on; racecheck reported them now and then without a
-      // barrier between (1 run in 4), never with this one, which costs nothing
-      // measurable: notes-bwd-loops.md §16.)
+      // (The kBarDs meeting below orders these delta reads before the stats copies two
+      // tiles on (the block's barrier at the tile's start without dQ); racecheck
+      // reported them now and then without a barrier of their own between (1 run in
+      // 4), never with this one, which costs nothing measurable: notes-bwd-loops.md
+      // §16.)
       warpgroup_barrier(1);
     }
     if (VT::Drop::enabled && wg == 0) drop.pack_kept(xa, x);  // dV from P^T keep
     else pack_a<KT>(xa, x);
     if (DQ_HERE && wg == 1) {
+      // warpgroup 0's dQ of tile it - 1 is done reading sdS
+      if (it > sched.begin) named_barrier_sync(kBarDsFree0, KT::THREADS);
       store_ds<KT>(st.ds(), xa, key0, g, t);
       fence_proxy_async();
       named_barrier_arrive(kBarDs, KT::THREADS);
@@ -1587,6 +1611,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         epi.template add_dq<KT::DQ_N>(h, m0, dq, key0, col0, KT::dq_skip(wg), KT::dq_cols(round, wg),
                                       g, t);
       }
+      if (wg == 0 && it + 1 < sched.end) named_barrier_arrive(kBarDsFree0, KT::THREADS);
     }
     wgmma_wait<0>();
     fence_regs(acc);

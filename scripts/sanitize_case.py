@@ -54,7 +54,7 @@ CASES = (
     (1, 3, 1, 170, 230, 96, False, None),
     (1, 2, 1, 150, 170, 64, False, None),
     # causal Sq > Sk on the backward's producer warpgroup (64-query tiles, atomic dQ):
-    # rows 0..62 attend nothing (racecheck reports this one: notes-dropout.md)
+    # rows 0..62 attend nothing (racecheck reported this one: notes-bwd-loops.md §20)
     (2, 4, 2, 130, 67, 128, True, None),
 )
 # flash_wgmma is persistent: these give each of up to 132 blocks about three work tiles
