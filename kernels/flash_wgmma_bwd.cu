@@ -319,6 +319,8 @@ enum WgmmaBwdBarrier : int {
                     // narrow with the producer warpgroup, its stats threads too (DS_MEETING)
   kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0);
                     // wide: warpgroup 0 is done reading sdS, 1 may write it
+  kBarPFree = 6,    // wide without dQ: warpgroup 1 is done reading sP and the stage's
+                    // delta, 0 may write sP and reload the stats
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
   kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
 };
@@ -1531,33 +1533,34 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int h = sched.head(it), m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
-    // Tile it landed. With dQ here the warpgroups do not meet at the tile's start:
+    // Tile it landed. The warpgroups do not meet at the tile's start. With dQ here,
     // sP (and the stats of tile it - 1's stage, reloaded below) are free once
     // warpgroup 0 passed tile it - 1's kBarDs, which warpgroup 1 reached past its sP
-    // and delta reads; sdS once warpgroup 0 arrived at kBarDsFree. Without dQ, a
-    // barrier of the block says both.
+    // and delta reads; sdS once warpgroup 0 arrived at kBarDsFree. Without dQ,
+    // warpgroup 1 arrives at kBarPFree past those reads instead.
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
-    if constexpr (!DQ_HERE) __syncthreads();
     // Both warpgroups hold the same elements of their X^T: warpgroup 0 draws them for
     // P^T's A fragments, 1 for dP^T.
     const DropDraws<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
 
     wgmma_fence();  // x, dq were read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
-    // Tile it + 1 into tile it - 1's stage. With dQ here, warpgroup 1's first thread
-    // issues its tensor copies: warpgroup 1 runs behind 0 (it waits for P^T), so
-    // the release it waits for is its own.
-    if (it + 1 < sched.end) {
-      if constexpr (DQ_HERE) producer.template load_q<true, 128>(it + 1);
-      else producer.template load_q<true>(it + 1);
-    }
+    // Tile it + 1 into tile it - 1's stage. Warpgroup 1's first thread issues its
+    // tensor copies: warpgroup 1 runs behind 0 (it waits for P^T), so the release it
+    // waits for is its own. (Without dQ, warpgroup 0's threads copy the stats once
+    // past kBarPFree, below.)
+    if (it + 1 < sched.end && (DQ_HERE || wg == 1)) producer.template load_q<true, 128>(it + 1);
     wgmma_wait<0>();
     fence_regs(x);
 
     if (wg == 0) {
       const typename VT::Head hd = VT::Dense::head(f, sched.b, h);
       p_from_s<KT, VT>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+      if constexpr (!DQ_HERE) {
+        if (it > sched.begin) named_barrier_sync(kBarPFree, KT::THREADS);
+        if (it + 1 < sched.end) producer.template load_q<true, 128>(it + 1);
+      }
       if constexpr (VT::Logits::kTransform) {
         float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
         p_times_grad<KT, VT>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
@@ -1581,11 +1584,12 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       if constexpr (VT::Drop::enabled) drop.scale_kept(x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
       // (The kBarDs meeting below orders these delta reads before the stats copies two
-      // tiles on (the block's barrier at the tile's start without dQ); racecheck
+      // tiles on (kBarPFree without dQ); racecheck
       // reported them now and then without a barrier of their own between (1 run in
       // 4), never with this one, which costs nothing measurable: notes-bwd-loops.md
       // §16.)
       warpgroup_barrier(1);
+      if (!DQ_HERE && it + 1 < sched.end) named_barrier_arrive(kBarPFree, KT::THREADS);
     }
     if (VT::Drop::enabled && wg == 0) drop.pack_kept(xa, x);  // dV from P^T keep
     else pack_a<KT>(xa, x);
