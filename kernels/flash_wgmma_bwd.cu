@@ -106,11 +106,12 @@
 //        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
 //        w + 2), each round's wgmma waited for and its dQ / scale added into
 //        dq_accum right away.
-//      sP and sdS are single buffers. With dQ here the warpgroups meet only at
-//      their hand-overs (kBarP, kBarDs, and kBarDsFree: warpgroup 0's dQ done
-//      with sdS before 1 overwrites it), so warpgroup 0 starts the next tile's
-//      S^T while 1 still adds its dQ (1.01-1.06x over a barrier of the block at
-//      each tile's start, which the mode without dQ keeps: notes-bwd-loops.md §20).
+//      sP and sdS are single buffers. The warpgroups meet only at their
+//      hand-overs (kBarP; with dQ here kBarDs and kBarDsFree, warpgroup 0's dQ
+//      done with sdS before 1 overwrites it; without, kBarPFree, warpgroup 1 done
+//      with sP), so warpgroup 0 starts the next tile's S^T while 1 still finishes
+//      the last (1.01-1.06x over a barrier of the block at each tile's start:
+//      notes-bwd-loops.md §20).
 //
 //      Then dK * scale and dV (times 1 / (1 - p) under dropout) are staged through
 //      sK, sV and written with 16-byte stores: one block owns each key of a KV head,
