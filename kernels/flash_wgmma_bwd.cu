@@ -321,7 +321,8 @@ enum WgmmaBwdBarrier : int {
   kBarDsFree0 = 5,  // narrow: warpgroup 1 is done reading sdS, 0 may write it (+1: 1, 0);
                     // wide: warpgroup 0 is done reading sdS, 1 may write it
   kBarPFree = 6,    // wide without dQ: warpgroup 1 is done reading sP and the stage's
-                    // delta, 0 may write sP and reload the stats
+                    // delta, 0 may write sP and reload the stats (the narrow kernel's
+                    // 6 is kBarDsFree0 + 1)
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
   kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
 };
@@ -1584,11 +1585,10 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       }
       if constexpr (VT::Drop::enabled) drop.scale_kept(x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
-      // (The kBarDs meeting below orders these delta reads before the stats copies two
-      // tiles on (kBarPFree without dQ); racecheck
-      // reported them now and then without a barrier of their own between (1 run in
-      // 4), never with this one, which costs nothing measurable: notes-bwd-loops.md
-      // §16.)
+      // (The kBarDs meeting below, or kBarPFree without dQ, orders these delta reads
+      // before the stats copies two tiles on; racecheck reported them now and then
+      // without a barrier of their own between (1 run in 4), never with this one,
+      // which costs nothing measurable: notes-bwd-loops.md §16.)
       warpgroup_barrier(1);
       if (!DQ_HERE && it + 1 < sched.end) named_barrier_arrive(kBarPFree, KT::THREADS);
     }

@@ -236,13 +236,13 @@ def backward_cases(cupy, ca, rng, kernels=BACKWARD_KERNELS, dims=None, dropout=0
     from cupy_attention.errors import UnsupportedError
     from cupy_attention.reference import attention_backward_reference
 
+    drop, ref_drop = dropout_args(dropout)
     bad = 0
     for B, Hq, Hkv, Sq, Sk, D, causal, mask_kind in CASES:
         if mask_kind or (dims and D not in dims):
             continue
         q, k, v = host_inputs(rng, "float16", B, Hq, Hkv, Sq, Sk, D)
         dout = rng.standard_normal(q.shape).astype(q.dtype)
-        drop, ref_drop = dropout_args(dropout)
         ref = attention_backward_reference(dout, q, k, v, causal=causal, dropout=ref_drop)
         dq, dk, dv, dd = (cupy.asarray(x) for x in (q, k, v, dout))
         out, lse = ca.attention(dq, dk, dv, causal=causal, return_lse=True, **drop)
