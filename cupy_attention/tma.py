@@ -25,7 +25,12 @@ MAP_DTYPE = np.dtype([("words", "<u8", (16,))])
 _U16 = 1          # CU_TENSOR_MAP_DATA_TYPE_UINT16: the copy moves 16-bit words
 F32 = 7           # CU_TENSOR_MAP_DATA_TYPE_FLOAT32: reductions add fp32 values
 _SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: SwizzledTile's layout
-_L2_256B = 3       # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+# CU_TENSOR_MAP_L2_PROMOTION_L2_128B: a box row's own 128 bytes. With 256-byte promotion
+# the decode's copies asked the L2 for 25% more sectors than they used (ncu, H200, B = 64,
+# Sk = 4k: 42.0M against 33.6M read from DRAM), which left it L2-bound at 4.14 TB/s; with
+# 128 (or none, or 64) it reads 4.45-4.55. The prefill and backward kernels: no change
+# (same-run A/B, 0.97-1.02x; benchmarks/results/notes-decode.md).
+_L2_128B = 2
 _Dims = ctypes.c_uint64 * 4
 _Strides = ctypes.c_uint64 * 3
 _Box = ctypes.c_uint32 * 4
@@ -168,7 +173,7 @@ class TileMaps:
         buf = (ctypes.c_uint64 * 24)()
         addr = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
         rc = _encoder()(addr, self._dtype, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
-                        ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_256B, 0)
+                        ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_128B, 0)
         if rc != 0:
             raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones),
                                 self._elem_size)
