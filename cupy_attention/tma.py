@@ -29,7 +29,8 @@ _SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: SwizzledTile's layout
 # the decode's copies asked the L2 for 25% more sectors than they used (ncu, H200, B = 64,
 # Sk = 4k: 42.0M against 33.6M read from DRAM), which left it L2-bound at 4.14 TB/s; with
 # 128 (or none, or 64) it reads 4.45-4.55. The prefill and backward kernels: no change
-# (same-run A/B, 0.97-1.02x; benchmarks/results/notes-decode.md).
+# (same-run A/B, median 1.000 on the H200 and the H100; benchmarks/results/notes-decode.md
+# section 14).
 _L2_128B = 2
 _Dims = ctypes.c_uint64 * 4
 _Strides = ctypes.c_uint64 * 3
