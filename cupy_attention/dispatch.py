@@ -89,7 +89,11 @@ class BackwardFamily:
         """The float32 ``dq_accum`` scratch the family's launch takes for ``p``: [B, Hq,
         Sq, D] in the default mode; in deterministic mode None, or where the family
         orders its dQ additions (flash_wgmma_bwd.dq_turns) B Hq Sq D floats and the
-        int32 turn counters behind them, flat."""
+        int32 turn counters behind them, flat. None too where the family says its
+        launch takes none (``takes_dq_accum``: flash_wgmma_bwd's own dQ pass)."""
+        takes = getattr(self.module, "takes_dq_accum", None)
+        if takes is not None and not takes(p, deterministic):
+            return None
         if not deterministic:
             return (p.batch, p.heads_q, p.seqlen_q, p.head_dim)
         turns = getattr(self.module, "dq_turns", None)

@@ -87,7 +87,8 @@
 //      and end of the pipeline stage"). Measurements and the variants that lost:
 //      benchmarks/results/notes-bwd-producer.md.
 //
-//      flash_wgmma_bwd_dkdv_wide, D = 136..256: dK and dV of 64 keys take D
+//      flash_wgmma_bwd_dkdv_wide, D = 136..256 (dQ here only for packed sequences
+//      in the default mode; fixed lengths take flash_wgmma_bwd_dq): dK and dV of 64 keys take D
 //      registers per thread, too many for one warpgroup beside S^T past D = 128, so
 //      BLOCK_N = 64 keys and BLOCK_M = 64 queries, both warpgroups cover all 64 keys
 //      (warp k of a warpgroup owns keys 16k..16k+15), and they split by role:
@@ -121,9 +122,10 @@
 //      tiles (TileScheduler), and add the same dK and dV into zeroed fp32 dk_accum,
 //      dv_accum (red.global.add).
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, with
-//      kDqSeparate (deterministic mode where the ordered dQ does not run: the wide
-//      kernel, packed sequences, D = 72..80 on 128-query tiles), flash_mma_bwd_dq
-//      (flash_mma_bwd.cu).
+//      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: the wide
+//      kernel over fixed lengths, in both modes) or flash_mma_bwd_dq
+//      (flash_mma_bwd.cu: the deterministic mode where the ordered dQ does not run,
+//      packed sequences, D = 72..80 on 128-query tiles).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
 // Roles: TileScheduler (the block's keys and the query tiles that see them),
 // Producer (the copies into the stage its PipelineState names, and the rows it
@@ -1631,5 +1633,259 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     epi.template store_dv<SPLIT>(acc, key0, lane);
   } else {
     epi.template store_dk<SPLIT>(acc, key0, lane);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// flash_wgmma_bwd_dq: dQ in a pass of its own, query-parallel (the forward's loop
+// shape), for the wide dK/dV kernel (D = 136..256), which then runs without dQ
+// (kDqSeparate) in both modes. There the dK/dV kernel's own dQ (64 keys a reduction
+// from registers) cost more than this pass: on an H200 it ran 2.2x as long with it as
+// without (benchmarks/results/notes-bwd-dq-pass.md). One block per (BLOCK_M = 128
+// query rows, query head, batch), the heaviest first under a causal band: warpgroup 0
+// is the producer (its first thread issues every tensor copy), warpgroups 1 and 2
+// consume 64 rows each. Q and dout of the block's rows land once (q_full); K_j and V_j
+// of each key tile of the variant's band go into K_STAGES and V_STAGES buffers
+// (full_k, empty_k, full_v, empty_v: lane 0 of each consumer warp releases). Per key
+// tile a consumer warpgroup:
+//   issue S  = Q K_j^T        wgmma ss, both K-major, N = BLOCK_N, over D_K
+//   (V_j landed) issue dP = dout V_j^T
+//   wait (for tile j - 1's dQ too); release V_j and K_{j-1}
+//   P = exp2(score - lse2), dS = P (dP - delta) d s / d dot: Scores::p_ds, the
+//   variant's masks, logits, bias and dropout, as flash_mma_bwd_dq
+//   issue dQ += dS K_j        wgmma rs: dS in 16 bits is the A fragment, K MN-major,
+//                             N = D; in flight while the next tile's S and dP issue
+// then dQ * scale is stored in the input dtype: no dq_accum, no atomics, no convert,
+// bitwise reproducible. Rows past Sq arrive as zeros with lse2 = +inf (P = 0) and are
+// not stored; rows that attend nothing see no key tile (dQ = 0) or only masked ones.
+// Fixed-length sequences (packed ones keep flash_mma_bwd_dq).
+template <int D_, int BLOCK_N_, class T_>
+struct WgmmaBwdDqTraits {
+  using T = T_;
+  static constexpr int D = D_;
+  static constexpr int D_K = (D + 15) / 16 * 16;  // K of Q K^T and dout V^T
+  static constexpr int D_BLOCKS = (D_K + 63) / 64;
+  static constexpr int CONSUMERS = 2;
+  static constexpr int BLOCK_M = 64 * CONSUMERS;  // query rows a block
+  static constexpr int BLOCK_N = BLOCK_N_;        // keys a tile
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  // 168 registers a thread at launch; the producer keeps 24, the consumers take the
+  // rest: dQ D/2, S and dP BLOCK_N/2 each, dS's A fragments BLOCK_N/4.
+  static constexpr int PRODUCER_REGS = 24;
+  static constexpr int CONSUMER_REGS = 240;
+  static constexpr int N_TILES = BLOCK_N / 8;   // n8 column groups of S, dP per thread
+  static constexpr int D_TILES = D / 8;         // n8 column groups of dQ per thread
+  static constexpr int QK_STEPS = D_K / 16;     // k16 steps of Q K^T and dout V^T
+  static constexpr int DQ_STEPS = BLOCK_N / 16; // k16 steps of dS K
+  using QTile = SwizzledTile<BLOCK_M, D_K>;
+  using KVTile = SwizzledTile<BLOCK_N, D_K>;
+  static constexpr int Q_SLICE = 64 * 128;      // bytes to a consumer's rows in a 64-column block
+  // K is read at a tile's start (S) and end (dQ), V in between (dP): two K buffers,
+  // and two V buffers where they fit beside Q and dout (not past D = 192: 225 KB
+  // with one at D = 256).
+  static constexpr int K_STAGES = 2;
+  static constexpr int V_STAGES =
+      2 * QTile::BYTES + 4 * KVTile::BYTES + SMEM_SLACK <= 227 * 1024 ? 2 : 1;
+  struct Storage {
+    unsigned char q[QTile::BYTES];
+    unsigned char dout[QTile::BYTES];
+    unsigned char k[K_STAGES][KVTile::BYTES];
+    unsigned char v[V_STAGES][KVTile::BYTES];
+  };
+  // In the alignment slack (slack_addr).
+  struct Barriers {
+    u64 q_full;
+    u64 full_k[K_STAGES], empty_k[K_STAGES], full_v[V_STAGES], empty_v[V_STAGES];
+  };
+  static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
+  static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
+  static_assert(BLOCK_N % 16 == 0 && BLOCK_N <= 256, "S = Q K^T is one wgmma m64n{BLOCK_N}");
+  static_assert(SMEM_BYTES <= 227 * 1024, "Q, dout and the K and V buffers fit");
+  static_assert(168 * THREADS >= PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS,
+                "the consumers take no more registers than the producer gave up");
+  static_assert(QTile::BYTES % 1024 == 0 && KVTile::BYTES % 1024 == 0,
+                "tiles stay on the 1024-byte boundaries of the swizzle");
+};
+
+template <class KT>
+struct DqSmem {
+  using S = typename KT::Storage;
+  using B = typename KT::Barriers;
+  u32 base, bars;
+  __device__ __forceinline__ explicit DqSmem(u32 base_)
+      : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+  __device__ __forceinline__ u32 q() const { return CA_FIELD(base, S, q); }
+  __device__ __forceinline__ u32 dout() const { return CA_FIELD(base, S, dout); }
+  __device__ __forceinline__ u32 k(int i) const { return CA_FIELD(base, S, k) + i * KT::KVTile::BYTES; }
+  __device__ __forceinline__ u32 v(int i) const { return CA_FIELD(base, S, v) + i * KT::KVTile::BYTES; }
+  __device__ __forceinline__ u32 q_full() const { return CA_FIELD(bars, B, q_full); }
+  __device__ __forceinline__ u32 full_k(int i) const { return CA_FIELD(bars, B, full_k) + 8 * i; }
+  __device__ __forceinline__ u32 empty_k(int i) const { return CA_FIELD(bars, B, empty_k) + 8 * i; }
+  __device__ __forceinline__ u32 full_v(int i) const { return CA_FIELD(bars, B, full_v) + 8 * i; }
+  __device__ __forceinline__ u32 empty_v(int i) const { return CA_FIELD(bars, B, empty_v) + 8 * i; }
+};
+
+// The producer's first thread: Q and dout of the block's rows (two boxes of 64 rows
+// each, a consumer's), then K_j and V_j of key tiles n_begin.. into their buffers once
+// released. Map coordinates as TiledKV's: a broadcast (stride 0) head or batch axis
+// is a map of size 1.
+template <class KT>
+__device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams& p,
+                                           const TmaMap& q_map, const TmaMap& k_map,
+                                           const TmaMap& v_map, const TmaMap& dout_map, int q0,
+                                           int h, int b, int n_begin, int n_blocks) {
+  const FwdParams& f = p.fwd;
+  const int h_kv = h / f.group;
+  mbarrier_arrive_expect_tx(st.q_full(), 2 * KT::QTile::BYTES);
+#pragma unroll
+  for (int c = 0; c < KT::CONSUMERS; ++c) {
+    tma_load_blocks<KT::D_BLOCKS>(st.q() + c * KT::Q_SLICE, KT::QTile::BLOCK_BYTES, q_map,
+                                  q0 + 64 * c, f.q_head_stride ? h : 0,
+                                  f.q_batch_stride ? b : 0, st.q_full());
+    tma_load_blocks<KT::D_BLOCKS>(st.dout() + c * KT::Q_SLICE, KT::QTile::BLOCK_BYTES, dout_map,
+                                  q0 + 64 * c, p.dout_head_stride ? h : 0,
+                                  p.dout_batch_stride ? b : 0, st.q_full());
+  }
+  const int k_h = f.k_head_stride ? h_kv : 0, k_b = f.k_batch_stride ? b : 0;
+  const int v_h = f.v_head_stride ? h_kv : 0, v_b = f.v_batch_stride ? b : 0;
+  PipelineState<KT::K_STAGES> kp;
+  PipelineState<KT::V_STAGES> vp;
+  for (int j = 0; j < n_blocks; ++j) {
+    const int k0 = (n_begin + j) * KT::BLOCK_N;
+    if (j >= KT::K_STAGES) mbarrier_wait(st.empty_k(kp.index()), kp.phase() ^ 1);
+    mbarrier_arrive_expect_tx(st.full_k(kp.index()), KT::KVTile::BYTES);
+    tma_load_blocks<KT::D_BLOCKS>(st.k(kp.index()), KT::KVTile::BLOCK_BYTES, k_map, k0, k_h, k_b,
+                                  st.full_k(kp.index()));
+    kp.advance();
+    if (j >= KT::V_STAGES) mbarrier_wait(st.empty_v(vp.index()), vp.phase() ^ 1);
+    mbarrier_arrive_expect_tx(st.full_v(vp.index()), KT::KVTile::BYTES);
+    tma_load_blocks<KT::D_BLOCKS>(st.v(vp.index()), KT::KVTile::BLOCK_BYTES, v_map, k0, v_h, v_b,
+                                  st.full_v(vp.index()));
+    vp.advance();
+  }
+}
+
+// Grid: x = query block (the last first under a causal band), y = query head, z = batch.
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS, 1)
+    flash_wgmma_bwd_dq(const BwdParams p, const __grid_constant__ TmaMap q_map,
+                       const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
+                       const __grid_constant__ TmaMap dout_map) {
+  static_assert(!VT::Seqs::kRagged, "fixed-length sequences (packed ones run flash_mma_bwd_dq)");
+  using T = typename KT::T;
+  const FwdParams& f = p.fwd;
+  const DqSmem<KT> st(storage_base(wgmma_bwd_smem));
+  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = m_block * KT::BLOCK_M;
+  // Key tiles [n_begin, n_begin + n_blocks): the variant's band of the block's rows.
+  const int n_begin = VT::kv_begin(f, q0) / KT::BLOCK_N;
+  const int n_blocks = cmax(
+      0, ceil_div(VT::kv_end(f, cmin(q0 + KT::BLOCK_M, f.seqlen_q) - 1), KT::BLOCK_N) - n_begin);
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  if (threadIdx.x == 0) {
+    mbarrier_init(st.q_full(), 1);
+    for (int i = 0; i < KT::K_STAGES; ++i) {
+      mbarrier_init(st.full_k(i), 1);
+      mbarrier_init(st.empty_k(i), 4 * KT::CONSUMERS);  // lane 0 of each consumer warp
+    }
+    for (int i = 0; i < KT::V_STAGES; ++i) {
+      mbarrier_init(st.full_v(i), 1);
+      mbarrier_init(st.empty_v(i), 4 * KT::CONSUMERS);
+    }
+  }
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<KT::PRODUCER_REGS>();
+    if (threadIdx.x == 0)
+      produce_dq<KT>(st, p, q_map, k_map, v_map, dout_map, q0, h, b, n_begin, n_blocks);
+    return;
+  }
+  setmaxnreg_inc<KT::CONSUMER_REGS>();
+
+  const int c = wg - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row0 = 64 * c + 16 * (threadIdx.x / 32 % 4);  // this warp's first row in the block
+  // Rows g and g + 8 of the warp: lse in the exp2 domain (+inf where the row attends
+  // nothing or lies past Sq) and delta.
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = q0 + row0 + g + 8 * r;
+    lse2[r] = CA_INF;
+    delta[r] = 0.f;
+    if (i < f.seqlen_q) {
+      const float l = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
+      lse2[r] = l == -CA_INF ? CA_INF : l * CA_LOG2E;
+      delta[r] = p.delta[delta_row(p, b, h) + i];
+    }
+  }
+  float acc[KT::D_TILES * 4];
+#pragma unroll
+  for (int i = 0; i < KT::D_TILES * 4; ++i) acc[i] = 0.f;
+  float s[KT::N_TILES * 4], dp[KT::N_TILES * 4];
+  u32 da[KT::DQ_STEPS][4];  // dS in 16 bits: the A operand of dS K
+
+  const u64 q_desc = KT::QTile::kmajor(st.q(), 64 * c, 0);
+  const u64 o_desc = KT::QTile::kmajor(st.dout(), 64 * c, 0);
+  PipelineState<KT::K_STAGES> kp;
+  PipelineState<KT::V_STAGES> vp;
+  if (n_blocks > 0) mbarrier_wait(st.q_full(), 0);
+  for (int j = 0; j < n_blocks; ++j) {
+    const int k0 = (n_begin + j) * KT::BLOCK_N;
+    mbarrier_wait(st.full_k(kp.index()), kp.phase());
+    wgmma_fence();  // s, dp were written by ordinary code
+    const u64 k_desc = KT::KVTile::kmajor(st.k(kp.index()), 0, 0);
+#pragma unroll
+    for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+      Wgmma<KT::BLOCK_N>::ss(s, desc_advance(q_desc, KT::QTile::kmajor_offset(ks)),
+                             desc_advance(k_desc, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+    mbarrier_wait(st.full_v(vp.index()), vp.phase());
+    const u64 v_desc = KT::KVTile::kmajor(st.v(vp.index()), 0, 0);
+#pragma unroll
+    for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+      Wgmma<KT::BLOCK_N>::ss(dp, desc_advance(o_desc, KT::QTile::kmajor_offset(ks)),
+                             desc_advance(v_desc, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+    wgmma_commit();
+    wgmma_wait<0>();  // S, dP, and the last tile's dQ
+    fence_regs(s);
+    fence_regs(dp);
+    fence_regs(acc);
+    fence_regs(da);
+    if (lane == 0) {
+      mbarrier_arrive(st.empty_v(vp.index()));
+      if (j > 0) mbarrier_arrive(st.empty_k(kp.prev().index()));
+    }
+    vp.advance();
+
+    Scores<VT>::p_ds(MmaFrag<KT::N_TILES>(lane), [&](int x) -> float& { return s[x]; },
+                     [&](int x) -> float& { return dp[x]; }, f, b, h, q0 + row0, k0,
+                     VT::partial(f, q0 + row0, q0 + row0 + 15, k0, k0 + KT::BLOCK_N - 1),
+                     [&](int r, int) { return lse2[r]; }, [&](int r, int) { return delta[r]; });
+#pragma unroll
+    for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) da[ks][e] = MmaType<T>::pack(dp[8 * ks + 2 * e], dp[8 * ks + 2 * e + 1]);
+    wgmma_fence();  // da was written by ordinary code
+    const u64 kt_desc = KT::KVTile::mnmajor(st.k(kp.index()), 0);
+#pragma unroll
+    for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
+      Wgmma<KT::D>::rs(acc, da[ks], desc_advance(kt_desc, KT::KVTile::mnmajor_offset(ks)), T{});
+    wgmma_commit();
+    kp.advance();
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+
+  T* dq_head = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = q0 + row0 + g + 8 * r;
+    if (i >= f.seqlen_q) continue;
+#pragma unroll
+    for (int dt = 0; dt < KT::D_TILES; ++dt)
+      *reinterpret_cast<u32*>(dq_head + i * p.dq_row_stride + dt * 8 + 2 * t) =
+          MmaType<T>::pack(acc[dt * 4 + 2 * r] * f.scale, acc[dt * 4 + 2 * r + 1] * f.scale);
   }
 }

@@ -52,6 +52,39 @@ def test_host_shared_memory_matches_the_storage():
     assert ok, f"flash_wgmma_bwd.py's Config.smem and WgmmaBwdTraits::Storage disagree:\n{log}"
 
 
+def dq_smem_probe(lie: bool = False) -> str:
+    """static_asserts that flash_wgmma_bwd_dq's shared memory is the host's dq_smem at
+    every head dim it runs (the wide kernel's) and both key-tile widths."""
+    lines = ['#include "flash_wgmma_bwd.cu"']
+    for c in SHIPPED:
+        if not c.wide:
+            continue
+        for bn in (48, 64):
+            smem = fb.dq_smem(c.head_dim, bn) + (16 if lie else 0)
+            traits = f"WgmmaBwdDqTraits<{c.head_dim}, {bn}, bf16>"
+            lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, '
+                         f'"DQ SMEM_BYTES D={c.head_dim} BN={bn}");')
+    return "\n".join(lines) + "\n"
+
+
+def test_dq_pass_shared_memory_matches_the_storage():
+    ok, log = nvrtc_probe(dq_smem_probe(), jit.options_for("sm_90a"))
+    assert ok, f"flash_wgmma_bwd.py's dq_smem and WgmmaBwdDqTraits disagree:\n{log}"
+    ok, log = nvrtc_probe(dq_smem_probe(lie=True), jit.options_for("sm_90a"))
+    assert not ok and "DQ SMEM_BYTES D=" in log, log
+
+
+def test_wide_head_dims_take_the_dq_pass():
+    for c in SHIPPED:
+        for det in (False, True):
+            kernels = [s.expr.split("<", 1)[0] for s in fb.specs(c, "bfloat16", Variant(), det)]
+            assert ("flash_wgmma_bwd_dq" in kernels) == c.wide, (c, det, kernels)
+            if c.wide:
+                assert "kDqSeparate" in fb.specs(c, "bfloat16", Variant(), det)[1].expr
+    ragged = fb.config(256, Variant(ragged=True))
+    assert not fb.own_dq(ragged, Variant(ragged=True))
+
+
 def test_smem_probe_catches_a_wrong_size():
     ok, log = nvrtc_probe(smem_probe(SHIPPED[:1], lie=True), jit.options_for("sm_90a"))
     assert not ok and "SMEM_BYTES D=" in log, log

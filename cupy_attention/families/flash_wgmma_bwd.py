@@ -13,8 +13,11 @@ problem. Launch sequence on the caller's stream (the row kernels come from
    ``dq_accum`` with fp32 reductions: in any order (``"atomic"``), or with
    ``deterministic=True`` where :func:`ordered_dq` holds in a fixed order of key
    blocks (``"ordered"``: bitwise reproducible);
-3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``), or in the other
-   deterministic cases (``"separate"``) flash_mma_bwd's ``flash_mma_bwd_dq``.
+3. ``flash_bwd_dq_convert`` (``dq = dq_accum * scale``); or, where the dK/dV kernel
+   runs without dQ (``"separate"``), a dQ pass of its own: ``flash_wgmma_bwd_dq``
+   (wgmma, query-parallel, dQ written once: the wide kernel over fixed lengths, in
+   both modes, :func:`own_dq`) or flash_mma_bwd's ``flash_mma_bwd_dq`` (the other
+   deterministic cases).
 
 Head dims that are multiples of 8 from 64 to 256 (K Q^T and V dout^T step over D
 rounded up to 16); other head dims, dense masks and other devices are declined by
@@ -70,7 +73,8 @@ TILES = (
               "at D = 256). [3] D=160: 207-219 / 157-188 (FA2 180-200 / 157-206); D=192: "
               "221-239 / 175-210 (FA2 225-258 / 199-270); D=256: 254-272 / 200-246 (FA2 "
               "229-261 / 188-255); flash_mma_bwd 131-173. Bound by the dQ reductions "
-              "([4]: 1.5-1.8x faster without them)"),
+              "([4]: 1.5-1.8x faster without them), so dQ has a pass of its own "
+              "(own_dq)"),
 )
 
 
@@ -260,11 +264,55 @@ def _ordered(c: Config, vt: Variant) -> bool:
 
 
 def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = False) -> str:
+    if own_dq(c, vt):
+        return "separate"
     if not deterministic:
         return "atomic"
     if not _ordered(c, vt):
         return "separate"
     return "staggered" if staggered and vt.band_flags[1] else "ordered"
+
+
+# The wide kernel's dQ goes to a pass of its own, flash_wgmma_bwd_dq (query-parallel,
+# wgmma, dQ written once in the input dtype), in both modes: the dK/dV kernel then runs
+# without dQ. On an H200 (2026-11-28, bf16, B*S = 16k, H*D = 2048, S = 4k and 16k) the
+# wide kernel took 2.2x as long with its atomic dQ as without it
+# (benchmarks/results/notes-bwd-dq-pass.md). Fixed-length sequences only: packed ones
+# keep the atomic dQ, or flash_mma_bwd_dq in deterministic mode.
+DQ_BLOCK_M = 128     # WgmmaBwdDqTraits::BLOCK_M: two consumer warpgroups of 64 rows
+DQ_THREADS = 384     # and a producer warpgroup
+
+
+def own_dq(c: Config, vt: Variant) -> bool:
+    """Whether dQ runs in flash_wgmma_bwd_dq (the wide kernel over fixed lengths)."""
+    return c.wide and not vt.ragged
+
+
+def dq_block_n(head_dim: int, vt: Variant) -> int:
+    """flash_wgmma_bwd_dq's keys a tile: 64, or 48 where 64 spilled (ptxas of CUDA
+    13.5: 4-24 bytes with dropout from D = 240, with softcap and ALiBi together at
+    D = 256)."""
+    tight = vt.dropout or (vt.softcap and vt.dense != "none")
+    return 48 if tight and head_dim >= 240 else 64
+
+
+def dq_smem(head_dim: int, block_n: int) -> int:
+    """``WgmmaBwdDqTraits::SMEM_BYTES``: Q and dout of 128 rows, two K buffers and one
+    or two V buffers (two where they fit in 227 KB), 16-bit rows of whole 64-column
+    blocks, and 1 KB for the alignment (the mbarriers live in it)."""
+    d = flash_wgmma.d_pad(head_dim)
+    q, kv = DQ_BLOCK_M * d * 2, block_n * d * 2
+    v_stages = 2 if 2 * q + 4 * kv + 1024 <= 227 * _KB else 1
+    return 2 * q + (2 + v_stages) * kv + 1024
+
+
+def dq_spec(head_dim: int, dtype: str, vt: Variant) -> jit.KernelSpec:
+    bn = dq_block_n(head_dim, vt)
+    expr = (f"flash_wgmma_bwd_dq<WgmmaBwdDqTraits<{head_dim}, {bn}, {CPP_DTYPE[dtype]}>, "
+            f"{vt.cpp()}>")
+    return jit.KernelSpec("flash_wgmma_bwd.cu", expr,
+                          f"flash_wgmma_bwd_dq[D={head_dim},BN={bn},{SHORT_DTYPE[dtype]}"
+                          f"{vt.suffix()}]")
 
 
 def staggered_turns(p: Problem, sms: int) -> bool:
@@ -296,6 +344,10 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
     ordered dQ's staggered turns, where the variant has an upper bound)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
+    if own_dq(c, vt):
+        out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
+               dq_spec(c.head_dim, dtype, vt)]
+        return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
@@ -363,24 +415,37 @@ def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bo
                                                     staggered)
 
 
-def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config) -> tma.MapBuffers | None:
+def takes_dq_accum(p: Problem, deterministic: bool) -> bool:
+    """Whether the launch of ``p`` adds dQ into a float32 dq_accum (dispatch's
+    dq_accum_shape): not where flash_wgmma_bwd_dq writes dQ (own_dq), nor in the
+    deterministic mode outside the ordered dQ."""
+    c = config(p.head_dim, p.variant, deterministic)
+    if c is not None and own_dq(c, p.variant):
+        return False
+    return not deterministic or ordered_dq(p)
+
+
+def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config,
+                kv_rows: int | None = None) -> tma.MapBuffers | None:
     """The dK/dV kernel's tensor maps for ``p``, called with the q, k, v, dout and
     dq_accum pointers: boxes of BLOCK_M query rows or BLOCK_N keys of q, k, v and
     dout, and for flash_wgmma_bwd_dkdv dq_accum's (fp32, boxes of 32 columns x
     BLOCK_M rows: the reductions of the staged dQ; zeros in deterministic mode). None
     where a view has no tensor map (tma.tileable: a row stride of 0 over several
-    rows, negative strides)."""
+    rows, negative strides). ``kv_rows``: k's and v's boxes of that many rows
+    instead (flash_wgmma_bwd_dq's key tiles), no dq_accum map."""
     arrays = (t.fwd.q, t.fwd.k, t.fwd.v, t.dout)
     heads = (p.heads_q, p.heads_kv, p.heads_kv, p.heads_q)
     rows = (p.seqlen_q, p.seqlen_k, p.seqlen_k, p.seqlen_q)
-    boxes = (c.block_m, c.block_n, c.block_n, c.block_m)
+    kv_box = kv_rows or c.block_n
+    boxes = (c.block_m, kv_box, kv_box, c.block_m)
     batch = 1 if p.varlen else p.batch   # packed sequences: one entry of total rows
     strides = [bhs_strides(a, p.layout) for a in arrays]
     if not all(tma.tileable(batch, h, n, s) for h, n, s in zip(heads, rows, strides)):
         return None
     encoders = [tma.tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
                 for h, n, s, box in zip(heads, rows, strides, boxes)]
-    if not c.wide:   # dq_accum: [B, Hq, Sq, D] fp32, or [Hq, total_q, D] packed
+    if not c.wide and kv_rows is None:   # dq_accum: [B, Hq, Sq, D] fp32, or packed [Hq, total_q, D]
         encoders.append(tma.tile_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
                                                              p.head_dim, c.block_m), tma.F32))
     return tma.MapBuffers(encoders)
@@ -397,16 +462,22 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
-    if maps is None:   # writes dK, dV itself: no split
-        return flash_mma_bwd.passes(p, t, device_id, arch, deterministic)
+    if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
+        return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     mode = _dq_mode(c, p.variant, deterministic, staggered)
+    own = own_dq(c, p.variant)
     dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
-    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate")
+    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own)
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
+    if own:   # the dQ pass: 128 query rows of one (head, batch) a block
+        bn = dq_block_n(p.head_dim, p.variant)
+        dq_maps = maps if bn == c.block_n else tensor_maps(p, t, c, bn)
+        launches[2] = (kernels[2], (-(-p.seqlen_q // DQ_BLOCK_M), p.heads_q, p.batch),
+                       (DQ_THREADS,), dq_smem(p.head_dim, bn), dq_maps)
     if split:
         launches.append((kernels[3], (-(-p.seqlen_k // flash_bwd.ROWS_PER_BLOCK), p.heads_kv,
                                       p.batch), (flash_bwd.THREADS,), 0))
@@ -479,6 +550,16 @@ def ci_specs() -> list[jit.KernelSpec]:
         out.append(dkdv_spec(config(d, vt, split=True), dtype, vt, "atomic", True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
+    # flash_wgmma_bwd_dq (own_dq): every wide head dim, dtype and causal rotating, and
+    # the variants, on their key tiles (dq_block_n)
+    for i, d in enumerate(range(136, TILES[-1][0] + 1, 8)):
+        out.append(dq_spec(d, ("float16", "bfloat16")[i % 2], Variant(i % 3 != 1)))
+    for d, vt in ((256, Variant(True, softcap=30.0, dense="alibi")),
+                  (256, Variant(True, dropout=True)), (240, Variant(dropout=True)),
+                  (232, Variant(True, dropout=True)), (256, Variant(True, (128, 0))),
+                  (192, Variant(True, softcap=30.0, dense="alibi", dropout=True)),
+                  (256, Variant(True, softcap=30.0, dense="alibi", dropout=True))):
+        out.append(dq_spec(d, "bfloat16", vt))
     # dropout, on its rows (_narrow_rows), both dQ modes
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
                       (256, True)):
@@ -493,4 +574,4 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(True, (32, 0), 30.0, ragged=True, dropout=True)),
                   (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
         out.append(dkdv_spec(config(d, vt), "bfloat16", vt, "atomic"))
-    return out
+    return list(dict.fromkeys(out))   # (the wide kernel's modes are one instantiation)
