@@ -977,7 +977,8 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
     (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the
-    wide kernel and packed sequences keep the separate dQ pass. Without dropout it
+    wide kernel runs its own dQ pass in both modes (flash_wgmma_bwd_dq), packed
+    sequences flash_mma's. Without dropout it
     takes 64-query tiles and the producer warpgroup where the default mode takes 128.
     The family asks for a dq_accum with a turn counter per query tile."""
     from cupy_attention.dispatch import backward_families
@@ -1014,8 +1015,14 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     assert flash_wgmma_bwd.config(64, vt, False).threads("atomic", vt) == 384
     for d, causal in ((136, True), (256, False)):
         assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
-        got = names(d, Variant(causal), True)
-        assert "-dq" not in got[1] and got[2].startswith("flash_mma_bwd_dq"), got
+        for det in (False, True):
+            got = names(d, Variant(causal), det)
+            assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
+        assert backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), False) is None
+    vt = Variant(True, ragged=True)
+    got = names(256, vt, True)
+    assert "-dq" not in got[1] and got[2].startswith("flash_mma_bwd_dq"), got
+    assert ",atomic-dq" in names(256, vt, False)[1]
     assert not flash_wgmma_bwd.ordered_dq(prob(128, varlen=True))
 
     vt = Variant(True)

@@ -449,8 +449,8 @@ def test_wgmma_backward_tiles_with_dropout():
     """The flash_wgmma backward takes 64-query tiles with dropout at every head dim (the
     plain kernel has 128 up to D = 80, causal ones up to D = 64), and the producer
     warpgroup in the atomic dQ mode up to D = 128; deterministic, its dK/dV kernel adds
-    dQ in order up to D = 128, past it the separate dQ kernel is flash_mma's, which
-    draws the same mask."""
+    dQ in order up to D = 128; past it both modes run the dQ pass flash_wgmma_bwd_dq,
+    which draws the same mask."""
     from cupy_attention.families import flash_wgmma_bwd
     from cupy_attention.variant import Variant
 
@@ -465,7 +465,7 @@ def test_wgmma_backward_tiles_with_dropout():
         for deterministic in (False, True):
             kernels = flash_wgmma_bwd.specs(flash_wgmma_bwd.config(d, vt), "bfloat16", vt,
                                             deterministic)
-            separate = deterministic and d > 128
+            separate = d > 128
             assert sum("PhiloxDropout" in s.expr for s in kernels) == 1 + separate
             assert any("ordered-dq" in s.name for s in kernels) == (deterministic and d <= 128)
 
