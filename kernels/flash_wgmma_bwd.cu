@@ -87,8 +87,8 @@
 //      and end of the pipeline stage"). Measurements and the variants that lost:
 //      benchmarks/results/notes-bwd-producer.md.
 //
-//      flash_wgmma_bwd_dkdv_wide, D = 136..256 (dQ here only for packed sequences
-//      in the default mode; fixed lengths take flash_wgmma_bwd_dq): dK and dV of 64 keys take D
+//      flash_wgmma_bwd_dkdv_wide, D = 136..256, without dQ (kDqSeparate: dQ is
+//      flash_wgmma_bwd_dq's, below): dK and dV of 64 keys take D
 //      registers per thread, too many for one warpgroup beside S^T past D = 128, so
 //      BLOCK_N = 64 keys and BLOCK_M = 64 queries, both warpgroups cover all 64 keys
 //      (warp k of a warpgroup owns keys 16k..16k+15), and they split by role:
@@ -98,21 +98,15 @@
 //        issue X^T = A B^T          wg 0: S^T = K Q^T; wg 1: dP^T = V dout^T
 //                                   (ss, both K-major, N = 64, over D_K)
 //        wg 0: P^T, stored to sP (fp32, each thread its own slots); arrive
-//        wg 1: wait for sP; dS^T = P^T (dP^T - delta); (DQ_HERE) dS^T to sdS,
-//              arrive
+//        wg 1: wait for sP; dS^T = P^T (dP^T - delta)
 //        issue acc += X^T C         wg 0: dV += P^T dout; wg 1: dK += dS^T Q
 //                                   (rs, C MN-major, N = D)
-//        (DQ_HERE) wg 0 waits for sdS; then dQ = dS K, each warpgroup about
-//        half of the columns (WgmmaBwdTraits::DQ_N: D = 136-192 in one round of
-//        D - 64 columns from block w, D = 200-256 in two of 64, blocks w and
-//        w + 2), each round's wgmma waited for and its dQ / scale added into
-//        dq_accum right away.
-//      sP and sdS are single buffers. The warpgroups meet only at their
-//      hand-overs (kBarP; with dQ here kBarDs and kBarDsFree, warpgroup 0's dQ
-//      done with sdS before 1 overwrites it; without, kBarPFree, warpgroup 1 done
-//      with sP), so warpgroup 0 starts the next tile's S^T while 1 still finishes
-//      the last (1.01-1.06x over a barrier of the block at each tile's start:
-//      notes-bwd-loops.md §20).
+//      sP is a single buffer. The warpgroups meet only at its hand-overs (kBarP;
+//      kBarPFree, warpgroup 1 done with sP), so warpgroup 0 starts the next tile's
+//      S^T while 1 still finishes the last (1.01-1.06x over a barrier of the block
+//      at each tile's start: notes-bwd-loops.md §20). Its dQ (64 keys a reduction
+//      from registers, computed here until 2026-11-28) cost more than a pass of its
+//      own: benchmarks/results/notes-bwd-dq-pass.md.
 //
 //      Then dK * scale and dV (times 1 / (1 - p) under dropout) are staged through
 //      sK, sV and written with 16-byte stores: one block owns each key of a KV head,
@@ -122,8 +116,8 @@
 //      tiles (TileScheduler), and add the same dK and dV into zeroed fp32 dk_accum,
 //      dv_accum (red.global.add).
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, with
-//      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: the wide
-//      kernel over fixed lengths, in both modes) or flash_mma_bwd_dq
+//      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: after the wide
+//      kernel, in both modes) or flash_mma_bwd_dq
 //      (flash_mma_bwd.cu: the deterministic mode where the ordered dQ does not run,
 //      packed sequences, D = 72..80 on 128-query tiles).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
@@ -206,14 +200,12 @@ struct WgmmaBwdTraits {
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
   static constexpr int DQ_STEPS = BLOCK_N / 16;   // k16 steps of dS K
-  // dQ = dS K is m64 wgmmas of DQ_N columns per warpgroup, DQ_ROUNDS of them one
-  // after another. BLOCK_M = 128: warpgroup w takes all D columns of queries 64w..
-  // Otherwise both take the tile's 64 queries and split the columns; an MN-major B
-  // operand starts on one of sK's 64-column blocks, and both warpgroups run one N
-  // (ptxas serializes the wgmma of a divergent path), so with up to three blocks
-  // warpgroup w computes DQ_N = max(64, D - 64) columns from 64w (past D = 128 the
-  // two ranges overlap) and keeps those below DQ_SPLIT (w = 0, about half of D) or
-  // from it on (w = 1); with four blocks, warpgroup w takes blocks w and w + 2.
+  // The narrow kernel's dQ = dS K is one m64 wgmma of DQ_N columns per warpgroup
+  // (the wide kernel has no dQ). BLOCK_M = 128: warpgroup w takes all D columns of
+  // queries 64w.. Otherwise both take the tile's 64 queries and split the columns:
+  // an MN-major B operand starts on one of sK's 64-column blocks, and both
+  // warpgroups run one N (ptxas serializes the wgmma of a divergent path), so
+  // warpgroup w computes the 64 columns of block w and keeps those below D.
   // BLOCK_M = 80 (FlashAttention-3's non-causal tile at D = 128: S^T, dP^T and dQ at
   // N = 80 read 4.5 KB of shared memory per 40 clocks against N = 64's 4 KB per 32):
   // no m64 tile of queries, so dQ^T = K^T dS^T (DQ_TRANSPOSED), warpgroup w the 64
@@ -222,25 +214,13 @@ struct WgmmaBwdTraits {
   static constexpr bool DQ_SPLIT_ROWS = BLOCK_M == 128;
   static constexpr bool DQ_TRANSPOSED = BLOCK_M % 64 != 0;
   static constexpr int D_BLOCKS = (D + 63) / 64;
-  static constexpr int DQ_N =
-      DQ_TRANSPOSED ? BLOCK_M : DQ_SPLIT_ROWS ? D : D_BLOCKS == 3 ? D - 64 : 64;
+  static constexpr int DQ_N = DQ_TRANSPOSED ? BLOCK_M : DQ_SPLIT_ROWS ? D : 64;
   // dV issued once dS^T is computed, not while: P^T's 16-bit copy is then not live
   // beside S^T and dP^T in fp32 (at BLOCK_M = 80, 584-900 B spilled with it).
   static constexpr bool LATE_DV = DQ_TRANSPOSED;
-  static constexpr int DQ_ROUNDS = D_BLOCKS == 4 ? 2 : 1;
-  // D / 2 rounded down to a multiple of 8 (in 64..D - 64 for three blocks)
-  static constexpr int DQ_SPLIT = D_BLOCKS == 3 ? D / 16 * 8 : 64;
-  // Round `round` of warpgroup w: its first column col0, and the columns it keeps,
-  // col0 + [skip, cols).
-  __device__ static constexpr int dq_col0(int round, int w) {
-    return DQ_SPLIT_ROWS ? 0 : 64 * (DQ_ROUNDS * round + w);
-  }
-  __device__ static constexpr int dq_skip(int w) {
-    return DQ_SPLIT_ROWS || DQ_ROUNDS > 1 || w == 0 ? 0 : DQ_SPLIT - 64;
-  }
-  __device__ static constexpr int dq_cols(int round, int w) {
-    return DQ_SPLIT_ROWS ? D : DQ_ROUNDS > 1 || w == 1 ? D - dq_col0(round, w) : DQ_SPLIT;
-  }
+  // Warpgroup w's first column of dQ, and how many from it it keeps.
+  __device__ static constexpr int dq_col0(int w) { return DQ_SPLIT_ROWS ? 0 : 64 * w; }
+  __device__ static constexpr int dq_cols(int w) { return DQ_SPLIT_ROWS ? D : cmin(D - 64 * w, 64); }
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
@@ -255,8 +235,13 @@ struct WgmmaBwdTraits {
     unsigned char ds[DsTile::BYTES];               // dS^T [key][query], for dQ = dS K
     float stats[kStages][2][BLOCK_M];              // per stage: lse, then delta
   };
-  // The wide kernel hands P^T from warpgroup 0 to 1 in fp32.
-  struct WideTiles : Tiles {
+  // The wide kernel (no dQ, so no sdS) hands P^T from warpgroup 0 to 1 in fp32.
+  struct WideTiles {
+    unsigned char k[KVTile::BYTES];
+    unsigned char v[KVTile::BYTES];
+    unsigned char q[kStages][QTile::BYTES];
+    unsigned char dout[kStages][QTile::BYTES];
+    float stats[kStages][2][BLOCK_M];
     float p[BLOCK_N * BLOCK_M];
   };
   // The narrow kernel stages a tile's dQ / scale in fp32, two tiles' worth, added into
@@ -1316,7 +1301,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const u32 dq_a = KT::DQ_TRANSPOSED
                        ? st.k() + wg * (KT::BLOCK_N * 128)
                        : st.ds() + (KT::DQ_SPLIT_ROWS ? wg * KT::BLOCK_N * 128 : 0);
-  const int dq_col0 = KT::dq_col0(0, wg), dq_cols = KT::dq_cols(0, wg);
+  const int dq_col0 = KT::dq_col0(wg), dq_cols = KT::dq_cols(wg);
   const u32 dq_b = KT::DQ_TRANSPOSED ? st.ds() : st.k() + (dq_col0 / 64) * (KT::BLOCK_N * 128);
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
   static_assert(!KT::DQ_TRANSPOSED || PWG || !DQ_HERE,
@@ -1491,8 +1476,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
 
 // D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and
 // holds dV, warpgroup 1 computes dS^T and holds dK, one instruction stream with
-// role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP) and of sdS
-// (kBarDs), acc += X^T C, then dQ in DQ_ROUNDS rounds, each reduced right away.
+// role-selected operands. Per tile: X^T, the hand-over of P^T (kBarP), acc += X^T C.
+// No dQ: flash_wgmma_bwd_dq computes it.
 template <class KT, class VT, int DQ, bool SPLIT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dkdv_wide(const BwdParams args, const __grid_constant__ TmaMap q_map,
@@ -1500,8 +1485,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                               const __grid_constant__ TmaMap v_map,
                               const __grid_constant__ TmaMap dout_map) {
   static_assert(KT::WIDE, "D <= 128 runs flash_wgmma_bwd_dkdv");
-  static_assert(DQ < kDqOrdered, "the wide kernel's dQ is not staged: no ordered mode");
-  constexpr bool DQ_HERE = DQ == kDqAtomic;  // (kDqSeparate otherwise)
+  static_assert(DQ == kDqSeparate, "past D = 128 dQ is flash_wgmma_bwd_dq's");
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy)
   typename VT::Seqs::template Bound<BwdParams> p =
       bind_keys<KT, VT, SPLIT>(args, n_block, h_kv, b, split);
@@ -1516,8 +1500,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   // descriptors derived from it stay in uniform registers (no R2UR per wgmma).
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int key0 = 16 * (warp % 4);  // this warp's first key (and dQ's first query row)
+  const int t = lane % 4;
+  const int key0 = 16 * (warp % 4);  // this warp's first key
   init_barriers(st);
   producer.load_first();
 
@@ -1526,7 +1510,6 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   for (int i = 0; i < KT::D / 2; ++i) acc[i] = 0.f;
   float x[KT::BLOCK_M / 2];     // warpgroup 0: S^T, then P^T; 1: dP^T, then dS^T
   u32 xa[KT::KV_STEPS][4];      // x in 16 bits: the A operand of acc's wgmma
-  float dq[KT::DQ_N / 2];       // one round's columns of the tile's dQ
   const u32 x_a = wg ? st.v() : st.k();
   // P^T (times d s / d dot) handed from warpgroup 0 to 1, float4 i of a thread at
   // slot i * 128 + thread: both warpgroups' accumulators of one shape, so thread k
@@ -1537,34 +1520,30 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int h = sched.head(it), m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
-    // Tile it landed. The warpgroups do not meet at the tile's start. With dQ here,
-    // sP (and the stats of tile it - 1's stage, reloaded below) are free once
-    // warpgroup 0 passed tile it - 1's kBarDs, which warpgroup 1 reached past its sP
-    // and delta reads; sdS once warpgroup 0 arrived at kBarDsFree. Without dQ,
-    // warpgroup 1 arrives at kBarPFree past those reads instead.
+    // Tile it landed. The warpgroups do not meet at the tile's start: sP (and the
+    // stats of tile it - 1's stage, reloaded below) are free once warpgroup 1
+    // arrived at kBarPFree past its sP and delta reads.
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
     // Both warpgroups hold the same elements of their X^T: warpgroup 0 draws them for
     // P^T's A fragments, 1 for dP^T.
     const DropDraws<KT, VT> drop(f, sched.b, h, m0, sched.n0 + key0, lane);
 
-    wgmma_fence();  // x, dq were read by ordinary code
+    wgmma_fence();  // x was read by ordinary code
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
     // Tile it + 1 into tile it - 1's stage. Warpgroup 1's first thread issues its
     // tensor copies: warpgroup 1 runs behind 0 (it waits for P^T), so the release it
-    // waits for is its own. (Without dQ, warpgroup 0's threads copy the stats once
-    // past kBarPFree, below.)
-    if (it + 1 < sched.end && (DQ_HERE || wg == 1)) producer.template load_q<true, 128>(it + 1);
+    // waits for is its own. (Warpgroup 0's threads copy the stats once past
+    // kBarPFree, below.)
+    if (it + 1 < sched.end && wg == 1) producer.template load_q<true, 128>(it + 1);
     wgmma_wait<0>();
     fence_regs(x);
 
     if (wg == 0) {
       const typename VT::Head hd = VT::Dense::head(f, sched.b, h);
       p_from_s<KT, VT>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
-      if constexpr (!DQ_HERE) {
-        if (it > sched.begin) named_barrier_sync(kBarPFree, KT::THREADS);
-        if (it + 1 < sched.end) producer.template load_q<true, 128>(it + 1);
-      }
+      if (it > sched.begin) named_barrier_sync(kBarPFree, KT::THREADS);
+      if (it + 1 < sched.end) producer.template load_q<true, 128>(it + 1);
       if constexpr (VT::Logits::kTransform) {
         float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
         p_times_grad<KT, VT>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
@@ -1587,39 +1566,17 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       }
       if constexpr (VT::Drop::enabled) drop.scale_kept(x);
       ds_from_dp<KT>(x, pt, st.delta(stage), t);
-      // (The kBarDs meeting below, or kBarPFree without dQ, orders these delta reads
-      // before the stats copies two tiles on; racecheck reported them now and then
-      // without a barrier of their own between (1 run in 4), never with this one,
-      // which costs nothing measurable: notes-bwd-loops.md §16.)
+      // (kBarPFree orders these delta reads before the stats copies two tiles on;
+      // racecheck reported them now and then without a barrier of their own between
+      // (1 run in 4), never with this one, which costs nothing measurable:
+      // notes-bwd-loops.md §16.)
       warpgroup_barrier(1);
-      if (!DQ_HERE && it + 1 < sched.end) named_barrier_arrive(kBarPFree, KT::THREADS);
+      if (it + 1 < sched.end) named_barrier_arrive(kBarPFree, KT::THREADS);
     }
     if (VT::Drop::enabled && wg == 0) drop.pack_kept(xa, x);  // dV from P^T keep
     else pack_a<KT>(xa, x);
-    if (DQ_HERE && wg == 1) {
-      // warpgroup 0's dQ of tile it - 1 is done reading sdS
-      if (it > sched.begin) named_barrier_sync(kBarDsFree0, KT::THREADS);
-      store_ds<KT>(st.ds(), xa, key0, g, t);
-      fence_proxy_async();
-      named_barrier_arrive(kBarDs, KT::THREADS);
-    }
     wgmma_fence();
     issue_accumulate<KT>(acc, xa, wg ? q_tile : o_tile);
-
-    if constexpr (DQ_HERE) {
-      if (wg == 0) named_barrier_sync(kBarDs, KT::THREADS);
-#pragma unroll
-      for (int round = 0; round < KT::DQ_ROUNDS; ++round) {
-        const int col0 = KT::dq_col0(round, wg);
-        wgmma_fence();
-        issue_dq<KT>(dq, st.ds(), st.k() + (col0 / 64) * KT::KVTile::BLOCK_BYTES);
-        wgmma_wait<0>();
-        fence_regs(dq);
-        epi.template add_dq<KT::DQ_N>(h, m0, dq, key0, col0, KT::dq_skip(wg), KT::dq_cols(round, wg),
-                                      g, t);
-      }
-      if (wg == 0 && it + 1 < sched.end) named_barrier_arrive(kBarDsFree0, KT::THREADS);
-    }
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(xa);
@@ -1658,7 +1615,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 // then dQ * scale is stored in the input dtype: no dq_accum, no atomics, no convert,
 // bitwise reproducible. Rows past Sq arrive as zeros with lse2 = +inf (P = 0) and are
 // not stored; rows that attend nothing see no key tile (dQ = 0) or only masked ones.
-// Fixed-length sequences (packed ones keep flash_mma_bwd_dq).
+// Packed sequences: the grid covers every sequence's virtual query blocks
+// (common/seqs.cuh), the block's sequence params live behind the Storage
+// (bind_block), and the tensor maps address the packed rows from the sequence's
+// first; rows of the next sequence that a box brings in are past this one's Sq
+// (not stored) or Sk (masked: P and dS selected to 0).
 template <int D_, int BLOCK_N_, class T_>
 struct WgmmaBwdDqTraits {
   using T = T_;
@@ -1731,13 +1692,17 @@ struct DqSmem {
 // each, a consumer's), then K_j and V_j of key tiles n_begin.. into their buffers once
 // released. Map coordinates as TiledKV's: a broadcast (stride 0) head or batch axis
 // is a map of size 1.
+// q_row0, k_row0: the sequence's first query and key row in the maps (packed
+// sequences; 0 otherwise).
 template <class KT>
 __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams& p,
                                            const TmaMap& q_map, const TmaMap& k_map,
                                            const TmaMap& v_map, const TmaMap& dout_map, int q0,
-                                           int h, int b, int n_begin, int n_blocks) {
+                                           int h, int b, int n_begin, int n_blocks, int q_row0,
+                                           int k_row0) {
   const FwdParams& f = p.fwd;
   const int h_kv = h / f.group;
+  q0 += q_row0;
   mbarrier_arrive_expect_tx(st.q_full(), 2 * KT::QTile::BYTES);
 #pragma unroll
   for (int c = 0; c < KT::CONSUMERS; ++c) {
@@ -1753,7 +1718,7 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
   PipelineState<KT::K_STAGES> kp;
   PipelineState<KT::V_STAGES> vp;
   for (int j = 0; j < n_blocks; ++j) {
-    const int k0 = (n_begin + j) * KT::BLOCK_N;
+    const int k0 = (n_begin + j) * KT::BLOCK_N + k_row0;
     if (j >= KT::K_STAGES) mbarrier_wait(st.empty_k(kp.index()), kp.phase() ^ 1);
     mbarrier_arrive_expect_tx(st.full_k(kp.index()), KT::KVTile::BYTES);
     tma_load_blocks<KT::D_BLOCKS>(st.k(kp.index()), KT::KVTile::BLOCK_BYTES, k_map, k0, k_h, k_b,
@@ -1767,19 +1732,23 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
   }
 }
 
-// Grid: x = query block (the last first under a causal band), y = query head, z = batch.
+// Grid: x = query block (the last first under a causal band; packed sequences: the
+// virtual blocks of every sequence), y = query head, z = batch (packed: 1).
 template <class KT, class VT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
-    flash_wgmma_bwd_dq(const BwdParams p, const __grid_constant__ TmaMap q_map,
+    flash_wgmma_bwd_dq(const BwdParams args, const __grid_constant__ TmaMap q_map,
                        const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                        const __grid_constant__ TmaMap dout_map) {
-  static_assert(!VT::Seqs::kRagged, "fixed-length sequences (packed ones run flash_mma_bwd_dq)");
   using T = typename KT::T;
+  int m_block, b;  // packed sequences: the sequence's params behind the Storage
+  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_M, false>(
+      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
+      wgmma_bwd_smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
-  const DqSmem<KT> st(storage_base(wgmma_bwd_smem));
-  const int m_block = VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z;
   const int q0 = m_block * KT::BLOCK_M;
+  if (VT::Seqs::kRagged && q0 >= f.seqlen_q) return;  // a sequence's spare block: block-uniform
+  const DqSmem<KT> st(storage_base(wgmma_bwd_smem));
+  const int h = blockIdx.y;
   // Key tiles [n_begin, n_begin + n_blocks): the variant's band of the block's rows.
   const int n_begin = VT::kv_begin(f, q0) / KT::BLOCK_N;
   const int n_blocks = cmax(
@@ -1799,8 +1768,15 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   __syncthreads();
   if (wg == 0) {
     setmaxnreg_dec<KT::PRODUCER_REGS>();
-    if (threadIdx.x == 0)
-      produce_dq<KT>(st, p, q_map, k_map, v_map, dout_map, q0, h, b, n_begin, n_blocks);
+    if (threadIdx.x == 0) {
+      int q_row0 = 0, k_row0 = 0;
+      if constexpr (VT::Seqs::kRagged) {
+        const RaggedSeqs::Extent e = RaggedSeqs::extent(args.fwd, b);
+        q_row0 = e.q_start, k_row0 = e.k_start;
+      }
+      produce_dq<KT>(st, p, q_map, k_map, v_map, dout_map, q0, h, b, n_begin, n_blocks, q_row0,
+                     k_row0);
+    }
     return;
   }
   setmaxnreg_inc<KT::CONSUMER_REGS>();

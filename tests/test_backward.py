@@ -977,8 +977,8 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
     (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the
-    wide kernel runs its own dQ pass in both modes (flash_wgmma_bwd_dq), packed
-    sequences flash_mma's. Without dropout it
+    wide kernel is followed by a dQ pass of its own in both modes (flash_wgmma_bwd_dq),
+    packed sequences too; packed sequences up to D = 128 keep flash_mma's. Without dropout it
     takes 64-query tiles and the producer warpgroup where the default mode takes 128.
     The family asks for a dq_accum with a turn counter per query tile."""
     from cupy_attention.dispatch import backward_families
@@ -1019,10 +1019,10 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
             got = names(d, Variant(causal), det)
             assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
         assert backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), False) is None
-    vt = Variant(True, ragged=True)
-    got = names(256, vt, True)
-    assert "-dq" not in got[1] and got[2].startswith("flash_mma_bwd_dq"), got
-    assert ",atomic-dq" in names(256, vt, False)[1]
+    vt = Variant(True, ragged=True)   # packed sequences too
+    for det in (False, True):
+        got = names(256, vt, det)
+        assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
     assert not flash_wgmma_bwd.ordered_dq(prob(128, varlen=True))
 
     vt = Variant(True)

@@ -220,16 +220,16 @@ def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool)
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
     row_pass = (rows, (flash_bwd.THREADS,), 0)
     if deterministic:
-        dq_pass = (k_dq, (_blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
+        dq_pass = (k_dq, (blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
                    (32 * dq.dq_warps,), dq.dq_smem + ragged_smem(p))
     else:
         dq_pass = (k_dq,) + row_pass
     return [(k_delta,) + row_pass,
-            (k_dkdv, (_blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), smem),
+            (k_dkdv, (blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), smem),
             dq_pass]
 
 
-def _blocks(p: Problem, rows: int, block: int) -> int:
+def blocks(p: Problem, rows: int, block: int) -> int:
     """Grid x of a tile kernel over ``rows`` (per entry, or in all sequences)."""
     return rows // block + p.batch if p.varlen else -(-rows // block)
 

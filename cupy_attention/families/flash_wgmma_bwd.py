@@ -124,11 +124,11 @@ class Config:
     @property
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
-        (16-bit; rows of whole 64-column blocks), two buffers of lse and delta (fp32),
-        1 KB for the alignment, then sP (wide: fp32) or sdQ (narrow, where it fits:
+        (16-bit; rows of whole 64-column blocks; not in the wide kernel), two buffers
+        of lse and delta (fp32), 1 KB for the alignment, then sP (wide: fp32) or sdQ (narrow, where it fits:
         the tile's dQ in fp32 rows of D), and at KV_SS_FITS P^T (16-bit, as sdS)."""
-        if self.wide:
-            return self._tiles + self.block_n * self.block_m * 4
+        if self.wide:   # no sdS (no dQ in that kernel)
+            return self._tiles - self._sds + self.block_n * self.block_m * 4
         pt = self.block_n * self.block_m * 2 if self.kv_ss else 0
         return (self._staged_tiles + self._sdq if self.stage_dq else self._tiles) + pt
 
@@ -153,9 +153,13 @@ class Config:
         return -(-(self._tiles - 1024) // 1024) * 1024 + 1024
 
     @property
-    def _tiles(self) -> int:   # sdS [key][query]: whole 64-column blocks of queries
+    def _tiles(self) -> int:
         d, bm, bn = flash_wgmma.d_pad(self.head_dim), self.block_m, self.block_n
-        return (2 * bn * d + 4 * bm * d + bn * -(-bm // 64) * 64) * 2 + 4 * bm * 4 + 1024
+        return (2 * bn * d + 4 * bm * d) * 2 + self._sds + 4 * bm * 4 + 1024
+
+    @property
+    def _sds(self) -> int:   # sdS [key][query]: whole 64-column blocks of queries
+        return self.block_n * -(-self.block_m // 64) * 64 * 2
 
     @property
     def _sdq(self) -> int:
@@ -277,15 +281,15 @@ def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = Fals
 # wgmma, dQ written once in the input dtype), in both modes: the dK/dV kernel then runs
 # without dQ. On an H200 (2026-11-28, bf16, B*S = 16k, H*D = 2048, S = 4k and 16k) the
 # wide kernel took 2.2x as long with its atomic dQ as without it
-# (benchmarks/results/notes-bwd-dq-pass.md). Fixed-length sequences only: packed ones
-# keep the atomic dQ, or flash_mma_bwd_dq in deterministic mode.
+# (benchmarks/results/notes-bwd-dq-pass.md). Packed sequences too: the pass walks each
+# sequence's virtual query blocks.
 DQ_BLOCK_M = 128     # WgmmaBwdDqTraits::BLOCK_M: two consumer warpgroups of 64 rows
 DQ_THREADS = 384     # and a producer warpgroup
 
 
 def own_dq(c: Config, vt: Variant) -> bool:
-    """Whether dQ runs in flash_wgmma_bwd_dq (the wide kernel over fixed lengths)."""
-    return c.wide and not vt.ragged
+    """Whether dQ runs in flash_wgmma_bwd_dq: after the wide kernel, which has no dQ."""
+    return c.wide
 
 
 def dq_block_n(head_dim: int, vt: Variant) -> int:
@@ -476,8 +480,10 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if own:   # the dQ pass: 128 query rows of one (head, batch) a block
         bn = dq_block_n(p.head_dim, p.variant)
         dq_maps = maps if bn == c.block_n else tensor_maps(p, t, c, bn)
-        launches[2] = (kernels[2], (-(-p.seqlen_q // DQ_BLOCK_M), p.heads_q, p.batch),
-                       (DQ_THREADS,), dq_smem(p.head_dim, bn), dq_maps)
+        launches[2] = (kernels[2], (flash_mma_bwd.blocks(p, p.seqlen_q, DQ_BLOCK_M), p.heads_q,
+                                    1 if p.varlen else p.batch),
+                       (DQ_THREADS,), dq_smem(p.head_dim, bn) + flash_mma_bwd.ragged_smem(p),
+                       dq_maps)
     if split:
         launches.append((kernels[3], (-(-p.seqlen_k // flash_bwd.ROWS_PER_BLOCK), p.heads_kv,
                                       p.batch), (flash_bwd.THREADS,), 0))
@@ -542,12 +548,13 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
                   (256, Variant(True, softcap=30.0, dense="alibi")),
                   (128, Variant(True, dense="alibi", ragged=True))):
-        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, "atomic"))
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, _dq_mode(config(d, vt), vt, False)))
     # the split kernel: both tile shapes of the narrow kernel, the wide one, a transform
     for i, d in enumerate((64, 88, 96, 128, 136, 192, 256)):
         dtype, causal = ("float16", "bfloat16")[i % 2], i % 3 != 1
         vt = Variant(causal)
-        out.append(dkdv_spec(config(d, vt, split=True), dtype, vt, "atomic", True))
+        out.append(dkdv_spec(config(d, vt, split=True), dtype, vt,
+                             _dq_mode(config(d, vt, split=True), vt, False), True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
     # flash_wgmma_bwd_dq (own_dq): every wide head dim, dtype and causal rotating, and
@@ -558,7 +565,9 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (256, Variant(True, dropout=True)), (240, Variant(dropout=True)),
                   (232, Variant(True, dropout=True)), (256, Variant(True, (128, 0))),
                   (192, Variant(True, softcap=30.0, dense="alibi", dropout=True)),
-                  (256, Variant(True, softcap=30.0, dense="alibi", dropout=True))):
+                  (256, Variant(True, softcap=30.0, dense="alibi", dropout=True)),
+                  (256, Variant(True, ragged=True)), (176, Variant(False, (64, 0), ragged=True)),
+                  (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
         out.append(dq_spec(d, "bfloat16", vt))
     # dropout, on its rows (_narrow_rows), both dQ modes
     for d, causal in ((64, True), (72, False), (80, False), (128, True), (136, False),
@@ -573,5 +582,5 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (72, Variant(True, dense="alibi", dropout=True)),
                   (128, Variant(True, (32, 0), 30.0, ragged=True, dropout=True)),
                   (256, Variant(True, softcap=30.0, dense="alibi", ragged=True, dropout=True))):
-        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, "atomic"))
+        out.append(dkdv_spec(config(d, vt), "bfloat16", vt, _dq_mode(config(d, vt), vt, False)))
     return list(dict.fromkeys(out))   # (the wide kernel's modes are one instantiation)
