@@ -390,6 +390,8 @@ struct GridFrag {
 
 template <class V, bool EXACT = false>
 struct ScoreOp;
+template <class LogitsT>
+__device__ __forceinline__ float logits_grad_of_score(const FwdParams& p, float s2);
 
 template <class V>
 struct Scores {
@@ -516,8 +518,8 @@ struct Scores {
 
   // The backward's P and dS of one fragment, from the raw dot products in `s` and dP
   // in `dp` (the same layout): P = exp2(score(dot) - lse2), dS = P (dP - delta)
-  // Logits::grad(dot), the gradient of the raw dot before the final multiplication by
-  // scale. Both are 0 where the variant masks the element and dS is 0 where P is
+  // d s / d dot (dot_grad), the gradient of the raw dot before the final
+  // multiplication by scale. Both are 0 where the variant masks the element and dS is 0 where P is
   // (selected, not multiplied: NaN in a masked-out V stays out). P replaces the dot
   // in `s`, dS replaces dP. lse2(r, c), delta(r, c): the statistics of element (r,
   // c)'s query (lse2 = +inf for rows that attend nothing or lie past Sq).
@@ -540,11 +542,12 @@ struct Scores {
       V::Drop::template keep_bits<false, Frag::COLS / 2>(p, b * p.heads_q + h, i0, j0,
                                                          f.row_lane, f.col_lane / 2, bits);
     const auto op = [&](float dot, int r, int c, int i, int j) {
-      const float pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
+      const float s2 = row_score(p, b, h, i, j, dot);
+      const float pij = fast_exp2(s2 - lse2(r, c));
       float& y = dp(Frag::at(r, c));
       float dpij = y;
       if constexpr (V::Drop::enabled) dpij = V::Drop::factor(p, bits, Frag::at(r, c)) * y;
-      y = pij * (dpij - delta(r, c)) * V::Logits::grad(p, dot);
+      y = pij * (dpij - delta(r, c)) * dot_grad<Frag>(p, s2, dot);
       return pij;
     };
     // map, not apply: its per-branch copies keep the mma backward's registers lower
@@ -568,6 +571,20 @@ struct Scores {
       for (int x = 0; x < Frag::ROWS * Frag::COLS; ++x)
         s(x) = V::Drop::factor(p, bits, x) * s(x);
     }
+  }
+
+  // d s / d dot of a score s2 (exp2 domain) of raw dot product `dot`. On the
+  // tensor-core fragments, a transform without a bias takes it from s2 itself
+  // (softcap: 1 - tanh^2 with tanh = s2 / (c log2 e), an FMA and a multiplication
+  // where a second tanh took two MUFU operations a score); elsewhere from the dot
+  // (the CUDA-core kernels keep their fp32 accuracy; a bias would have to come out
+  // of s2 first).
+  template <class Frag>
+  __device__ __forceinline__ static float dot_grad(const FwdParams& p, float s2, float dot) {
+    if constexpr (Frag::kMma && V::Logits::kTransform && !V::Dense::enabled)
+      return logits_grad_of_score<typename V::Logits>(p, s2);
+    else
+      return V::Logits::grad(p, dot);
   }
 
   // V::score of query i, key j; a row past Sq (tile padding, never stored) skips a
