@@ -1690,7 +1690,8 @@ struct DqSmem {
 
 // The producer's first thread: Q and dout of the block's rows (two boxes of 64 rows
 // each, a consumer's), then K_j and V_j of key tiles n_begin.. into their buffers once
-// released. Map coordinates as TiledKV's: a broadcast (stride 0) head or batch axis
+// released; nothing where the rows see no key (the consumers wait for no copy then,
+// and none may still be landing when the block exits). Map coordinates as TiledKV's: a broadcast (stride 0) head or batch axis
 // is a map of size 1.
 // q_row0, k_row0: the sequence's first query and key row in the maps (packed
 // sequences; 0 otherwise).
@@ -1700,6 +1701,7 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
                                            const TmaMap& v_map, const TmaMap& dout_map, int q0,
                                            int h, int b, int n_begin, int n_blocks, int q_row0,
                                            int k_row0) {
+  if (n_blocks == 0) return;  // no copy left in flight: the consumers wait for none
   const FwdParams& f = p.fwd;
   const int h_kv = h / f.group;
   q0 += q_row0;
