@@ -1785,8 +1785,20 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 
   const int c = wg - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row0 = 64 * c + 16 * (threadIdx.x / 32 % 4);  // this warp's first row in the block
-  float lse2[2], delta[2];  // rows g and g + 8 of the warp
-  row_stats(p, b, h, q0 + row0 + g, lse2, delta);
+  // Rows g and g + 8 of the warp: lse in the exp2 domain (+inf where the row attends
+  // nothing or lies past Sq) and delta.
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = q0 + row0 + g + 8 * r;
+    lse2[r] = CA_INF;
+    delta[r] = 0.f;
+    if (i < f.seqlen_q) {
+      const float l = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
+      lse2[r] = l == -CA_INF ? CA_INF : l * CA_LOG2E;
+      delta[r] = p.delta[delta_row(p, b, h) + i];
+    }
+  }
   float acc[KT::D_TILES * 4];
 #pragma unroll
   for (int i = 0; i < KT::D_TILES * 4; ++i) acc[i] = 0.f;

@@ -1,7 +1,6 @@
-// What the tensor-core backward kernels (flash_mma_bwd.cu, flash_wgmma_bwd.cu) share:
-// the dK/dV kernels' walk over the query tiles of a block of keys and copy of a query
-// tile's lse and delta into shared memory; the dQ kernels' statistics of a thread's
-// query rows.
+// What the two tensor-core dK/dV kernels (flash_mma_bwd.cu, flash_wgmma_bwd.cu)
+// share: the walk over query tiles of a block of keys, and the copy of a query
+// tile's lse and delta into shared memory.
 #pragma once
 #include "copy.cuh"
 #include "variant.cuh"
@@ -78,23 +77,5 @@ __device__ __forceinline__ void copy_row_stats(u32 dst, const float* lse, const 
     const int r = c < BLOCK_M ? c : c - BLOCK_M;
     const bool ok = r < rows_valid;
     cp_async_4(dst + 4 * c, ok ? (c < BLOCK_M ? lse + r : delta + r) : head, ok);
-  }
-}
-
-// The statistics of query rows i and i + 8 (a thread's rows g and g + 8 of an m16
-// fragment): lse in the exp2 domain (+inf where the row attends nothing or lies past
-// Sq, so P = 0 there) and delta.
-__device__ __forceinline__ void row_stats(const BwdParams& p, int b, int h, int i,
-                                          float (&lse2)[2], float (&delta)[2]) {
-  const FwdParams& f = p.fwd;
-#pragma unroll
-  for (int r = 0; r < 2; ++r, i += 8) {
-    lse2[r] = CA_INF;
-    delta[r] = 0.f;
-    if (i < f.seqlen_q) {
-      const float l = f.lse[b * f.lse_batch_stride + h * f.lse_head_stride + i];
-      lse2[r] = l == -CA_INF ? CA_INF : l * CA_LOG2E;
-      delta[r] = p.delta[delta_row(p, b, h) + i];
-    }
   }
 }
