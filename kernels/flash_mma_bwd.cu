@@ -191,9 +191,13 @@ __device__ __forceinline__ void dkdv_p_ds(const FwdParams& f, float (&s)[KT::KM1
       dl[nt][c] = c ? delta.y : delta.x;
     }
   }
+  // softcap's d s / d dot from the score (Scores::dot_grad: 1.09-1.16x, H200), except
+  // on 128-query tiles under a window's lower bound, which spilled 8-16 bytes with it
+  // (ptxas of CUDA 12.9, D = 40, packed sequences, unaligned)
+  constexpr bool SCORE_GRAD = !(KT::BLOCK_M == 128 && VT::Band::kLo);
 #pragma unroll
   for (int km = 0; km < KM1; ++km)
-    Scores<VT>::template p_ds<true>(
+    Scores<VT>::template p_ds<true, SCORE_GRAD>(
         MmaFrag<KT::Q_TILES>(lane), [&](int x) -> float& { return s[km][x / 4][x % 4]; },
         [&](int x) -> float& { return dp[km][x / 4][x % 4]; }, f, b, h, i0, j0 + 16 * km, edge,
         [&](int, int c) { return lse2[c / 2][c % 2]; },

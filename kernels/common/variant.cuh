@@ -523,7 +523,10 @@ struct Scores {
   // (selected, not multiplied: NaN in a masked-out V stays out). P replaces the dot
   // in `s`, dS replaces dP. lse2(r, c), delta(r, c): the statistics of element (r,
   // c)'s query (lse2 = +inf for rows that attend nothing or lie past Sq).
-  template <bool TRANSPOSED = false, class Frag, class AtS, class AtDp, class Lse, class Delta>
+  // SCORE_GRAD: dot_grad may take d s / d dot from the score (a kernel at its register
+  // limit turns it off).
+  template <bool TRANSPOSED = false, bool SCORE_GRAD = true, class Frag, class AtS, class AtDp,
+            class Lse, class Delta>
   __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
                                               const FwdParams& p, int b, int h, int i0, int j0,
                                               bool partial, Lse&& lse2, Delta&& delta) {
@@ -542,12 +545,22 @@ struct Scores {
       V::Drop::template keep_bits<false, Frag::COLS / 2>(p, b * p.heads_q + h, i0, j0,
                                                          f.row_lane, f.col_lane / 2, bits);
     const auto op = [&](float dot, int r, int c, int i, int j) {
-      const float s2 = row_score(p, b, h, i, j, dot);
-      const float pij = fast_exp2(s2 - lse2(r, c));
+      // d s / d dot from the score (dot_grad) right away, so s2 and dot end there;
+      // from the dot, last (computed early, it spilled flash_wgmma_bwd_dq with
+      // softcap, ALiBi and dropout at D = 192)
+      float grad = 1.f, pij;
+      if constexpr (kScoreGrad<Frag, SCORE_GRAD>) {
+        const float s2 = row_score(p, b, h, i, j, dot);
+        grad = dot_grad<Frag>(p, s2, dot);
+        pij = fast_exp2(s2 - lse2(r, c));
+      } else {
+        pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
+      }
       float& y = dp(Frag::at(r, c));
       float dpij = y;
       if constexpr (V::Drop::enabled) dpij = V::Drop::factor(p, bits, Frag::at(r, c)) * y;
-      y = pij * (dpij - delta(r, c)) * dot_grad<Frag>(p, s2, dot);
+      if constexpr (kScoreGrad<Frag, SCORE_GRAD>) y = pij * (dpij - delta(r, c)) * grad;
+      else y = pij * (dpij - delta(r, c)) * V::Logits::grad(p, dot);
       return pij;
     };
     // map, not apply: its per-branch copies keep the mma backward's registers lower
@@ -579,9 +592,12 @@ struct Scores {
   // where a second tanh took two MUFU operations a score); elsewhere from the dot
   // (the CUDA-core kernels keep their fp32 accuracy; a bias would have to come out
   // of s2 first).
-  template <class Frag>
+  template <class Frag, bool FROM_SCORE>
+  static constexpr bool kScoreGrad =
+      FROM_SCORE && Frag::kMma && V::Logits::kTransform && !V::Dense::enabled;
+  template <class Frag, bool FROM_SCORE = true>
   __device__ __forceinline__ static float dot_grad(const FwdParams& p, float s2, float dot) {
-    if constexpr (Frag::kMma && V::Logits::kTransform && !V::Dense::enabled)
+    if constexpr (kScoreGrad<Frag, FROM_SCORE>)
       return logits_grad_of_score<typename V::Logits>(p, s2);
     else
       return V::Logits::grad(p, dot);
