@@ -181,3 +181,21 @@ def test_variants_compile_for_sm90a(head_dim, variant, deterministic):
     r = jit.compile_spec(spec, "sm_90a").resources
     known_spills = bool(variant.softcap) and head_dim == 128
     assert r.spills == 0 or known_spills, (spec.name, r)
+
+
+def test_dq_pass_key_tiles():
+    """flash_wgmma_bwd_dq takes 48 keys a tile only where 64 spilled (dropout from
+    D = 240, softcap with ALiBi at D = 256), and its shared memory fits 227 KB at every
+    head dim the wide kernel runs, with one V buffer from D = 200 at 64 keys."""
+    assert fb.dq_block_n(256, Variant()) == 64
+    assert fb.dq_block_n(256, Variant(dropout=True)) == 48
+    assert fb.dq_block_n(240, Variant(True, dropout=True)) == 48
+    assert fb.dq_block_n(232, Variant(True, dropout=True)) == 64
+    assert fb.dq_block_n(256, Variant(softcap=30.0, dense="alibi")) == 48
+    assert fb.dq_block_n(256, Variant(softcap=30.0)) == 64
+    for d in range(136, 257, 8):
+        for bn in (48, 64):
+            assert fb.dq_smem(d, bn) <= 227 * 1024, (d, bn)
+    d_pad = 256
+    assert fb.dq_smem(256, 64) == 2 * 128 * d_pad * 2 + 3 * 64 * d_pad * 2 + 1024   # one V buffer
+    assert fb.dq_smem(192, 64) == 2 * 128 * 192 * 2 + 4 * 64 * 192 * 2 + 1024      # two
