@@ -191,7 +191,7 @@ __device__ __forceinline__ void dkdv_p_ds(const FwdParams& f, float (&s)[KT::KM1
       dl[nt][c] = c ? delta.y : delta.x;
     }
   }
-  // softcap's d s / d dot from the score (Scores::dot_grad: 1.09-1.16x, H200), except
+  // softcap's d s / d dot from the score (Scores::kScoreGrad: 1.09-1.16x, H200), except
   // on 128-query tiles under a window's lower bound, which spilled 8-16 bytes with it
   // (ptxas of CUDA 12.9, D = 40, packed sequences, unaligned)
   constexpr bool SCORE_GRAD = !(KT::BLOCK_M == 128 && VT::Band::kLo);

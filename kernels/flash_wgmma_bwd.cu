@@ -768,14 +768,13 @@ __device__ __forceinline__ void ds_from_dp(float (&dp)[KT::BLOCK_M / 2],
 }
 
 // Two n8 groups of an M = 64 accumulator are one k16 step of its 16-bit A operand.
-template <class KT>
-__device__ __forceinline__ void pack_a(u32 (&a)[KT::KV_STEPS][4],
-                                       const float (&x)[KT::BLOCK_M / 2]) {
+template <class T, int STEPS>
+__device__ __forceinline__ void pack_a(u32 (&a)[STEPS][4], const float (&x)[8 * STEPS]) {
 #pragma unroll
-  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+  for (int ks = 0; ks < STEPS; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      a[ks][e] = MmaType<typename KT::T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
+      a[ks][e] = MmaType<T>::pack(x[8 * ks + 2 * e], x[8 * ks + 2 * e + 1]);
 }
 
 // Dropout (VT::Drop): this thread's S^T elements (keys j0 + g + 8 r, queries m0 + 8 nt +
@@ -1348,7 +1347,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T. Dropout
       // decides P^T's and dP^T's elements from one draw, so dP^T is waited for first.
       if constexpr (VT::Drop::enabled) drop.pack_and_scale(pa, s, dp);
-      else pack_a<KT>(pa, s);
+      else pack_a<typename KT::T>(pa, s);
       if constexpr (VT::Logits::kTransform)
         p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       wgmma_fence();
@@ -1373,7 +1372,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     if (!DS_SPLIT || partial) ds_from_dp<KT>(dp, s, st.delta(stage), t);  // warp-uniform
     else ds_from_dp<KT, false>(dp, s, st.delta(stage), t);
     if constexpr (KT::LATE_DV) issue_dv();
-    if constexpr (!KV_SS) pack_a<KT>(da, dp);
+    if constexpr (!KV_SS) pack_a<typename KT::T>(da, dp);
     if constexpr (!DQ_FIRST) {
       wgmma_fence();
       issue_accumulate<KT>(dk, da, q_tile);
@@ -1574,7 +1573,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       if (it + 1 < sched.end) named_barrier_arrive(kBarPFree, KT::THREADS);
     }
     if (VT::Drop::enabled && wg == 0) drop.pack_kept(xa, x);  // dV from P^T keep
-    else pack_a<KT>(xa, x);
+    else pack_a<typename KT::T>(xa, x);
     wgmma_fence();
     issue_accumulate<KT>(acc, xa, wg ? q_tile : o_tile);
     wgmma_wait<0>();
@@ -1679,8 +1678,12 @@ struct DqSmem {
       : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
   __device__ __forceinline__ u32 q() const { return CA_FIELD(base, S, q); }
   __device__ __forceinline__ u32 dout() const { return CA_FIELD(base, S, dout); }
-  __device__ __forceinline__ u32 k(int i) const { return CA_FIELD(base, S, k) + i * KT::KVTile::BYTES; }
-  __device__ __forceinline__ u32 v(int i) const { return CA_FIELD(base, S, v) + i * KT::KVTile::BYTES; }
+  __device__ __forceinline__ u32 k(int i) const {
+    return CA_FIELD(base, S, k) + i * KT::KVTile::BYTES;
+  }
+  __device__ __forceinline__ u32 v(int i) const {
+    return CA_FIELD(base, S, v) + i * KT::KVTile::BYTES;
+  }
   __device__ __forceinline__ u32 q_full() const { return CA_FIELD(bars, B, q_full); }
   __device__ __forceinline__ u32 full_k(int i) const { return CA_FIELD(bars, B, full_k) + 8 * i; }
   __device__ __forceinline__ u32 empty_k(int i) const { return CA_FIELD(bars, B, empty_k) + 8 * i; }
@@ -1691,10 +1694,9 @@ struct DqSmem {
 // The producer's first thread: Q and dout of the block's rows (two boxes of 64 rows
 // each, a consumer's), then K_j and V_j of key tiles n_begin.. into their buffers once
 // released; nothing where the rows see no key (the consumers wait for no copy then,
-// and none may still be landing when the block exits). Map coordinates as TiledKV's: a broadcast (stride 0) head or batch axis
-// is a map of size 1.
-// q_row0, k_row0: the sequence's first query and key row in the maps (packed
-// sequences; 0 otherwise).
+// and none may still be landing when the block exits). Map coordinates as TiledKV's:
+// a broadcast (stride 0) head or batch axis is a map of size 1; q_row0, k_row0 are the
+// sequence's first query and key row in the maps (packed sequences; 0 otherwise).
 template <class KT>
 __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams& p,
                                            const TmaMap& q_map, const TmaMap& k_map,
@@ -1786,7 +1788,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const int c = wg - 1, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int row0 = 64 * c + 16 * (threadIdx.x / 32 % 4);  // this warp's first row in the block
   // Rows g and g + 8 of the warp: lse in the exp2 domain (+inf where the row attends
-  // nothing or lies past Sq) and delta.
+  // nothing or lies past Sq) and delta. (flash_mma_bwd_dq's loop too; one helper for
+  // both spilled this kernel at D = 192 with softcap, ALiBi and dropout:
+  // benchmarks/results/notes-bwd-dq-pass.md.)
   float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1841,10 +1845,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                      [&](int x) -> float& { return dp[x]; }, f, b, h, q0 + row0, k0,
                      VT::partial(f, q0 + row0, q0 + row0 + 15, k0, k0 + KT::BLOCK_N - 1),
                      [&](int r, int) { return lse2[r]; }, [&](int r, int) { return delta[r]; });
-#pragma unroll
-    for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) da[ks][e] = MmaType<T>::pack(dp[8 * ks + 2 * e], dp[8 * ks + 2 * e + 1]);
+    pack_a<T>(da, dp);
     wgmma_fence();  // da was written by ordinary code
     const u64 kt_desc = KT::KVTile::mnmajor(st.k(kp.index()), 0);
 #pragma unroll

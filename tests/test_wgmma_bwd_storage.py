@@ -82,8 +82,8 @@ def test_wide_head_dims_take_the_dq_pass():
             if c.wide:
                 assert "kDqSeparate" in fb.specs(c, "bfloat16", Variant(), det)[1].expr
     ragged = fb.config(256, Variant(ragged=True))
-    assert fb.own_dq(ragged, Variant(ragged=True))
-    assert not fb.own_dq(fb.config(128, Variant(ragged=True)), Variant(ragged=True))
+    assert fb.own_dq(ragged)
+    assert not fb.own_dq(fb.config(128, Variant(ragged=True)))
 
 
 def test_smem_probe_catches_a_wrong_size():

@@ -125,8 +125,9 @@ class Config:
     def smem(self) -> int:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
         (16-bit; rows of whole 64-column blocks; not in the wide kernel), two buffers
-        of lse and delta (fp32), 1 KB for the alignment, then sP (wide: fp32) or sdQ (narrow, where it fits:
-        the tile's dQ in fp32 rows of D), and at KV_SS_FITS P^T (16-bit, as sdS)."""
+        of lse and delta (fp32), 1 KB for the alignment, then sP (wide: fp32) or sdQ
+        (narrow, where it fits: the tile's dQ in fp32 rows of D), and at KV_SS_FITS
+        P^T (16-bit, as sdS)."""
         if self.wide:   # no sdS (no dQ in that kernel)
             return self._tiles - self._sds + self.block_n * self.block_m * 4
         pt = self.block_n * self.block_m * 2 if self.kv_ss else 0
@@ -268,7 +269,7 @@ def _ordered(c: Config, vt: Variant) -> bool:
 
 
 def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = False) -> str:
-    if own_dq(c, vt):
+    if own_dq(c):
         return "separate"
     if not deterministic:
         return "atomic"
@@ -287,7 +288,7 @@ DQ_BLOCK_M = 128     # WgmmaBwdDqTraits::BLOCK_M: two consumer warpgroups of 64 
 DQ_THREADS = 384     # and a producer warpgroup
 
 
-def own_dq(c: Config, vt: Variant) -> bool:
+def own_dq(c: Config) -> bool:
     """Whether dQ runs in flash_wgmma_bwd_dq: after the wide kernel, which has no dQ."""
     return c.wide
 
@@ -348,7 +349,7 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
     ordered dQ's staggered turns, where the variant has an upper bound)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
-    if own_dq(c, vt):
+    if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
                dq_spec(c.head_dim, dtype, vt)]
         return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
@@ -424,7 +425,7 @@ def takes_dq_accum(p: Problem, deterministic: bool) -> bool:
     dq_accum_shape): not where flash_wgmma_bwd_dq writes dQ (own_dq), nor in the
     deterministic mode outside the ordered dQ."""
     c = config(p.head_dim, p.variant, deterministic)
-    if c is not None and own_dq(c, p.variant):
+    if c is not None and own_dq(c):
         return False
     return not deterministic or ordered_dq(p)
 
@@ -449,7 +450,7 @@ def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config,
         return None
     encoders = [tma.tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
                 for h, n, s, box in zip(heads, rows, strides, boxes)]
-    if not c.wide and kv_rows is None:   # dq_accum: [B, Hq, Sq, D] fp32, or packed [Hq, total_q, D]
+    if not c.wide and kv_rows is None:   # dq_accum: [B, Hq, Sq, D] fp32 (packed: [Hq, total_q, D])
         encoders.append(tma.tile_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
                                                              p.head_dim, c.block_m), tma.F32))
     return tma.MapBuffers(encoders)
@@ -470,7 +471,7 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
     mode = _dq_mode(c, p.variant, deterministic, staggered)
-    own = own_dq(c, p.variant)
+    own = own_dq(c)
     dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
     launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own)
     k_dkdv, grid, block, smem = launches[1]

@@ -518,13 +518,13 @@ struct Scores {
 
   // The backward's P and dS of one fragment, from the raw dot products in `s` and dP
   // in `dp` (the same layout): P = exp2(score(dot) - lse2), dS = P (dP - delta)
-  // d s / d dot (dot_grad), the gradient of the raw dot before the final
+  // d s / d dot, the gradient of the raw dot before the final
   // multiplication by scale. Both are 0 where the variant masks the element and dS is 0 where P is
   // (selected, not multiplied: NaN in a masked-out V stays out). P replaces the dot
   // in `s`, dS replaces dP. lse2(r, c), delta(r, c): the statistics of element (r,
   // c)'s query (lse2 = +inf for rows that attend nothing or lie past Sq).
-  // SCORE_GRAD: dot_grad may take d s / d dot from the score (a kernel at its register
-  // limit turns it off).
+  // SCORE_GRAD: d s / d dot may come from the score (kScoreGrad; a kernel at its
+  // register limit turns it off).
   template <bool TRANSPOSED = false, bool SCORE_GRAD = true, class Frag, class AtS, class AtDp,
             class Lse, class Delta>
   __device__ __forceinline__ static void p_ds(const Frag& f, AtS&& s, AtDp&& dp,
@@ -545,13 +545,13 @@ struct Scores {
       V::Drop::template keep_bits<false, Frag::COLS / 2>(p, b * p.heads_q + h, i0, j0,
                                                          f.row_lane, f.col_lane / 2, bits);
     const auto op = [&](float dot, int r, int c, int i, int j) {
-      // d s / d dot from the score (dot_grad) right away, so s2 and dot end there;
+      // d s / d dot from the score (kScoreGrad) right away, so s2 and dot end there;
       // from the dot, last (computed early, it spilled flash_wgmma_bwd_dq with
       // softcap, ALiBi and dropout at D = 192)
       float grad = 1.f, pij;
       if constexpr (kScoreGrad<Frag, SCORE_GRAD>) {
         const float s2 = row_score(p, b, h, i, j, dot);
-        grad = dot_grad<Frag>(p, s2, dot);
+        grad = logits_grad_of_score<typename V::Logits>(p, s2);
         pij = fast_exp2(s2 - lse2(r, c));
       } else {
         pij = fast_exp2(row_score(p, b, h, i, j, dot) - lse2(r, c));
@@ -586,22 +586,15 @@ struct Scores {
     }
   }
 
-  // d s / d dot of a score s2 (exp2 domain) of raw dot product `dot`. On the
-  // tensor-core fragments, a transform without a bias takes it from s2 itself
-  // (softcap: 1 - tanh^2 with tanh = s2 / (c log2 e), an FMA and a multiplication
-  // where a second tanh took two MUFU operations a score); elsewhere from the dot
-  // (the CUDA-core kernels keep their fp32 accuracy; a bias would have to come out
-  // of s2 first).
+  // Whether p_ds takes d s / d dot from the score s2 (exp2 domain) rather than the raw
+  // dot: on the tensor-core fragments, for a transform without a bias (softcap:
+  // 1 - tanh^2 with tanh = s2 / (c log2 e), an FMA and a multiplication where a
+  // second tanh took two MUFU operations a score). Elsewhere from the dot: the
+  // CUDA-core kernels keep their fp32 accuracy, and a bias would have to come out of
+  // s2 first.
   template <class Frag, bool FROM_SCORE>
   static constexpr bool kScoreGrad =
       FROM_SCORE && Frag::kMma && V::Logits::kTransform && !V::Dense::enabled;
-  template <class Frag, bool FROM_SCORE = true>
-  __device__ __forceinline__ static float dot_grad(const FwdParams& p, float s2, float dot) {
-    if constexpr (kScoreGrad<Frag, FROM_SCORE>)
-      return logits_grad_of_score<typename V::Logits>(p, s2);
-    else
-      return V::Logits::grad(p, dot);
-  }
 
   // V::score of query i, key j; a row past Sq (tile padding, never stored) skips a
   // dense mask read from memory, which must not be read there.
