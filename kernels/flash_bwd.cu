@@ -11,8 +11,8 @@
 //
 // Layouts: common/params.cuh (BwdParams); any strides with a unit last stride.
 // Kernels, in launch order:
-//   1. flash_bwd_delta       one warp per query row: delta_i; where there is a
-//                            dq_accum it also zeroes the row (and its turn counter:
+//   1. flash_bwd_delta       ROW_LANES lanes per query row: delta_i; where there is
+//                            a dq_accum it also zeroes the row (and its turn counter:
 //                            flash_wgmma_bwd's ordered dQ, params.cuh's dq_turns).
 //   2. flash_bwd_dkdv        a block owns BLOCK_N keys of one (b, h_kv): sK, sV stay
 //                            resident while it loops over the group's query heads
@@ -255,27 +255,89 @@ __device__ __forceinline__ void tile_dq(float (&dq)[Tr::ROWS_M][Tr::COLS], const
   }
 }
 
-// Grid: x = query row / 8 (one warp per row), y = query head, z = batch.
+// The row kernels (delta, dq_convert, dkdv_convert): ROW_LANES lanes per row,
+// ROW_BLOCK rows per block of 256 threads. A row whose arrays all start 16 bytes
+// aligned, with D a multiple of a chunk, moves in 16-byte chunks (Chunk<T>: 8
+// 16-bit or 4 fp32 elements, fp32 sums in float4); other rows element by element.
+// The branch is per row, so it holds for any strides; shuffles stay outside it.
+constexpr int ROW_LANES = 8;
+constexpr int ROW_BLOCK = 256 / ROW_LANES;
+
+template <class T>
+union Chunk {
+  static constexpr int E = 16 / int(sizeof(T));
+  uint4 raw;
+  T e[E];
+};
+
+__device__ __forceinline__ bool aligned16(const void* a) {
+  return (reinterpret_cast<unsigned long long>(a) & 15u) == 0;
+}
+
+// Grid: x = query row / ROW_BLOCK, y = query head, z = batch.
 template <class T>
 __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
+  using C = Chunk<T>;
   const FwdParams& f = p.fwd;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
-  if (i >= f.seqlen_q) return;  // warp-uniform: the shuffles below see full warps
+  const int lane = threadIdx.x % ROW_LANES;
+  const int i = blockIdx.x * ROW_BLOCK + threadIdx.x / ROW_LANES, h = blockIdx.y,
+            b = blockIdx.z;
+  const bool live = i < f.seqlen_q;
   const T* o = static_cast<const T*>(f.o) + b * f.o_batch_stride + h * f.o_head_stride +
                i * f.o_row_stride;
   const T* dout = static_cast<const T*>(p.dout) + b * p.dout_batch_stride +
                   h * p.dout_head_stride + i * p.dout_row_stride;
   float acc = 0.f;
-  for (int d = lane; d < f.head_dim; d += 32) acc = fmaf(to_float(dout[d]), to_float(o[d]), acc);
-  acc = group_sum<32>(acc);
+  if (live && f.head_dim % C::E == 0 && aligned16(o) && aligned16(dout)) {
+    for (int c = lane; c < f.head_dim / C::E; c += ROW_LANES) {
+      C x, y;
+      x.raw = __ldg(reinterpret_cast<const uint4*>(o) + c);
+      y.raw = __ldg(reinterpret_cast<const uint4*>(dout) + c);
+#pragma unroll
+      for (int e = 0; e < C::E; ++e) acc = fmaf(to_float(y.e[e]), to_float(x.e[e]), acc);
+    }
+  } else if (live) {
+    for (int d = lane; d < f.head_dim; d += ROW_LANES)
+      acc = fmaf(to_float(dout[d]), to_float(o[d]), acc);
+  }
+  acc = group_sum<ROW_LANES>(acc);  // every lane of the warp: rows past the end add 0
+  if (!live) return;
   const i64 row = delta_row(p, b, h) + i;
   if (lane == 0) p.delta[row] = acc;
   if (p.dq_accum) {
-    for (int d = lane; d < f.head_dim; d += 32) p.dq_accum[row * f.head_dim + d] = 0.f;
+    float* zero = p.dq_accum + row * f.head_dim;
+    if (f.head_dim % 4 == 0 && aligned16(zero)) {
+      for (int c = lane; c < f.head_dim / 4; c += ROW_LANES)
+        reinterpret_cast<float4*>(zero)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      for (int d = lane; d < f.head_dim; d += ROW_LANES) zero[d] = 0.f;
+    }
     if (p.dq_turn_rows && lane == 0 && i % p.dq_turn_rows == 0)
       dq_turns(p)[(i64(b) * f.heads_q + h) * ceil_div(f.seqlen_q, p.dq_turn_rows) +
                   i / p.dq_turn_rows] = 0;
+  }
+}
+
+// out[0, D) = from_float(acc[0, D) * scale), by one row's ROW_LANES lanes.
+template <class T>
+__device__ __forceinline__ void convert_row(T* out, const float* acc, int head_dim, float scale,
+                                            int lane) {
+  using C = Chunk<T>;
+  if (head_dim % C::E == 0 && aligned16(out) && aligned16(acc)) {
+    for (int c = lane; c < head_dim / C::E; c += ROW_LANES) {
+      C y;
+#pragma unroll
+      for (int q = 0; q < C::E / 4; ++q) {
+        const float4 a = reinterpret_cast<const float4*>(acc)[c * (C::E / 4) + q];
+        y.e[4 * q] = from_float<T>(a.x * scale);
+        y.e[4 * q + 1] = from_float<T>(a.y * scale);
+        y.e[4 * q + 2] = from_float<T>(a.z * scale);
+        y.e[4 * q + 3] = from_float<T>(a.w * scale);
+      }
+      reinterpret_cast<uint4*>(out)[c] = y.raw;
+    }
+  } else {
+    for (int d = lane; d < head_dim; d += ROW_LANES) out[d] = from_float<T>(acc[d] * scale);
   }
 }
 
@@ -365,39 +427,36 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dkdv(co
   }
 }
 
-// Grid: x = query row / 8 (one warp per row), y = query head, z = batch.
+// Grid: x = query row / ROW_BLOCK, y = query head, z = batch.
 template <class T>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const BwdParams p) {
   const FwdParams& f = p.fwd;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int i = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+  const int i = blockIdx.x * ROW_BLOCK + threadIdx.x / ROW_LANES, h = blockIdx.y,
+            b = blockIdx.z;
   if (i >= f.seqlen_q) return;
-  const float* acc = p.dq_accum + (delta_row(p, b, h) + i) * f.head_dim;
-  T* dq = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-          i * p.dq_row_stride;
-  for (int d = lane; d < f.head_dim; d += 32) dq[d] = from_float<T>(acc[d] * f.scale);
+  convert_row(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                  i * p.dq_row_stride,
+              p.dq_accum + (delta_row(p, b, h) + i) * f.head_dim, f.head_dim, f.scale,
+              threadIdx.x % ROW_LANES);
 }
 
 // dK and dV of a split backward (flash_wgmma_bwd, kv_splits > 1), which its blocks
-// summed into dk_accum (already times scale) and dv_accum: converted to T. One warp
-// per key row. Grid: x = key rows / 8, y = KV head, z = batch.
+// summed into dk_accum (already times scale) and dv_accum: converted to T.
+// Grid: x = key row / ROW_BLOCK, y = KV head, z = batch.
 template <class T>
 __global__ void __launch_bounds__(256) flash_bwd_dkdv_convert(const BwdParams p) {
   const FwdParams& f = p.fwd;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int j = blockIdx.x * 8 + warp, h = blockIdx.y, b = blockIdx.z;
+  const int j = blockIdx.x * ROW_BLOCK + threadIdx.x / ROW_LANES, h = blockIdx.y,
+            b = blockIdx.z;
   if (j >= f.seqlen_k) return;
   const i64 row = (i64(b) * f.heads_kv + h) * f.seqlen_k + j;
-  const float* dk_acc = p.dk_accum + row * f.head_dim;
-  const float* dv_acc = p.dv_accum + row * f.head_dim;
-  T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h * p.dk_head_stride +
-          j * p.dk_row_stride;
-  T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h * p.dv_head_stride +
-          j * p.dv_row_stride;
-  for (int d = lane; d < f.head_dim; d += 32) {
-    dk[d] = from_float<T>(dk_acc[d]);
-    dv[d] = from_float<T>(dv_acc[d]);
-  }
+  const int lane = threadIdx.x % ROW_LANES;
+  convert_row(static_cast<T*>(p.dk) + b * p.dk_batch_stride + h * p.dk_head_stride +
+                  j * p.dk_row_stride,
+              p.dk_accum + row * f.head_dim, f.head_dim, 1.f, lane);
+  convert_row(static_cast<T*>(p.dv) + b * p.dv_batch_stride + h * p.dv_head_stride +
+                  j * p.dv_row_stride,
+              p.dv_accum + row * f.head_dim, f.head_dim, 1.f, lane);
 }
 
 // Deterministic dQ. Grid: x = query block, y = query head, z = batch.

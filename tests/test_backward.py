@@ -330,6 +330,16 @@ def test_heuristics_fit_their_devices():
         assert wg is None or wg.smem <= 227 * 1024
 
 
+
+def test_row_kernel_grids_cover_every_row():
+    """The host's rows per block of the row kernels (delta, dq_convert,
+    dkdv_convert) is the kernels' ROW_BLOCK: fewer would leave rows unconverted."""
+    import re
+    src = (jit.kernels_dir() / "flash_bwd.cu").read_text()
+    lanes = int(re.search(r"constexpr int ROW_LANES = (\d+);", src).group(1))
+    assert "constexpr int ROW_BLOCK = 256 / ROW_LANES;" in src
+    assert flash_bwd.THREADS == 256 and flash_bwd.ROWS_PER_BLOCK == 256 // lanes
+
 @pytest.mark.parametrize("change,cc,word", [
     (dict(), 90, None),
     (dict(causal=True, heads_q=4, heads_kv=1), 90, None),

@@ -29,7 +29,7 @@ from .base import (_CU_OFFSET, _CU_POINTERS, _POINTERS, CPP_DTYPE, SHORT_DTYPE, 
 _KB = 1024
 SM80_SMEM = 163 * _KB
 THREADS = 256
-ROWS_PER_BLOCK = THREADS // 32   # delta / convert kernels: one warp per query row
+ROWS_PER_BLOCK = THREADS // 8   # the row kernels (delta, converts): 8 lanes per row
 
 # Tile heuristics, first matching row wins: a row matches when D <= max_d and its
 # shared memory fits the device. Tiles are fp32 for every storage dtype.
