@@ -1118,18 +1118,30 @@ struct Epilogue {
 
 // The block's (key block, KV head, batch) and its share of the walk: from the grid
 // (SPLIT: TileScheduler::locate) or, packed sequences, the sequence's key block.
+// Fixed lengths: the grid is (N * G, pairs / G, 1) or (N, Hkv, B) (G = 1), N key
+// blocks and G (KV head, batch) pairs a section (the host's bwd_section): x runs
+// the section's pairs innermost, so the key blocks of G heads go block by block,
+// and under a causal band (key block 0 walks the most query tiles) the longest
+// walks of a section start first and the grid ends on short ones.
 template <class KT, class VT, bool SPLIT>
 __device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_keys(
     const BwdParams& args, int& n_block, int& h_kv, int& b, int& split) {
   static_assert(!(SPLIT && VT::Seqs::kRagged), "packed sequences are not split");
   split = 0;
-  h_kv = blockIdx.y;
   if constexpr (SPLIT) {
     TileScheduler<KT, VT>::locate(args, n_block, h_kv, b, split);
     return args;
-  } else {
+  } else if constexpr (VT::Seqs::kRagged) {
+    h_kv = blockIdx.y;
     return VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x,
                                                                                  b, n_block);
+  } else {
+    const int g = int(gridDim.x) / ceil_div(args.fwd.seqlen_k, KT::BLOCK_N);
+    const int pair = int(blockIdx.z * gridDim.y + blockIdx.y) * g + int(blockIdx.x) % g;
+    n_block = int(blockIdx.x) / g;
+    h_kv = pair % args.fwd.heads_kv;
+    b = pair / args.fwd.heads_kv;
+    return args;
   }
 }
 
@@ -1736,23 +1748,42 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
   }
 }
 
-// Grid: x = query block (the last first under a causal band; packed sequences: the
-// virtual blocks of every sequence), y = query head, z = batch (packed: 1).
+// The dQ pass's block: its query block (the last first under a causal band), query
+// head and batch entry. Packed sequences: x = the virtual blocks of every sequence,
+// y = query head (the sequence's params behind the Storage). Fixed lengths: bind_keys'
+// sections over M query blocks and (query head, batch) pairs, the grid (M * G,
+// pairs / G, 1) or (M, Hq, B).
+template <class KT, class VT>
+__device__ __forceinline__ const BwdParams& bind_queries(const BwdParams& args, int& m_block,
+                                                         int& h, int& b) {
+  if constexpr (VT::Seqs::kRagged) {
+    h = blockIdx.y;
+    return VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_M, false>(
+        args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
+        wgmma_bwd_smem + KT::SMEM_BYTES);
+  } else {
+    const int m_blocks = ceil_div(args.fwd.seqlen_q, KT::BLOCK_M), g = int(gridDim.x) / m_blocks;
+    const int pair = int(blockIdx.z * gridDim.y + blockIdx.y) * g + int(blockIdx.x) % g;
+    const int m = int(blockIdx.x) / g;
+    m_block = VT::kCausal ? m_blocks - 1 - m : m;
+    h = pair % args.fwd.heads_q;
+    b = pair / args.fwd.heads_q;
+    return args;
+  }
+}
+
 template <class KT, class VT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dq(const BwdParams args, const __grid_constant__ TmaMap q_map,
                        const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                        const __grid_constant__ TmaMap dout_map) {
   using T = typename KT::T;
-  int m_block, b;  // packed sequences: the sequence's params behind the Storage
-  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_M, false>(
-      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
-      wgmma_bwd_smem + KT::SMEM_BYTES);
+  int m_block, h, b;
+  const BwdParams& p = bind_queries<KT, VT>(args, m_block, h, b);
   const FwdParams& f = p.fwd;
   const int q0 = m_block * KT::BLOCK_M;
   if (VT::Seqs::kRagged && q0 >= f.seqlen_q) return;  // a sequence's spare block: block-uniform
   const DqSmem<KT> st(storage_base(wgmma_bwd_smem));
-  const int h = blockIdx.y;
   // Key tiles [n_begin, n_begin + n_blocks): the variant's band of the block's rows.
   const int n_begin = VT::kv_begin(f, q0) / KT::BLOCK_N;
   const int n_blocks = cmax(

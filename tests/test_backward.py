@@ -984,6 +984,58 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
                <= flash_wgmma_bwd.MAX_SPLITS for n in range(1, 40))
 
 
+
+def test_bwd_sections_only_under_an_upper_bound():
+    """bwd_section: sections of (head, batch) pairs for the causal grids up to 4k keys,
+    the largest divisor of the pairs up to the bound; one pair after another elsewhere."""
+    from cupy_attention.problem import Problem
+
+    def prob(b, hkv, causal=True, s=2048, **kw):
+        return Problem(b, 2 * hkv, hkv, s, s, 128, "bfloat16", "bhsd", causal, "none",
+                       0.1, 0, **kw)
+
+    section = flash_wgmma_bwd.bwd_section
+    assert section(prob(8, 16), "atomic", 16) == 8
+    assert section(prob(8, 16), "separate", 32) == 8            # the dQ pass: Hq pairs
+    assert section(prob(2, 3), "atomic", 3) == 6
+    assert section(prob(1, 11), "atomic", 11) == 1, "no divisor of 11 up to 8 but 1"
+    assert section(prob(8, 16, causal=False), "atomic", 16) == 1
+    assert section(prob(8, 16, causal=False, window=(256, 0)), "atomic", 16) == 8
+    assert section(prob(8, 16), "ordered", 16) == 1, "the ordered dQ keeps the grid's order"
+    assert section(prob(8, 16), "staggered", 16) == 1
+    assert section(prob(8, 16, varlen=True), "atomic", 16) == 1
+    assert section(prob(2, 16, s=4096), "atomic", 16) == 8
+    assert section(prob(2, 16, s=8192), "atomic", 16) == 1, "long keys: the L2"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"),
+    dict(D=64, Sq=200, Sk=333, Hq=6, Hkv=3, B=2, causal=True, dtype="float16"),
+    dict(D=256, Sq=390, Sk=300, Hq=4, Hkv=2, B=3, causal=True, dtype="bfloat16"),
+], ids=["d128", "d64-sk-longer", "d256-dq-pass"])
+def test_bwd_sections_change_only_the_order(c, monkeypatch, warm_kernels):
+    """The causal grids in sections of (head, batch) pairs (bwd_section) give the
+    reference's gradients, and the dK, dV of one pair after another bitwise (each
+    block owns its keys; only dQ's atomic order may change)."""
+    import cupy
+
+    _skip_unless_device_runs("flash_wgmma")
+    from cupy_attention import backward
+
+    monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1)
+    inputs = _inputs(c, seed_for("bwd-section", _case_id(c)), cupy)
+    q, k, v, mask, out, lse, dout = inputs
+    runs = []
+    for bound in (1, 8):
+        monkeypatch.setenv("CUPY_ATTENTION_WGMMA_BWD_SECTION", str(bound))
+        monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
+        runs.append(ca.attention_backward(dout, q, k, v, out, lse, causal=True,
+                                          kernel="flash_wgmma"))
+    for name, a, b in zip(("dk", "dv"), runs[0][1:], runs[1][1:]):
+        assert bool((a == b).all()), f"{name} differs between section bounds 1 and 8"
+    _check_grads(c, runs[1], inputs, dict(kernel="flash_wgmma_bwd", sections=8, **c))
+
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
     (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the
