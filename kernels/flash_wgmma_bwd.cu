@@ -1118,11 +1118,9 @@ struct Epilogue {
 
 // The block's (key block, KV head, batch) and its share of the walk: from the grid
 // (SPLIT: TileScheduler::locate) or, packed sequences, the sequence's key block.
-// Fixed lengths: the grid is (N * G, pairs / G, 1) or (N, Hkv, B) (G = 1), N key
-// blocks and G (KV head, batch) pairs a section (the host's bwd_section): x runs
-// the section's pairs innermost, so the key blocks of G heads go block by block,
-// and under a causal band (key block 0 walks the most query tiles) the longest
-// walks of a section start first and the grid ends on short ones.
+// Fixed lengths: section_block's grid over key blocks and (KV head, batch) pairs
+// (the host's bwd_section): under a causal band key block 0 walks the most query
+// tiles, so a section's longest walks start first.
 template <class KT, class VT, bool SPLIT>
 __device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_keys(
     const BwdParams& args, int& n_block, int& h_kv, int& b, int& split) {
@@ -1136,11 +1134,8 @@ __device__ __forceinline__ typename VT::Seqs::template Bound<BwdParams> bind_key
     return VT::Seqs::template bind_block_regs<typename KT::T, KT::BLOCK_N, true>(args, blockIdx.x,
                                                                                  b, n_block);
   } else {
-    const int g = int(gridDim.x) / ceil_div(args.fwd.seqlen_k, KT::BLOCK_N);
-    const int pair = int(blockIdx.z * gridDim.y + blockIdx.y) * g + int(blockIdx.x) % g;
-    n_block = int(blockIdx.x) / g;
-    h_kv = pair % args.fwd.heads_kv;
-    b = pair / args.fwd.heads_kv;
+    section_block<false>(ceil_div(args.fwd.seqlen_k, KT::BLOCK_N), args.fwd.heads_kv, n_block,
+                         h_kv, b);
     return args;
   }
 }
@@ -1748,27 +1743,24 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
   }
 }
 
-// The dQ pass's block: its query block (the last first under a causal band), query
-// head and batch entry. Packed sequences: x = the virtual blocks of every sequence,
-// y = query head (the sequence's params behind the Storage). Fixed lengths: bind_keys'
-// sections over M query blocks and (query head, batch) pairs, the grid (M * G,
-// pairs / G, 1) or (M, Hq, B).
+// The dQ pass's query block (the last first under a causal band), head and entry.
+// Grid: section_block's over query blocks and (query head, batch) pairs; under
+// dropout (x, Hq, B), the head and entry read from blockIdx where used (computed
+// ones, live through the loop, spilled 12 bytes under ptxas 12.9 at D = 256 with
+// softcap, ALiBi and dropout: the host's dq_section); packed sequences: x = the
+// virtual blocks of every sequence, y = query head, z = 1 (the sequence's params
+// behind the Storage).
 template <class KT, class VT>
-__device__ __forceinline__ const BwdParams& bind_queries(const BwdParams& args, int& m_block,
-                                                         int& h, int& b) {
-  if constexpr (VT::Seqs::kRagged) {
+__device__ __forceinline__ const BwdParams& bind_dq_block(const BwdParams& args, int& m_block,
+                                                          int& h, int& b) {
+  if constexpr (VT::Drop::enabled) {
     h = blockIdx.y;
     return VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_M, false>(
         args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
         wgmma_bwd_smem + KT::SMEM_BYTES);
   } else {
-    const int m_blocks = ceil_div(args.fwd.seqlen_q, KT::BLOCK_M), g = int(gridDim.x) / m_blocks;
-    const int pair = int(blockIdx.z * gridDim.y + blockIdx.y) * g + int(blockIdx.x) % g;
-    const int m = int(blockIdx.x) / g;
-    m_block = VT::kCausal ? m_blocks - 1 - m : m;
-    h = pair % args.fwd.heads_q;
-    b = pair / args.fwd.heads_q;
-    return args;
+    return VT::Seqs::template bind_grid<typename KT::T, KT::BLOCK_M, false, VT::kCausal>(
+        args, args.fwd.heads_q, m_block, h, b, wgmma_bwd_smem + KT::SMEM_BYTES);
   }
 }
 
@@ -1779,7 +1771,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                        const __grid_constant__ TmaMap dout_map) {
   using T = typename KT::T;
   int m_block, h, b;
-  const BwdParams& p = bind_queries<KT, VT>(args, m_block, h, b);
+  const BwdParams& p = bind_dq_block<KT, VT>(args, m_block, h, b);
   const FwdParams& f = p.fwd;
   const int q0 = m_block * KT::BLOCK_M;
   if (VT::Seqs::kRagged && q0 >= f.seqlen_q) return;  // a sequence's spare block: block-uniform

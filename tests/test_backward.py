@@ -985,9 +985,11 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 
 
 
-def test_bwd_sections_only_under_an_upper_bound():
-    """bwd_section: sections of (head, batch) pairs for the causal grids up to 4k keys,
-    the largest divisor of the pairs up to the bound; one pair after another elsewhere."""
+def test_sections_only_under_an_upper_bound():
+    """base.section: sections of (head, batch) pairs for the causal grids up to 4k keys,
+    the largest divisor of the pairs up to the bound; one pair after another elsewhere
+    (and in the ordered dQ modes, whose turns rely on the grid's order)."""
+    from cupy_attention.families import base
     from cupy_attention.problem import Problem
 
     def prob(b, hkv, causal=True, s=2048, **kw):
@@ -996,7 +998,9 @@ def test_bwd_sections_only_under_an_upper_bound():
 
     section = flash_wgmma_bwd.bwd_section
     assert section(prob(8, 16), "atomic", 16) == 8
-    assert section(prob(8, 16), "separate", 32) == 8            # the dQ pass: Hq pairs
+    assert section(prob(8, 16), "separate", 32) == 8
+    assert flash_wgmma_bwd.dq_section(prob(8, 16)) == 8
+    assert flash_wgmma_bwd.dq_section(prob(8, 16, dropout_p=0.1)) == 1, "the dQ pass's registers"
     assert section(prob(2, 3), "atomic", 3) == 6
     assert section(prob(1, 11), "atomic", 11) == 1, "no divisor of 11 up to 8 but 1"
     assert section(prob(8, 16, causal=False), "atomic", 16) == 1
@@ -1006,21 +1010,27 @@ def test_bwd_sections_only_under_an_upper_bound():
     assert section(prob(8, 16, varlen=True), "atomic", 16) == 1
     assert section(prob(2, 16, s=4096), "atomic", 16) == 8
     assert section(prob(2, 16, s=8192), "atomic", 16) == 1, "long keys: the L2"
+    assert base.section_grid(16, 16, 8, 8) == (128, 16, 1)
+    assert base.section_grid(16, 16, 8, 1) == (16, 16, 8)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("c", [
-    dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"),
-    dict(D=64, Sq=200, Sk=333, Hq=6, Hkv=3, B=2, causal=True, dtype="float16"),
-    dict(D=256, Sq=390, Sk=300, Hq=4, Hkv=2, B=3, causal=True, dtype="bfloat16"),
-], ids=["d128", "d64-sk-longer", "d256-dq-pass"])
-def test_bwd_sections_change_only_the_order(c, monkeypatch, warm_kernels):
-    """The causal grids in sections of (head, batch) pairs (bwd_section) give the
-    reference's gradients, and the dK, dV of one pair after another bitwise (each
-    block owns its keys; only dQ's atomic order may change)."""
+@pytest.mark.parametrize("c,kernel", [
+    (dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"), "flash_wgmma"),
+    (dict(D=64, Sq=200, Sk=333, Hq=6, Hkv=3, B=2, causal=True, dtype="float16"), "flash_wgmma"),
+    (dict(D=256, Sq=390, Sk=300, Hq=4, Hkv=2, B=3, causal=True, dtype="bfloat16"), "flash_wgmma"),
+    (dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"), "flash_mma"),
+    (dict(D=96, Sq=257, Sk=190, Hq=4, Hkv=4, B=3, causal=True, dtype="float16"), "flash_mma"),
+], ids=["wgmma-d128", "wgmma-d64-sk-longer", "wgmma-d256-dq-pass", "mma-d128",
+        "mma-d96-sq-longer"])
+def test_sections_change_only_the_order(c, kernel, monkeypatch, warm_kernels):
+    """The causal backward grids in sections of (head, batch) pairs (base.section) give
+    the reference's gradients, and the dK, dV of one pair after another bitwise (each
+    block owns its keys; only dQ's atomic order may change), the deterministic mode's
+    dQ bitwise too."""
     import cupy
 
-    _skip_unless_device_runs("flash_wgmma")
+    _skip_unless_device_runs(kernel)
     from cupy_attention import backward
 
     monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1)
@@ -1028,13 +1038,17 @@ def test_bwd_sections_change_only_the_order(c, monkeypatch, warm_kernels):
     q, k, v, mask, out, lse, dout = inputs
     runs = []
     for bound in (1, 8):
-        monkeypatch.setenv("CUPY_ATTENTION_WGMMA_BWD_SECTION", str(bound))
+        monkeypatch.setenv("CUPY_ATTENTION_SECTION", str(bound))
         monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
-        runs.append(ca.attention_backward(dout, q, k, v, out, lse, causal=True,
-                                          kernel="flash_wgmma"))
-    for name, a, b in zip(("dk", "dv"), runs[0][1:], runs[1][1:]):
+        grads = ca.attention_backward(dout, q, k, v, out, lse, causal=True, kernel=kernel)
+        det = ca.attention_backward(dout, q, k, v, out, lse, causal=True, kernel=kernel,
+                                    deterministic=True)
+        runs.append((grads, det))
+    (g1, d1), (g8, d8) = runs
+    for name, a, b in [("dk", g1[1], g8[1]), ("dv", g1[2], g8[2])] + [
+            (f"deterministic {n}", x, y) for n, x, y in zip(("dq", "dk", "dv"), d1, d8)]:
         assert bool((a == b).all()), f"{name} differs between section bounds 1 and 8"
-    _check_grads(c, runs[1], inputs, dict(kernel="flash_wgmma_bwd", sections=8, **c))
+    _check_grads(c, g8, inputs, dict(kernel=f"{kernel}_bwd", sections=8, **c))
 
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks

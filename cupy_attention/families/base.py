@@ -123,6 +123,38 @@ class HotLaunch:
         kernel.launch_packed(grid, block, buf, smem, stream.ptr, tail=tail)
 
 
+# Sections of a tile grid (section_block in kernels/common/seqs.cuh): under a causal
+# band a grid of one (head, batch) pair after another starts the last pair's heaviest
+# block near the end. Sections of G pairs go block by block over G pairs, so each
+# section starts its heaviest blocks first. H200, bf16, B*S = 16k, flash_wgmma's
+# backward (benchmarks/results/notes-bwd-loops.md section 21): 3-4% at D = 128 and
+# 2.5-3.6% at D = 256 for S = 2k-4k, nothing at 8k, 1.6-3.5% lost at D = 128,
+# S = 16k (a section's query tiles outgrow the L2): up to SECTION_MAX_KEYS keys only.
+SECTION = 8
+SECTION_MAX_KEYS = 4096
+
+
+def section(p: Problem, heads: int) -> int:
+    """G (head, batch) pairs a section of a tile grid over ``heads`` heads of each batch
+    entry; 1: one pair after another. The largest divisor of B * heads up to SECTION
+    (``CUPY_ATTENTION_SECTION`` overrides that bound), for fixed lengths under a band
+    with an upper bound (causal) up to SECTION_MAX_KEYS keys."""
+    import os
+
+    if (p.varlen or p.variant.cache or not p.variant.band_flags[1]
+            or p.seqlen_k > SECTION_MAX_KEYS):
+        return 1
+    bound = int(os.environ.get("CUPY_ATTENTION_SECTION", SECTION))
+    pairs = heads * p.batch
+    return max((g for g in range(1, max(1, bound) + 1)
+                if pairs % g == 0 and pairs // g <= 65535), default=1)
+
+
+def section_grid(blocks: int, heads: int, batch: int, g: int) -> tuple:
+    """The grid of ``blocks`` blocks per (head, batch) pair in sections of ``g`` pairs."""
+    return (blocks * g, heads * batch // g, 1) if g > 1 else (blocks, heads, batch)
+
+
 def grid_check(p: Problem) -> str | None:
     if p.varlen:
         if p.heads_q > 65535:

@@ -25,7 +25,7 @@ from ..params import BWD_DTYPE
 from ..problem import Problem
 from ..variant import CAUSAL, Variant
 from . import flash_bwd
-from .base import CPP_DTYPE, SHORT_DTYPE, grid_check
+from .base import CPP_DTYPE, SHORT_DTYPE, grid_check, section, section_grid
 from .flash_mma import vectorizable_arrays
 
 _KB = 1024
@@ -207,11 +207,14 @@ def ragged_smem(p: Problem) -> int:
     return BWD_DTYPE.itemsize if p.varlen else 0
 
 
-def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool) -> list[tuple]:
+def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
+              dkdv_section: int | None = None) -> list[tuple]:
     """The delta pre-pass, a dK/dV kernel (``dkdv`` = keys per block, threads, shared
     bytes), then dq_convert, or with ``deterministic`` the dQ kernel of ``dq``'s
-    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). flash_wgmma_bwd
-    runs its own dK/dV kernel through this too."""
+    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). The tile kernels'
+    grids come in sections of (head, batch) pairs (base.section; ``dkdv_section``
+    overrides the dK/dV kernel's). flash_wgmma_bwd runs its own dK/dV kernel through
+    this too."""
     k_delta, k_dkdv, k_dq = kernels
     block_n, threads, smem = dkdv
     # packed sequences: the row kernels see one entry of total rows, the tile kernels
@@ -220,12 +223,15 @@ def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool)
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
     row_pass = (rows, (flash_bwd.THREADS,), 0)
     if deterministic:
-        dq_pass = (k_dq, (blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
+        dq_pass = (k_dq, section_grid(blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch,
+                                      section(p, p.heads_q)),
                    (32 * dq.dq_warps,), dq.dq_smem + ragged_smem(p))
     else:
         dq_pass = (k_dq,) + row_pass
+    g = section(p, p.heads_kv) if dkdv_section is None else dkdv_section
     return [(k_delta,) + row_pass,
-            (k_dkdv, (blocks(p, p.seqlen_k, block_n), p.heads_kv, batch), (threads,), smem),
+            (k_dkdv, section_grid(blocks(p, p.seqlen_k, block_n), p.heads_kv, batch, g),
+             (threads,), smem),
             dq_pass]
 
 

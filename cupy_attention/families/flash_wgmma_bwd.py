@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 from .. import jit, tma
 from ..problem import Problem
 from ..variant import Variant
 from . import flash_bwd, flash_mma_bwd, flash_wgmma
-from .base import CPP_DTYPE, SHORT_DTYPE, bhs_strides, grid_check
+from .base import CPP_DTYPE, SHORT_DTYPE, bhs_strides, grid_check, section, section_grid
 
 _KB = 1024
 THREADS = 256     # two MMA warpgroups (Config.threads: and a producer warpgroup)
@@ -474,21 +473,17 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     mode = _dq_mode(c, p.variant, deterministic, staggered)
     own = own_dq(c)
     dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
-    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own)
+    launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own,
+                                       1 if split else bwd_section(p, mode, p.heads_kv))
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
-    elif (g := bwd_section(p, mode, p.heads_kv)) > 1:   # sections of g (KV head, batch) pairs
-        grid = (grid[0] * g, p.heads_kv * p.batch // g, 1)
     launches[1] = (k_dkdv, grid, block, smem, maps)
     if own:   # the dQ pass: 128 query rows of one (head, batch) a block
         bn = dq_block_n(p.head_dim, p.variant)
         dq_maps = maps if bn == c.block_n else tensor_maps(p, t, c, bn)
-        g = bwd_section(p, mode, p.heads_q)
-        dq_grid = (flash_mma_bwd.blocks(p, p.seqlen_q, DQ_BLOCK_M) * g,
-                   p.heads_q * p.batch // g, 1) if g > 1 else (
-                       flash_mma_bwd.blocks(p, p.seqlen_q, DQ_BLOCK_M), p.heads_q,
-                       1 if p.varlen else p.batch)
+        dq_grid = section_grid(flash_mma_bwd.blocks(p, p.seqlen_q, DQ_BLOCK_M), p.heads_q,
+                               1 if p.varlen else p.batch, dq_section(p))
         launches[2] = (kernels[2], dq_grid, (DQ_THREADS,),
                        dq_smem(p.head_dim, bn) + flash_mma_bwd.ragged_smem(p), dq_maps)
     if split:
@@ -497,32 +492,16 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     return launches
 
 
-# The dK/dV grid's sections (bind_keys in kernels/flash_wgmma_bwd.cu), and the dQ
-# pass's: under a causal band key block 0 walks the most query tiles (the last query
-# block the most key tiles), and a grid of one (head, batch) pair after another starts
-# the last pair's longest walk near the end. Sections of G pairs go block by block
-# instead, so each section starts its longest walks first. H200, bf16, B*S = 16k
-# (benchmarks/results/notes-bwd-loops.md section 21): sections of 8 gained 3-4% at
-# D = 128 and 2.5-3.6% at D = 256 for S = 2k-4k, nothing at 8k, and lost 1.6-3.5% at
-# D = 128, S = 16k (a section's query tiles outgrow the L2), so only up to
-# BWD_SECTION_MAX_KEYS keys. Not for packed sequences (virtual key blocks), the split
-# grid, or the ordered dQ (whose turns rely on the grid's own order).
-BWD_SECTION = 8
-BWD_SECTION_MAX_KEYS = 4096
-
-
 def bwd_section(p: Problem, mode: str, heads: int) -> int:
-    """G (head, batch) pairs a section of the dK/dV grid (``heads`` = Hkv) or of the dQ
-    pass's (Hq); 1: one pair after another. The largest divisor of B * heads up to
-    BWD_SECTION (``CUPY_ATTENTION_WGMMA_BWD_SECTION`` overrides that bound), under a
-    band with an upper bound (causal) and up to BWD_SECTION_MAX_KEYS keys only."""
-    if (p.varlen or not p.variant.band_flags[1] or mode in ("ordered", "staggered")
-            or p.seqlen_k > BWD_SECTION_MAX_KEYS):
-        return 1
-    bound = int(os.environ.get("CUPY_ATTENTION_WGMMA_BWD_SECTION", BWD_SECTION))
-    pairs = heads * p.batch
-    return max((g for g in range(1, max(1, bound) + 1)
-                if pairs % g == 0 and pairs // g <= 65535), default=1)
+    """base.section for the dK/dV grid (``heads`` = Hkv); 1 in the ordered dQ modes,
+    whose turns rely on the grid's own order."""
+    return 1 if mode in ("ordered", "staggered") else section(p, heads)
+
+
+def dq_section(p: Problem) -> int:
+    """base.section for flash_wgmma_bwd_dq's grid; 1 under dropout (its kernel's
+    bind_dq_block reads the head and entry from the grid there)."""
+    return 1 if p.dropout_p else section(p, p.heads_q)
 
 
 def _with_turns(p: Problem, t: flash_bwd.BwdTensors,

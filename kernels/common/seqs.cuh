@@ -26,6 +26,25 @@
 #pragma once
 #include "params.cuh"
 
+__device__ __forceinline__ const FwdParams& fwd_of(const FwdParams& p) { return p; }
+__device__ __forceinline__ const FwdParams& fwd_of(const BwdParams& p) { return p.fwd; }
+
+// Fixed lengths: a grid over `blocks` blocks of every (head, batch) pair, either
+// (blocks, heads, B) or in sections of G pairs, (blocks * G, pairs / G, 1), whose x
+// runs a section's pairs innermost: its blocks go block by block over G pairs (the
+// host's choice, read back as G = gridDim.x / blocks; under a causal band the
+// heaviest blocks of a section then start first). Block (x, y, z)'s block m
+// (LAST_FIRST: counted from the last), head h and batch entry b.
+template <bool LAST_FIRST>
+__device__ __forceinline__ void section_block(int blocks, int heads, int& m, int& h, int& b) {
+  const int g = int(gridDim.x) / blocks;
+  const int pair = int(blockIdx.z * gridDim.y + blockIdx.y) * g + int(blockIdx.x) % g;
+  const int x = int(blockIdx.x) / g;
+  m = LAST_FIRST ? blocks - 1 - x : x;
+  h = pair % heads;
+  b = pair / heads;
+}
+
 struct FixedSeqs {
   static constexpr bool kRagged = false;
   static constexpr bool kCached = false;
@@ -56,10 +75,16 @@ struct FixedSeqs {
   __device__ __forceinline__ static const P& bind_block_regs(const P& p, int x, int& b, int& m) {
     return bind_block<T, BLOCK, KEYS>(p, x, b, m, nullptr);
   }
+  // A tile kernel's block of BLOCK query rows (KEYS: keys), head (of `heads`) and
+  // entry, from section_block's grid.
+  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, class P>
+  __device__ __forceinline__ static const P& bind_grid(const P& p, int heads, int& m, int& h,
+                                                       int& b, void*) {
+    const FwdParams& f = fwd_of(p);
+    section_block<LAST_FIRST>(ceil_div(KEYS ? f.seqlen_k : f.seqlen_q, BLOCK), heads, m, h, b);
+    return p;
+  }
 };
-
-__device__ __forceinline__ const FwdParams& fwd_of(const FwdParams& p) { return p; }
-__device__ __forceinline__ const FwdParams& fwd_of(const BwdParams& p) { return p.fwd; }
 
 struct RaggedSeqs {
   static constexpr bool kRagged = true;
@@ -163,6 +188,15 @@ struct RaggedSeqs {
     const FwdParams& f = fwd_of(p);
     locate_warp(KEYS ? f.cu_seqlens_k : f.cu_seqlens_q, f.batch, BLOCK, x, b, m);
     return bind_shared<T>(p, extent(f, b), at);
+  }
+  // The same over the grid (virtual blocks, heads, 1), the last block first where
+  // LAST_FIRST (FixedSeqs::bind_grid's counterpart).
+  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, class P>
+  __device__ __forceinline__ static const P& bind_grid(const P& p, int, int& m, int& h, int& b,
+                                                       void* at) {
+    h = blockIdx.y;
+    return bind_block<T, BLOCK, KEYS>(
+        p, LAST_FIRST ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m, at);
   }
   // The same with the params in registers (a kernel with registers to spare, or no
   // shared memory left for them): a copy.
