@@ -9,6 +9,7 @@ launch. ``Tensors`` carries CuPy views of the caller's arrays (strides intact).
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 
 import numpy as np
@@ -139,8 +140,6 @@ def section(p: Problem, heads: int) -> int:
     entry; 1: one pair after another. The largest divisor of B * heads up to SECTION
     (``CUPY_ATTENTION_SECTION`` overrides that bound), for fixed lengths under a band
     with an upper bound (causal) up to SECTION_MAX_KEYS keys."""
-    import os
-
     if (p.varlen or p.variant.cache or not p.variant.band_flags[1]
             or p.seqlen_k > SECTION_MAX_KEYS):
         return 1
