@@ -25,7 +25,7 @@ from ..params import BWD_DTYPE
 from ..problem import Problem
 from ..variant import CAUSAL, Variant
 from . import flash_bwd
-from .base import CPP_DTYPE, SHORT_DTYPE, grid_check, section, section_grid
+from .base import CPP_DTYPE, SHORT_DTYPE, grid_check, section_grid
 from .flash_mma import vectorizable_arrays
 
 _KB = 1024
@@ -208,13 +208,14 @@ def ragged_smem(p: Problem) -> int:
 
 
 def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
-              dkdv_section: int | None = None) -> list[tuple]:
+              dkdv_section: int = 1) -> list[tuple]:
     """The delta pre-pass, a dK/dV kernel (``dkdv`` = keys per block, threads, shared
     bytes), then dq_convert, or with ``deterministic`` the dQ kernel of ``dq``'s
-    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). The tile kernels'
-    grids come in sections of (head, batch) pairs (base.section; ``dkdv_section``
-    overrides the dK/dV kernel's). flash_wgmma_bwd runs its own dK/dV kernel through
-    this too."""
+    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). flash_wgmma_bwd
+    runs its own dK/dV kernel through this too, in sections of ``dkdv_section`` (head,
+    batch) pairs (base.section). flash_mma_bwd's kernels take no sections: their
+    computed head and entry, live through the loop, spilled 16-32 bytes at D = 112
+    under ptxas 12.9 (blockIdx is read again where used)."""
     k_delta, k_dkdv, k_dq = kernels
     block_n, threads, smem = dkdv
     # packed sequences: the row kernels see one entry of total rows, the tile kernels
@@ -223,15 +224,13 @@ def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
     row_pass = (rows, (flash_bwd.THREADS,), 0)
     if deterministic:
-        dq_pass = (k_dq, section_grid(blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch,
-                                      section(p, p.heads_q)),
+        dq_pass = (k_dq, (blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
                    (32 * dq.dq_warps,), dq.dq_smem + ragged_smem(p))
     else:
         dq_pass = (k_dq,) + row_pass
-    g = section(p, p.heads_kv) if dkdv_section is None else dkdv_section
     return [(k_delta,) + row_pass,
-            (k_dkdv, section_grid(blocks(p, p.seqlen_k, block_n), p.heads_kv, batch, g),
-             (threads,), smem),
+            (k_dkdv, section_grid(blocks(p, p.seqlen_k, block_n), p.heads_kv, batch,
+                                  dkdv_section), (threads,), smem),
             dq_pass]
 
 
