@@ -1743,27 +1743,12 @@ __device__ __forceinline__ void produce_dq(const DqSmem<KT>& st, const BwdParams
   }
 }
 
-// The dQ pass's query block (the last first under a causal band), head and entry.
-// Grid: section_block's over query blocks and (query head, batch) pairs; under
-// dropout (x, Hq, B), the head and entry read from blockIdx where used (computed
-// ones, live through the loop, spilled 12 bytes under ptxas 12.9 at D = 256 with
-// softcap, ALiBi and dropout: the host's dq_section); packed sequences: x = the
-// virtual blocks of every sequence, y = query head, z = 1 (the sequence's params
-// behind the Storage).
-template <class KT, class VT>
-__device__ __forceinline__ const BwdParams& bind_dq_block(const BwdParams& args, int& m_block,
-                                                          int& h, int& b) {
-  if constexpr (VT::Drop::enabled) {
-    h = blockIdx.y;
-    return VT::Seqs::template bind_block<typename KT::T, KT::BLOCK_M, false>(
-        args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
-        wgmma_bwd_smem + KT::SMEM_BYTES);
-  } else {
-    return VT::Seqs::template bind_grid<typename KT::T, KT::BLOCK_M, false, VT::kCausal>(
-        args, args.fwd.heads_q, m_block, h, b, wgmma_bwd_smem + KT::SMEM_BYTES);
-  }
-}
-
+// Grid: bind_grid's over query blocks (the last first under a causal band) and
+// (query head, batch) pairs, in sections (section_block) but under dropout: there
+// the computed head and entry, live through the loop, spilled 12 bytes under ptxas
+// 12.9 at D = 256 with softcap and ALiBi (the host's dq_section). Packed sequences:
+// x = the virtual blocks of every sequence, y = query head, z = 1 (the sequence's
+// params behind the Storage).
 template <class KT, class VT>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dq(const BwdParams args, const __grid_constant__ TmaMap q_map,
@@ -1771,7 +1756,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                        const __grid_constant__ TmaMap dout_map) {
   using T = typename KT::T;
   int m_block, h, b;
-  const BwdParams& p = bind_dq_block<KT, VT>(args, m_block, h, b);
+  const BwdParams& p =
+      VT::Seqs::template bind_grid<T, KT::BLOCK_M, false, VT::kCausal, !VT::Drop::enabled>(
+          args, args.fwd.heads_q, m_block, h, b, wgmma_bwd_smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
   const int q0 = m_block * KT::BLOCK_M;
   if (VT::Seqs::kRagged && q0 >= f.seqlen_q) return;  // a sequence's spare block: block-uniform

@@ -500,7 +500,7 @@ def bwd_section(p: Problem, mode: str, heads: int) -> int:
 
 def dq_section(p: Problem) -> int:
     """base.section for flash_wgmma_bwd_dq's grid; 1 under dropout (its kernel's
-    bind_dq_block reads the head and entry from the grid there)."""
+    bind_grid reads the head and entry from blockIdx there)."""
     return 1 if p.dropout_p else section(p, p.heads_q)
 
 

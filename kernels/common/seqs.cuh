@@ -76,12 +76,19 @@ struct FixedSeqs {
     return bind_block<T, BLOCK, KEYS>(p, x, b, m, nullptr);
   }
   // A tile kernel's block of BLOCK query rows (KEYS: keys), head (of `heads`) and
-  // entry, from section_block's grid.
-  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, class P>
+  // entry: from section_block's grid where SECTIONS, else from the grid (x, heads, B)
+  // as blockIdx (which ptxas reads again where used instead of keeping it live).
+  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, bool SECTIONS, class P>
   __device__ __forceinline__ static const P& bind_grid(const P& p, int heads, int& m, int& h,
                                                        int& b, void*) {
-    const FwdParams& f = fwd_of(p);
-    section_block<LAST_FIRST>(ceil_div(KEYS ? f.seqlen_k : f.seqlen_q, BLOCK), heads, m, h, b);
+    if constexpr (SECTIONS) {
+      const FwdParams& f = fwd_of(p);
+      section_block<LAST_FIRST>(ceil_div(KEYS ? f.seqlen_k : f.seqlen_q, BLOCK), heads, m, h, b);
+    } else {
+      h = blockIdx.y;
+      b = blockIdx.z;
+      m = LAST_FIRST ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+    }
     return p;
   }
 };
@@ -190,8 +197,8 @@ struct RaggedSeqs {
     return bind_shared<T>(p, extent(f, b), at);
   }
   // The same over the grid (virtual blocks, heads, 1), the last block first where
-  // LAST_FIRST (FixedSeqs::bind_grid's counterpart).
-  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, class P>
+  // LAST_FIRST (FixedSeqs::bind_grid's counterpart; no sections).
+  template <class T, int BLOCK, bool KEYS, bool LAST_FIRST, bool SECTIONS, class P>
   __device__ __forceinline__ static const P& bind_grid(const P& p, int, int& m, int& h, int& b,
                                                        void* at) {
     h = blockIdx.y;
