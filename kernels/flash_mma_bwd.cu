@@ -365,15 +365,17 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, float (&dk)[2][KT
     }
 }
 
-// Packed sequences (RaggedSeqs): x runs over the virtual key blocks of every sequence
-// (common/seqs.cuh), z = 1, the sequence's params behind the tiles in shared memory.
-template <class KT, class VT, bool ATOMIC_DQ>
+// Grid (key blocks, KV heads, B), or with SECTIONS section_block's (common/seqs.cuh:
+// sections of (KV head, entry) pairs; the host's flash_mma_bwd.sections). Packed
+// sequences (RaggedSeqs): x runs over the virtual key blocks of every sequence, z = 1,
+// the sequence's params behind the tiles in shared memory.
+template <class KT, class VT, bool ATOMIC_DQ, bool SECTIONS>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams args) {
   using T = typename KT::T;
   extern __shared__ __align__(128) unsigned char smem[];
-  int n_block, b;
-  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_N, true>(
-      args, blockIdx.x, b, n_block, smem + KT::SMEM_BYTES);
+  int n_block, h_kv, b;
+  const BwdParams& p = VT::Seqs::template bind_grid<T, KT::BLOCK_N, true, false, SECTIONS>(
+      args, args.fwd.heads_kv, n_block, h_kv, b, smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
   if (VT::Seqs::kRagged && n_block * KT::BLOCK_N >= f.seqlen_k) return;  // block-uniform
   T* sK = reinterpret_cast<T*>(smem);
@@ -384,7 +386,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   T* sdS = sP + KT::SMEM_P;
   float* sStats = reinterpret_cast<float*>(sdS + KT::SMEM_P);
 
-  const int n0 = n_block * KT::BLOCK_N, h_kv = blockIdx.y;
+  const int n0 = n_block * KT::BLOCK_N;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // This warp's first key within the block and its split index, per phase.
   const int key1 = 16 * KT::KM1 * (warp % KT::KG1), sw1 = KT::SPLIT1 == 1 ? 0 : warp / KT::KG1;
@@ -503,22 +505,21 @@ struct MmaBwdDqTraits {
 };
 
 // Deterministic dQ. Grid: x = query block (heaviest first when causal), y = query
-// head, z = batch.
-template <class KT, class VT>
+// head, z = batch; with SECTIONS section_block's, as flash_mma_bwd_dkdv's.
+template <class KT, class VT, bool SECTIONS>
 __global__ void __launch_bounds__(KT::THREADS) flash_mma_bwd_dq(const BwdParams args) {
   using T = typename KT::T;
   extern __shared__ __align__(128) unsigned char smem[];
-  int m_block, b;
-  const BwdParams& p = VT::Seqs::template bind_block<T, KT::BLOCK_M, false>(
-      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
-      smem + KT::SMEM_BYTES);
+  int m_block, h, b;
+  const BwdParams& p = VT::Seqs::template bind_grid<T, KT::BLOCK_M, false, VT::kCausal, SECTIONS>(
+      args, args.fwd.heads_q, m_block, h, b, smem + KT::SMEM_BYTES);
   const FwdParams& f = p.fwd;
   T* sQ = reinterpret_cast<T*>(smem);
   T* sdO = sQ + KT::SMEM_Q;
   T* sK = sdO + KT::SMEM_Q;  // two buffers
   T* sV = sK + 2 * KT::SMEM_KV;
 
-  const int h = blockIdx.y, h_kv = h / f.group;
+  const int h_kv = h / f.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int q0 = m_block * KT::BLOCK_M, row0 = 16 * warp;

@@ -1012,6 +1012,15 @@ def test_sections_only_under_an_upper_bound():
     assert section(prob(2, 16, s=8192), "atomic", 16) == 1, "long keys: the L2"
     assert base.section_grid(16, 16, 8, 8) == (128, 16, 1)
     assert base.section_grid(16, 16, 8, 1) == (16, 16, 8)
+    # flash_mma's kernels: the 16-byte builds of the causal fixed-length variants
+    mma = flash_mma_bwd
+    assert mma.sections(Variant(True), True) and not mma.sections(Variant(True), False)
+    assert not mma.sections(Variant(False), True)
+    assert not mma.sections(Variant(True, ragged=True), True)
+    assert mma.dq_section(prob(8, 16)) == 8 and mma.dq_section(prob(8, 16), vec=False) == 1
+    for vec in (True, False):
+        names = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), vec, True)]
+        assert [",sections" in n for n in names] == [False, vec, vec], names
 
 
 @pytest.mark.gpu
@@ -1019,7 +1028,10 @@ def test_sections_only_under_an_upper_bound():
     (dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"), "flash_wgmma"),
     (dict(D=64, Sq=200, Sk=333, Hq=6, Hkv=3, B=2, causal=True, dtype="float16"), "flash_wgmma"),
     (dict(D=256, Sq=390, Sk=300, Hq=4, Hkv=2, B=3, causal=True, dtype="bfloat16"), "flash_wgmma"),
-], ids=["wgmma-d128", "wgmma-d64-sk-longer", "wgmma-d256-dq-pass"])
+    (dict(D=128, Sq=300, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"), "flash_mma"),
+    (dict(D=96, Sq=257, Sk=190, Hq=4, Hkv=4, B=3, causal=True, dtype="float16"), "flash_mma"),
+], ids=["wgmma-d128", "wgmma-d64-sk-longer", "wgmma-d256-dq-pass", "mma-d128",
+        "mma-d96-sq-longer"])
 def test_sections_change_only_the_order(c, kernel, monkeypatch, warm_kernels):
     """The causal backward grids in sections of (head, batch) pairs (base.section) give
     the reference's gradients, and the dK, dV of one pair after another bitwise (each

@@ -17,7 +17,7 @@ import numpy as np
 from .. import jit, tuning
 from ..params import FWD_DTYPE, make_struct
 from ..problem import Problem
-from ..variant import dropout_params
+from ..variant import Variant, dropout_params
 
 LOG2E = 1.4426950408889634
 HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block of sm_90 (and sm_100)
@@ -135,13 +135,18 @@ SECTION = 8
 SECTION_MAX_KEYS = 4096
 
 
+def sectioned(vt: Variant) -> bool:
+    """Whether a tile grid of the variant ``vt`` may come in sections (section): fixed
+    lengths under a band with an upper bound (causal)."""
+    return not vt.ragged and not vt.cache and bool(vt.band_flags[1])
+
+
 def section(p: Problem, heads: int) -> int:
     """G (head, batch) pairs a section of a tile grid over ``heads`` heads of each batch
     entry; 1: one pair after another. The largest divisor of B * heads up to SECTION
-    (``CUPY_ATTENTION_SECTION`` overrides that bound), for fixed lengths under a band
-    with an upper bound (causal) up to SECTION_MAX_KEYS keys."""
-    if (p.varlen or p.variant.cache or not p.variant.band_flags[1]
-            or p.seqlen_k > SECTION_MAX_KEYS):
+    (``CUPY_ATTENTION_SECTION`` overrides that bound), where ``sectioned`` holds, up to
+    SECTION_MAX_KEYS keys."""
+    if not sectioned(p.variant) or p.seqlen_k > SECTION_MAX_KEYS:
         return 1
     bound = int(os.environ.get("CUPY_ATTENTION_SECTION", SECTION))
     pairs = heads * p.batch

@@ -25,7 +25,7 @@ from ..params import BWD_DTYPE
 from ..problem import Problem
 from ..variant import CAUSAL, Variant
 from . import flash_bwd
-from .base import CPP_DTYPE, SHORT_DTYPE, grid_check, section_grid
+from .base import CPP_DTYPE, SHORT_DTYPE, grid_check, section, section_grid, sectioned
 from .flash_mma import vectorizable_arrays
 
 _KB = 1024
@@ -116,22 +116,34 @@ def _flag(x: bool) -> str:
     return "true" if x else "false"
 
 
+def sections(vt: Variant, vec: bool) -> bool:
+    """Whether the tile kernels for ``vt`` take section_block's grid (base.section: the
+    causal grids in sections of (head, batch) pairs): the 16-byte (``vec``) builds. Its
+    head and entry are computed values live through the loop (blockIdx is read again
+    where used instead); the unaligned dK/dV kernel at D = 112 spilled 16 bytes with
+    them under ptxas 12.9."""
+    return vec and sectioned(vt)
+
+
 def dkdv_spec(c: Config, dtype: str, vt: Variant, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
               f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
-    expr = f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}>"
+    sec = sections(vt, vec)
+    expr = f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}, {_flag(sec)}>"
     name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}"
-            f"{',atomic-dq' if atomic_dq else ''}]")
+            f"{',atomic-dq' if atomic_dq else ''}{',sections' if sec else ''}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
 def dq_spec(c: Config, dtype: str, vt: Variant, vec: bool) -> jit.KernelSpec:
     traits = (f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, {CPP_DTYPE[dtype]}, "
               f"{_flag(vec)}>")
-    expr = f"flash_mma_bwd_dq<{traits}, {vt.cpp()}>"
+    sec = sections(vt, vec)
+    expr = f"flash_mma_bwd_dq<{traits}, {vt.cpp()}, {_flag(sec)}>"
     name = (f"flash_mma_bwd_dq[D={c.head_dim},BN={c.dq_block_n},W={c.dq_warps},"
-            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}]")
+            f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}"
+            f"{',sections' if sec else ''}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
@@ -179,10 +191,12 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool
 def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
            deterministic: bool) -> list[tuple]:
     """The launches of ``p``'s backward (flash_bwd.passes' form)."""
-    c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vectorizable(p, t), deterministic,
-                      device_id)
+    vec = vectorizable(p, t)
+    c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id)
+    g = section(p, p.heads_kv) if sections(p.variant, vec) else 1
     return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
-                     (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic)
+                     (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic,
+                     g, dq_section(p, vec))
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -207,15 +221,19 @@ def ragged_smem(p: Problem) -> int:
     return BWD_DTYPE.itemsize if p.varlen else 0
 
 
+def dq_section(p: Problem, vec: bool = True) -> int:
+    """base.section for flash_mma_bwd_dq's grid (the ``vec`` build's)."""
+    return section(p, p.heads_q) if sections(p.variant, vec) else 1
+
+
 def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
-              dkdv_section: int = 1) -> list[tuple]:
+              dkdv_section: int = 1, dq_section: int = 1) -> list[tuple]:
     """The delta pre-pass, a dK/dV kernel (``dkdv`` = keys per block, threads, shared
     bytes), then dq_convert, or with ``deterministic`` the dQ kernel of ``dq``'s
-    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). flash_wgmma_bwd
-    runs its own dK/dV kernel through this too, in sections of ``dkdv_section`` (head,
-    batch) pairs (base.section). flash_mma_bwd's kernels take no sections: their
-    computed head and entry, live through the loop, spilled 16-32 bytes at D = 112
-    under ptxas 12.9 (blockIdx is read again where used)."""
+    tiles, as flash_bwd.passes' (kernel, grid, block, shared bytes). The tile
+    kernels' grids come in sections of ``dkdv_section`` and ``dq_section`` (head,
+    batch) pairs (base.section). flash_wgmma_bwd runs its own dK/dV kernel through
+    this too."""
     k_delta, k_dkdv, k_dq = kernels
     block_n, threads, smem = dkdv
     # packed sequences: the row kernels see one entry of total rows, the tile kernels
@@ -224,7 +242,8 @@ def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
     rows = (-(-p.seqlen_q // flash_bwd.ROWS_PER_BLOCK), p.heads_q, batch)
     row_pass = (rows, (flash_bwd.THREADS,), 0)
     if deterministic:
-        dq_pass = (k_dq, (blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch),
+        dq_pass = (k_dq, section_grid(blocks(p, p.seqlen_q, dq.dq_block_m), p.heads_q, batch,
+                                      dq_section),
                    (32 * dq.dq_warps,), dq.dq_smem + ragged_smem(p))
     else:
         dq_pass = (k_dq,) + row_pass

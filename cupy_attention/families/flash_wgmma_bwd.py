@@ -474,7 +474,8 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     own = own_dq(c)
     dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
     launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own,
-                                       1 if split else bwd_section(p, mode, p.heads_kv))
+                                       1 if split else bwd_section(p, mode, p.heads_kv),
+                                       flash_mma_bwd.dq_section(p))
     k_dkdv, grid, block, smem = launches[1]
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
