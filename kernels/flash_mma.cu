@@ -215,10 +215,11 @@ __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_
 
 // One block: BLOCK_M query rows of one (batch, query head), the key tiles of the
 // variant's band. Grid: x = query block (heaviest first when causal), y = query
-// head, z = batch.
+// head, z = batch; with SECTIONS section_block's (common/seqs.cuh: sections of
+// (head, entry) pairs; the host's flash_mma.sections).
 // Packed sequences (RaggedSeqs): x runs over the virtual query blocks of every
 // sequence (common/seqs.cuh), z = 1; a block past its sequence's end returns.
-template <class KT, class VT>
+template <class KT, class VT, bool SECTIONS>
 __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams args) {
   using T = typename KT::T;
   using Seqs = typename VT::Seqs;
@@ -230,11 +231,10 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
   // Packed sequences: the sequence's params live in shared memory behind the tiles
   // (the host adds their size), read where used; in registers they spilled at D = 128.
-  int m_block, b;
-  const FwdParams& p = Seqs::template bind_block<T, KT::BLOCK_M, false>(
-      args, VT::kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x), b, m_block,
-      smem + KT::SMEM_BYTES);
-  const int h = blockIdx.y, h_kv = h / p.group;
+  int m_block, h, b;
+  const FwdParams& p = Seqs::template bind_grid<T, KT::BLOCK_M, false, VT::kCausal, SECTIONS>(
+      args, args.heads_q, m_block, h, b, smem + KT::SMEM_BYTES);
+  const int h_kv = h / p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int q0 = m_block * KT::BLOCK_M;
   const int q_rows = cmin(KT::BLOCK_M, p.seqlen_q - q0);

@@ -1013,6 +1013,14 @@ def test_sections_only_under_an_upper_bound():
     assert base.section_grid(16, 16, 8, 8) == (128, 16, 1)
     assert base.section_grid(16, 16, 8, 1) == (16, 16, 8)
     # flash_mma's kernels: the 16-byte builds of the causal fixed-length variants
+    from cupy_attention.families import flash_mma
+    for d in (64, 96, 256):   # not D_PAD = 112, 128: acc and S past 160 registers a thread
+        cfg = flash_mma.tiles_for(d)
+        assert flash_mma.sections(d, Variant(True), True, cfg), d
+        assert not flash_mma.sections(d, Variant(True), False, cfg), d
+        assert ",sections]" in flash_mma.spec(d, "bfloat16", Variant(True), True).name
+        assert "sections" not in flash_mma.spec(d, "bfloat16", Variant(False), True).name
+    assert not any(flash_mma.sections(d, Variant(True), True, flash_mma.tiles_for(d)) for d in (104, 128))
     mma = flash_mma_bwd
     assert mma.sections(Variant(True), True) and not mma.sections(Variant(True), False)
     assert not mma.sections(Variant(False), True)

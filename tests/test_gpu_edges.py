@@ -473,3 +473,23 @@ def test_isolated(name, check, isolated_results):
     if row["status"] == "skip":
         pytest.skip(row["detail"])
     assert row["status"] == "ok", row["detail"]
+
+
+# 9 ------------------------------------------------------------------------------
+
+def test_flash_mma_forward_sections_change_only_the_order(monkeypatch, device_cc):
+    """flash_mma's causal forward grid in sections of (head, batch) pairs (base.section;
+    24 pairs: sections of 8): output and LSE bitwise those of one pair after another
+    (each block owns its rows), both within the tolerance rule."""
+    from cupy_attention import api
+
+    s = shape(B=3, Hq=8, Hkv=4, Sq=300, Sk=333, D=128, dtype="bfloat16", causal=True)
+    require("flash_mma", device_cc, **s)
+    runs = []
+    for bound in (1, 8):
+        monkeypatch.setenv("CUPY_ATTENTION_SECTION", str(bound))
+        monkeypatch.setattr(api, "_HOT", type(api._HOT)(api._HOT_LIMIT))
+        runs.append(run_and_check("flash_mma", seed=seed_for("fwd-section"), **s))
+    (o1, l1), (o8, l8) = runs
+    assert bool((as_float(o1) == as_float(o8)).all()), "out differs between section bounds 1 and 8"
+    assert bool((l1 == l8).all()), "LSE differs between section bounds 1 and 8"

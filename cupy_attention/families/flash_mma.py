@@ -8,7 +8,7 @@ from .. import jit
 from ..params import FWD_DTYPE
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors
+from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors, section, section_grid, sectioned
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -67,14 +67,28 @@ def _columns(vt: Variant) -> tuple[bool, bool]:
     return vt.reads_mask, vt.ragged or vt.dropout
 
 
+def sections(head_dim: int, vt: Variant, vec: bool, cfg) -> bool:
+    """Whether the kernel for ``vt`` and ``cfg`` takes section_block's grid
+    (base.section: causal grids in sections of (head, batch) pairs): the 16-byte
+    (``vec``) builds, as flash_mma_bwd.sections, but where a thread's output
+    accumulator and S tile take more than 160 registers (D_PAD = 112 and 128 on
+    32-row warps). There the computed head and entry spilled 16-88 bytes under ptxas
+    13.5, and at D = 128 the causal forward ran 0.98x without sections (H200,
+    2026-11-28, benchmarks/results/notes-bwd-loops.md section 22)."""
+    bm, bn, warps, _ = cfg
+    d_pad = -(-head_dim // 16) * 16
+    return vec and sectioned(vt) and (bm // warps) * (d_pad + bn) // 32 <= 160
+
+
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
     dense, stateful = _columns(vt)
     bm, bn, warps, stages = cfg or tiles_for(head_dim, dense, stateful=stateful)
     traits = (f"MmaTraits<{head_dim}, {bm}, {bn}, {warps}, {stages}, {CPP_DTYPE[dtype]}, "
               f"{'true' if vec else 'false'}>")
-    expr = f"flash_mma_fwd<{traits}, {vt.cpp()}>"
+    sec = sections(head_dim, vt, vec, (bm, bn, warps, stages))
+    expr = f"flash_mma_fwd<{traits}, {vt.cpp()}, {'true' if sec else 'false'}>"
     name = (f"flash_mma[D={head_dim},BM={bm},BN={bn},W={warps},ST={stages},{SHORT_DTYPE[dtype]}"
-            f"{vt.suffix()}{'' if vec else ',unaligned'}]")
+            f"{vt.suffix()}{'' if vec else ',unaligned'}{',sections' if sec else ''}]")
     return jit.KernelSpec("flash_mma.cu", expr, name)
 
 
@@ -116,9 +130,11 @@ def candidates(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg):
-    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
+    """(spec, BLOCK_M, threads, shared bytes, sections), memoized: a hot call builds no
+    strings."""
     return (spec(head_dim, dtype, vt, vec, cfg), cfg[0], 32 * cfg[2],
-            _smem(-(-head_dim // 16) * 16, cfg) + ragged_smem(vt))
+            _smem(-(-head_dim // 16) * 16, cfg) + ragged_smem(vt),
+            sections(head_dim, vt, vec, cfg))
 
 
 def ragged_smem(vt: Variant) -> int:
@@ -152,7 +168,7 @@ class FlashMma(Family):
     dropout = True
 
     def planner(self, p: Problem, device_id: int):
-        """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes) of the aligned
+        """``plan(vec)`` -> (spec, BLOCK_M, threads, shared bytes, sections) of the aligned
         (``vec``) or unaligned kernel for ``p`` (flash_mma's config, tuned or the
         table's, also where a subclass falls back to this kernel)."""
         from ..device import max_shared_per_block
@@ -182,14 +198,14 @@ class FlashMma(Family):
         launch another grid than one block per BLOCK_M query rows of each head
         (``grid(vec)`` returns it, or None for that one)."""
         plan = plan or self.planner(p, device_id)
-        grid_y_z = (p.heads_q, p.batch)
 
         @functools.lru_cache(maxsize=2)
         def variant(vec: bool):
-            kspec, block_m, threads, smem = plan(vec)
+            kspec, block_m, threads, smem, sec = plan(vec)
             blocks = (grid(vec) if grid else None) or (
                 (p.seqlen_q // block_m + p.batch, p.heads_q, 1) if p.varlen  # common/seqs.cuh
-                else (-(-p.seqlen_q // block_m), *grid_y_z))
+                else section_grid(-(-p.seqlen_q // block_m), p.heads_q, p.batch,
+                                  section(p, p.heads_q) if sec else 1))
             return jit.get_function(kspec, arch, device_id), blocks, (threads,), smem
 
         return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant, extra)

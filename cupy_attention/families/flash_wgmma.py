@@ -223,9 +223,10 @@ def candidates(head_dim: int, causal: bool, smem_limit: int = SMEM_LIMIT,
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, cfg):
-    """(spec, BLOCK_M, threads, shared bytes), memoized: a hot call builds no strings."""
+    """(spec, BLOCK_M, threads, shared bytes, sections: none, its grid is its own),
+    memoized: a hot call builds no strings."""
     return (spec(head_dim, dtype, vt, cfg), 64 * cfg[0], 128 * (cfg[0] + 1),
-            smem_bytes(head_dim, cfg))
+            smem_bytes(head_dim, cfg), False)
 
 
 @functools.lru_cache(maxsize=256)
