@@ -99,6 +99,16 @@ def test_mma_dense_mask_candidates_use_16_row_warps():
 # ---------------------------------------------------------------------------
 # Keys and files
 
+def test_mma_three_stage_tiles_fall_back_to_two_stages():
+    """flash_mma's table takes three stages at D_PAD = 192 (Hopper-sized shared memory);
+    where they do not fit (A100: 163 KB) the same tile with two stages, not the small
+    fallbacks; 99 KB devices the small ones."""
+    assert flash_mma.tiles_for(192) == (128, 64, 8, 3) == flash_mma.tiles_for(184)
+    assert flash_mma.tiles_for(176) == (128, 64, 8, 2) == flash_mma.tiles_for(208)
+    assert flash_mma.tiles_for(192, smem_limit=163 * 1024) == (128, 64, 8, 2)
+    assert flash_mma.tiles_for(192, smem_limit=99 * 1024) in flash_mma.SMALL_SMEM_TILES
+
+
 def test_problem_key_buckets_lengths_and_names_the_variant():
     k = tuning.problem_key("flash_wgmma", problem(128, True, s=3000))
     assert k == "flash_wgmma|bfloat16|D=128|causal|Sq<=4096|Sk<=4096"

@@ -30,6 +30,11 @@ TILES = (
      "and dropout spilled 48-92 B on sm_80 with 32-row warps: 16 rows"),
     (160, (128, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2),
      "acc alone is D/2 regs: 16 rows/warp, 8 warps share each K/V tile"),
+    (176, (128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2), "as D = 208-256"),
+    (192, (128, 64, 8, 3), (64, 32, 4, 2), (128, 64, 8, 2),
+     "three stages: 254-262 TFLOPs non-causal against 218-229 with two (H200, S = 2k-8k; "
+     "causal 1.00x); at D_PAD = 176 and 208 three ran 0.86x and 1.01x. Devices without "
+     "its 200 KB take two (tiles_for)"),
     (256, (128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2),
      "as above (231 TFLOPs at D=256); dense masks need the narrower S tile to avoid spills"),
 )
@@ -45,12 +50,13 @@ HOPPER_SMEM = 227 * 1024
 def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM,
               stateful: bool = False):
     """(BLOCK_M, BLOCK_N, warps, stages) for this head dim, mask (``dense``), packed
-    sequences or dropout (``stateful``) and shared-memory budget."""
+    sequences or dropout (``stateful``) and shared-memory budget: the table's config,
+    or where that does not fit, the same with two stages, then SMALL_SMEM_TILES."""
     d_pad = -(-head_dim // 16) * 16
     for bound, plain, masked, lean, _ in TILES:
         if d_pad <= bound:
             first = masked if dense else lean if stateful else plain
-            for cfg in (first,) + SMALL_SMEM_TILES:
+            for cfg in (first, first[:3] + (2,)) + SMALL_SMEM_TILES:
                 if _smem(d_pad, cfg) <= smem_limit:
                     return cfg
             break
