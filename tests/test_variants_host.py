@@ -234,8 +234,8 @@ def test_spec_names_carry_the_variant():
     s = flash.spec(flash.config(64), "float16", vt)
     assert s.name.startswith("flash[D=64,") and s.name.endswith(",f16,window,softcap]")
     assert "Band<true, true>, Softcap" in s.expr
-    s = flash_mma.spec(64, "bfloat16", vt, True)
-    assert s.name.endswith(",window,softcap]") and "Softcap" in s.expr
+    s = flash_mma.spec(64, "bfloat16", vt, True)   # an upper bound: the grid in sections
+    assert s.name.endswith(",window,softcap,sections]") and "Softcap" in s.expr
     scores, _, pv = naive.specs("float16", vt)
     assert scores.name == "naive_scores[f16,window,softcap]"
     assert pv.name == "naive_pv[f16,window]" and "PlainLogits" in pv.expr
