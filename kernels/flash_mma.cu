@@ -11,6 +11,7 @@
 //   2. for each key tile j (up to the causal bound):
 //        wait for tile j; one barrier, after which tile j-1's buffer is free
 //        issue cp.async of tile j + STAGES - 1 into that buffer
+//        (STAGES = 1: V[j] issued here, K[j + 1] once every warp is past S)
 //        S = Q K[j]^T              ldmatrix + mma.m16n8k16, fp32 accumulators
 //        online softmax in registers (FragSoftmax; the scale folded into the
 //        exp2 on tiles without a mask), acc rescaled
@@ -39,7 +40,11 @@ struct MmaTraits {
   static constexpr int BLOCK_M = BLOCK_M_;
   static constexpr int BLOCK_N = BLOCK_N_;
   static constexpr int WARPS = WARPS_;
-  static constexpr int STAGES = STAGES_;        // key/value tiles in flight
+  // Key/value tiles in flight: STAGES >= 2 buffers of both, tile j + STAGES - 1
+  // loaded while tile j is computed; 1: one buffer of each, V of tile j loaded while
+  // S of tile j is computed and K of tile j + 1 while P V of tile j is (FlashAttention-
+  // 2's order: less shared memory, so two blocks an SM at D = 256 and 64 rows).
+  static constexpr int STAGES = STAGES_;
   static constexpr int THREADS = WARPS * 32;
   static constexpr bool VEC = VEC_;
   static constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // m16 tiles per warp
@@ -65,7 +70,7 @@ struct MmaTraits {
   static_assert(D >= 1 && D <= 256, "head dim 1..256");
   static_assert(M_TILES >= 1 && BLOCK_M == WARP_ROWS * WARPS, "BLOCK_M = 16 * M_TILES * WARPS");
   static_assert(BLOCK_N % 16 == 0, "key tiles are whole k16 steps of P V");
-  static_assert(STAGES >= 2, "a tile in flight while another is computed");
+  static_assert(STAGES >= 1, "key/value buffers");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
 };
 
@@ -249,8 +254,20 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
   const int n_begin = VT::kv_begin(p, q0) / KT::BLOCK_N;
   const int n_blocks = ceil_div(VT::kv_end(p, q0 + q_rows - 1), KT::BLOCK_N) - n_begin;
 
-  // Tile j goes to buffer j % STAGES; one commit group per tile (empty past the end)
-  // keeps the group count uniform, so "tile j landed" is wait_group<STAGES - 2>.
+  // STAGES >= 2: tile j goes to buffer j % STAGES; one commit group per tile (empty
+  // past the end) keeps the group count uniform, so "tile j landed" is
+  // wait_group<STAGES - 2>. STAGES = 1: K and V of tile j in groups of their own
+  // (load_k, load_v), each waited for whole.
+  auto load_k = [&](int j) {
+    const int k0 = (n_begin + j) * KT::BLOCK_N, rows = cmin(KT::BLOCK_N, p.seqlen_k - k0);
+    load_tile<KT, KT::BLOCK_N>(sK, k_head + k0 * p.k_row_stride, p.k_row_stride, rows, k_head);
+    cp_async_commit();
+  };
+  auto load_v = [&](int j) {
+    const int k0 = (n_begin + j) * KT::BLOCK_N, rows = cmin(KT::BLOCK_N, p.seqlen_k - k0);
+    load_tile<KT, KT::BLOCK_N>(sV, v_head + k0 * p.v_row_stride, p.v_row_stride, rows, v_head);
+    cp_async_commit();
+  };
   auto load_kv = [&](int j) {
     if (j < n_blocks) {
       const int k0 = (n_begin + j) * KT::BLOCK_N, rows = cmin(KT::BLOCK_N, p.seqlen_k - k0);
@@ -261,6 +278,10 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
     cp_async_commit();
   };
   load_tile<KT, KT::BLOCK_M>(sQ, q_head + q0 * p.q_row_stride, p.q_row_stride, q_rows, q_head);
+  if constexpr (KT::STAGES == 1) {
+    if (n_blocks > 0) load_k(0);  // Q rides in K's group of tile 0
+    else cp_async_commit();
+  }
 #pragma unroll
   for (int j = 0; j < KT::STAGES - 1; ++j) load_kv(j);  // Q rides in tile 0's group
 
@@ -282,9 +303,15 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int k0 = (n_begin + nb) * KT::BLOCK_N;
     const u32 buf_bytes = (nb % KT::STAGES) * KT::SMEM_KV * 2;
-    cp_async_wait<KT::STAGES - 2>();
-    __syncthreads();  // tile nb (and Q) visible; every warp is done with tile nb - 1
-    load_kv(nb + KT::STAGES - 1);
+    if constexpr (KT::STAGES == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // K of tile nb (and Q) visible; every warp is done with sV
+      load_v(nb);
+    } else {
+      cp_async_wait<KT::STAGES - 2>();
+      __syncthreads();  // tile nb (and Q) visible; every warp is done with tile nb - 1
+      load_kv(nb + KT::STAGES - 1);
+    }
     if constexpr (KT::Q_IN_REGS) {
       if (nb == 0) {
 #pragma unroll
@@ -296,6 +323,11 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
     float s[MT][KT::N_TILES][4];
     qk_tile<KT>(s, qf, q_addr, k_addr + buf_bytes);
+    if constexpr (KT::STAGES == 1) {
+      cp_async_wait<0>();
+      __syncthreads();  // V of tile nb visible; every warp is done with sK
+      if (nb + 1 < n_blocks) load_k(nb + 1);
+    }
     // The online softmax (FragSoftmax; the row max as KT::LAZY_MAX says). Plain
     // logits on a tile that needs no mask fold the scale into the exp2's FFMA, the
     // max taken on the raw dots; tiles that need a mask (VT::partial), a variant that

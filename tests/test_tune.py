@@ -99,7 +99,7 @@ def test_mma_dense_mask_candidates_use_16_row_warps():
 # ---------------------------------------------------------------------------
 # Keys and files
 
-def test_mma_three_stage_tiles_fall_back_to_two_stages():
+def test_mma_stage_counts_and_their_fallbacks():
     """flash_mma's table takes three stages at D_PAD = 192 (Hopper-sized shared memory);
     where they do not fit (A100: 163 KB) the same tile with two stages, not the small
     fallbacks; 99 KB devices the small ones."""
@@ -107,6 +107,10 @@ def test_mma_three_stage_tiles_fall_back_to_two_stages():
     assert flash_mma.tiles_for(176) == (128, 64, 8, 2) == flash_mma.tiles_for(208)
     assert flash_mma.tiles_for(192, smem_limit=163 * 1024) == (128, 64, 8, 2)
     assert flash_mma.tiles_for(192, smem_limit=99 * 1024) in flash_mma.SMALL_SMEM_TILES
+    # D_PAD = 256: one stage (101 KB: two blocks an SM on Hopper, one on 99 KB devices)
+    assert flash_mma.tiles_for(256) == (64, 64, 4, 1) == flash_mma.tiles_for(256, smem_limit=99 * 1024)
+    assert flash_mma.tiles_for(240) == (128, 64, 8, 2)
+    assert flash_mma.config_fits(256, (64, 64, 4, 1))
 
 
 def test_problem_key_buckets_lengths_and_names_the_variant():
