@@ -61,7 +61,7 @@ def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM,
     for bound, plain, masked, lean, _ in TILES:
         if d_pad <= bound:
             first = masked if dense else lean if stateful else plain
-            for cfg in (first, first[:3] + (2,)) + SMALL_SMEM_TILES:
+            for cfg in (first, first[:3] + (min(first[3], 2),)) + SMALL_SMEM_TILES:
                 if _smem(d_pad, cfg) <= smem_limit:
                     return cfg
             break
@@ -86,9 +86,7 @@ def sections(head_dim: int, vt: Variant, vec: bool, cfg) -> bool:
     32-row warps). There the computed head and entry spilled 16-88 bytes under ptxas
     13.5, and at D = 128 the causal forward ran 0.98x without sections (H200,
     2026-11-28, benchmarks/results/notes-bwd-loops.md section 22)."""
-    bm, bn, warps, _ = cfg
-    d_pad = -(-head_dim // 16) * 16
-    return vec and sectioned(vt) and (bm // warps) * (d_pad + bn) // 32 <= 160
+    return vec and sectioned(vt) and _fragment_regs(head_dim, cfg) <= 160
 
 
 def spec(head_dim: int, dtype: str, vt: Variant, vec: bool, cfg=None) -> jit.KernelSpec:
@@ -115,6 +113,13 @@ MAX_CANDIDATES = 6
 MAX_FRAGMENT_REGS = 192
 
 
+def _fragment_regs(head_dim: int, cfg) -> int:
+    """fp32 registers a thread's output accumulator and S tile take: rows a warp x
+    (D_PAD + BLOCK_N) / 32."""
+    bm, bn, warps, _ = cfg
+    return (bm // warps if warps else 0) * (-(-head_dim // 16) * 16 + bn) // 32
+
+
 def config_fits(head_dim: int, cfg, dense: bool = False, smem_limit: int = HOPPER_SMEM) -> bool:
     """Whether ``cfg`` satisfies the kernel's static checks for ``head_dim`` (BLOCK_M =
     16 * M_TILES * WARPS, whole k16 key steps, one stage or more), the register rule
@@ -123,7 +128,7 @@ def config_fits(head_dim: int, cfg, dense: bool = False, smem_limit: int = HOPPE
     d_pad = -(-head_dim // 16) * 16
     rows = bm // warps if warps else 0
     return (warps in (4, 8) and bm % (16 * warps) == 0 and bn % 16 == 0 and bn > 0
-            and stages >= 1 and rows * (d_pad + bn) // 32 <= MAX_FRAGMENT_REGS
+            and stages >= 1 and _fragment_regs(head_dim, cfg) <= MAX_FRAGMENT_REGS
             and (not dense or rows == 16) and _smem(d_pad, cfg) <= smem_limit)
 
 

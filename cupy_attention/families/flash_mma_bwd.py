@@ -193,10 +193,9 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     """The launches of ``p``'s backward (flash_bwd.passes' form)."""
     vec = vectorizable(p, t)
     c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id)
-    g = section(p, p.heads_kv) if sections(p.variant, vec) else 1
     return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
                      (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic,
-                     g, dq_section(p, vec))
+                     grid_section(p, p.heads_kv, vec), dq_section(p, vec))
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -221,9 +220,15 @@ def ragged_smem(p: Problem) -> int:
     return BWD_DTYPE.itemsize if p.varlen else 0
 
 
+def grid_section(p: Problem, heads: int, vec: bool) -> int:
+    """base.section for a tile grid over ``heads`` of this file's ``vec`` build; 1 where
+    it takes no sections."""
+    return section(p, heads) if sections(p.variant, vec) else 1
+
+
 def dq_section(p: Problem, vec: bool = True) -> int:
-    """base.section for flash_mma_bwd_dq's grid (the ``vec`` build's)."""
-    return section(p, p.heads_q) if sections(p.variant, vec) else 1
+    """grid_section for flash_mma_bwd_dq's grid (query heads)."""
+    return grid_section(p, p.heads_q, vec)
 
 
 def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
