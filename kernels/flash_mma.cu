@@ -19,7 +19,8 @@
 //        acc += P V[j]             ldmatrix.trans + mma
 //   3. acc /= l_i; stage the tile in shared memory; 16-byte stores; lse.
 // Shared rows are padded by 16 bytes so the 8 row addresses of every ldmatrix
-// land in distinct banks.
+// land in distinct banks, or at D_PAD = 256 swizzled instead (SmemRows,
+// common/copy.cuh).
 //
 // Constraints: D <= 256 (padded to a multiple of 16 in shared memory and registers
 // only). VEC (16-byte aligned base pointers and strides, D % 8 == 0) uses cp.async
@@ -49,7 +50,13 @@ struct MmaTraits {
   static constexpr bool VEC = VEC_;
   static constexpr int M_TILES = BLOCK_M / (16 * WARPS);  // m16 tiles per warp
   static constexpr int WARP_ROWS = 16 * M_TILES;
-  static constexpr int SROW = D_PAD + 8;        // shared row stride in elements
+  // Shared rows (common/copy.cuh): swizzled at D_PAD = 256, where the tile loop's
+  // ldmatrix and copies keep shared memory busiest and the swizzle halves the
+  // copies' wavefronts (H200: 1.08-1.13x). At D_PAD = 64 and 128 its lane addresses
+  // took registers (12-28 bytes spilled under ptxas 13.5); at 192 it ran level.
+  static constexpr bool SWIZZLE = D_PAD == 256;
+  using Rows = SmemRows<D_PAD, SWIZZLE>;
+  static constexpr int SROW = Rows::STRIDE;     // shared row stride in elements
   static constexpr int N_TILES = BLOCK_N / 8;   // n8 tiles of S per warp
   static constexpr int D_TILES = D_PAD / 8;     // n8 tiles of O per warp
   static constexpr int QK_STEPS = D_PAD / 16;   // k16 steps of Q K^T
@@ -79,7 +86,8 @@ struct MmaTraits {
 template <class KT, int ROWS>
 __device__ __forceinline__ void load_tile(typename KT::T* dst, const typename KT::T* g, i64 stride,
                                           int rows_valid, const typename KT::T* head) {
-  copy_tile<ROWS, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(dst, g, stride, 0, rows_valid, head);
+  copy_tile<ROWS, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC, KT::SWIZZLE>(dst, g, stride, 0,
+                                                                               rows_valid, head);
 }
 
 // The accumulators of one warp: MT m16 row tiles by N n8 column tiles, mma C
@@ -118,13 +126,15 @@ __device__ __forceinline__ void qk_tile(WarpTiles<KT, KT::N_TILES>& s,
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][ks][e];
       } else {
-        ldmatrix_x4(a[mt], q_addr + mt * M_TILE_BYTES + ks * 32);
+        ldmatrix_x4(a[mt], KT::SWIZZLE ? KT::Rows::step(q_addr, 2 * ks) + mt * M_TILE_BYTES
+                                       : q_addr + mt * M_TILE_BYTES + ks * 32);
       }
     }
 #pragma unroll
     for (int nt = 0; nt < KT::N_TILES; nt += 2) {
       u32 bk[4];
-      ldmatrix_x4(bk, k_addr + (nt * 8 * KT::SROW + ks * 16) * 2);
+      ldmatrix_x4(bk, KT::SWIZZLE ? KT::Rows::step(k_addr, 2 * ks) + nt * 8 * KT::SROW * 2
+                                  : k_addr + (nt * 8 * KT::SROW + ks * 16) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(s[mt][nt], a[mt], bk[0], bk[1], T{});
@@ -154,7 +164,8 @@ __device__ __forceinline__ void pv_tile(WarpTiles<KT, KT::D_TILES>& acc,
 #pragma unroll
     for (int dt = 0; dt < KT::D_TILES; dt += 2) {
       u32 bv[4];
-      ldmatrix_x4_trans(bv, v_addr + (ks * 16 * KT::SROW + dt * 8) * 2);
+      ldmatrix_x4_trans(bv, KT::SWIZZLE ? KT::Rows::step(v_addr, dt) + ks * 16 * KT::SROW * 2
+                                        : v_addr + (ks * 16 * KT::SROW + dt * 8) * 2);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16816(acc[mt][dt], a[mt], bv[0], bv[1], T{});
@@ -184,7 +195,9 @@ __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_
 #pragma unroll
       for (int dt = 0; dt < KT::D_TILES; ++dt) {
         const u32 packed = MmaType<T>::pack(acc[mt][dt][2 * r] * inv_l, acc[mt][dt][2 * r + 1] * inv_l);
-        *reinterpret_cast<u32*>(sQ + (row0 + 16 * mt + g + 8 * r) * KT::SROW + dt * 8 + 2 * t) = packed;
+        *reinterpret_cast<u32*>(
+            KT::SWIZZLE ? sQ + KT::Rows::at(row0 + 16 * mt + g + 8 * r, dt * 8 + 2 * t)
+                        : sQ + (row0 + 16 * mt + g + 8 * r) * KT::SROW + dt * 8 + 2 * t) = packed;
       }
     }
   }
@@ -198,13 +211,16 @@ __device__ __forceinline__ void store_o(const FwdParams& p, WarpTiles<KT, KT::D_
       const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
       if (r < rows_here) {
         *reinterpret_cast<uint4*>(o_head + (q0 + row0 + r) * p.o_row_stride + col) =
-            *reinterpret_cast<const uint4*>(sQ + (row0 + r) * KT::SROW + col);
+            *reinterpret_cast<const uint4*>(KT::SWIZZLE ? sQ + KT::Rows::at(row0 + r, col)
+                                                        : sQ + (row0 + r) * KT::SROW + col);
       }
     }
   } else {
     for (int e = lane; e < KT::WARP_ROWS * KT::D; e += 32) {
       const int r = e / KT::D, col = e % KT::D;
-      if (r < rows_here) o_head[(q0 + row0 + r) * p.o_row_stride + col] = sQ[(row0 + r) * KT::SROW + col];
+      if (r < rows_here)
+        o_head[(q0 + row0 + r) * p.o_row_stride + col] =
+            KT::SWIZZLE ? sQ[KT::Rows::at(row0 + r, col)] : sQ[(row0 + r) * KT::SROW + col];
     }
   }
   if (p.lse && t == 0) {
@@ -295,9 +311,14 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 
   // ldmatrix lane addressing (see common/mma.cuh): matrix lane / 8, row lane % 8.
   const int lm = lane / 8, lr = lane % 8;
-  const u32 q_addr = smem_addr(sQ + (row0 + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
-  const u32 k_addr = smem_addr(sK + (lr + 8 * (lm >> 1)) * KT::SROW + 8 * (lm & 1));
-  const u32 v_addr = smem_addr(sV + (lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
+  // (padded rows: every shared address below in the form it always had, which ptxas
+  // schedules as before; forms of the same value moved the D = 128 kernels' SASS)
+  const u32 q_addr = smem_addr(KT::SWIZZLE ? sQ + KT::Rows::at(row0 + lr + 8 * (lm & 1), 8 * (lm >> 1))
+                                           : sQ + (row0 + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
+  const u32 k_addr = smem_addr(KT::SWIZZLE ? sK + KT::Rows::at(lr + 8 * (lm >> 1), 8 * (lm & 1))
+                                           : sK + (lr + 8 * (lm >> 1)) * KT::SROW + 8 * (lm & 1));
+  const u32 v_addr = smem_addr(KT::SWIZZLE ? sV + KT::Rows::at(lr + 8 * (lm & 1), 8 * (lm >> 1))
+                                           : sV + (lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1));
   constexpr u32 M_TILE_BYTES = 16 * KT::SROW * 2;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
@@ -317,7 +338,10 @@ __global__ void __launch_bounds__(KT::THREADS) flash_mma_fwd(const FwdParams arg
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int ks = 0; ks < KT::QK_STEPS; ++ks) ldmatrix_x4(qf[mt][ks], q_addr + mt * M_TILE_BYTES + ks * 32);
+          for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+            ldmatrix_x4(qf[mt][ks], KT::SWIZZLE
+                                        ? KT::Rows::step(q_addr, 2 * ks) + mt * M_TILE_BYTES
+                                        : q_addr + mt * M_TILE_BYTES + ks * 32);
       }
     }
 

@@ -63,7 +63,10 @@ struct MmaBwdTraits {
   static constexpr int WARPS = WARPS_;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr bool VEC = VEC_;
-  static constexpr int SROW = D_PAD + 8;         // sK, sV, sQ, sdO row stride (elements)
+  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled at D_PAD = 256, as the forward's
+  static constexpr bool SWIZZLE = D_PAD == 256;
+  using Rows = SmemRows<D_PAD, SWIZZLE>;
+  static constexpr int SROW = Rows::STRIDE;      // their row stride (elements)
   static constexpr int PROW = BLOCK_M + 8;       // sP, sdS row stride
   // Phase 1: KM1 m16 key tiles per warp (2 when the query split still leaves each
   // warp whole n16 blocks of queries), KG1 key groups, SPLIT1 warps share a group.
@@ -121,11 +124,15 @@ __device__ __forceinline__ void dkdv_scores(float (&s)[KT::KM1][KT::Q_TILES][4],
       u32 a[KM1][4];
 #pragma unroll
       for (int km = 0; km < KM1; ++km)
-        ldmatrix_x4(a[km], k_x + op * V_OFF + (km * 16 * KT::SROW + ks * 16) * 2);
+        ldmatrix_x4(a[km], KT::SWIZZLE
+                               ? KT::Rows::step(k_x, 2 * ks) + op * V_OFF + km * 16 * KT::SROW * 2
+                               : k_x + op * V_OFF + (km * 16 * KT::SROW + ks * 16) * 2);
 #pragma unroll
       for (int nt = 0; nt < KT::Q_TILES; nt += 2) {
         u32 bq[4];
-        ldmatrix_x4(bq, q_y + op * O_OFF + (nt * 8 * KT::SROW + ks * 16) * 2);
+        ldmatrix_x4(bq, KT::SWIZZLE
+                            ? KT::Rows::step(q_y, 2 * ks) + op * O_OFF + nt * 8 * KT::SROW * 2
+                            : q_y + op * O_OFF + (nt * 8 * KT::SROW + ks * 16) * 2);
 #pragma unroll
         for (int km = 0; km < KM1; ++km) {
           float(&acc)[KT::Q_TILES][4] = op == 0 ? s[km] : dp[km];
@@ -237,14 +244,15 @@ __device__ __forceinline__ void dkdv_accumulate(float (&dk)[2][KT::KV_DB][2][4],
       const int cb = sw2 + KT::SPLIT2 * i;
       if (KT::DB % KT::SPLIT2 == 0 || cb < KT::DB) {
         const u32 off = (ks * 16 * KT::SROW + cb * 16) * 2;
+        const u32 at = KT::SWIZZLE ? KT::Rows::step(q_x, 2 * cb) + ks * 16 * KT::SROW * 2 : q_x + off;
         u32 bo[4], bq[4];
-        ldmatrix_x4_trans(bo, q_x + O_OFF + off);
+        ldmatrix_x4_trans(bo, KT::SWIZZLE ? at + O_OFF : q_x + O_OFF + off);
 #pragma unroll
         for (int km = 0; km < 2; ++km) {
           mma_16816(dv[km][i][0], ap[km], bo[0], bo[1], T{});
           mma_16816(dv[km][i][1], ap[km], bo[2], bo[3], T{});
         }
-        ldmatrix_x4_trans(bq, q_x + off);
+        ldmatrix_x4_trans(bq, at);
 #pragma unroll
         for (int km = 0; km < 2; ++km) {
           mma_16816(dk[km][i][0], ads[km], bq[0], bq[1], T{});
@@ -293,7 +301,9 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
       for (int i = 0; i < KT::DQ_CB; ++i) {
         if (KT::DB % KT::DQ_CB == 0 || cb0 + i < KT::DB) {
           u32 bk[4];
-          ldmatrix_x4_trans(bk, kt_x + (ks * 16 * KT::SROW + (cb0 + i) * 16) * 2);
+          ldmatrix_x4_trans(bk, KT::SWIZZLE ? KT::Rows::step(kt_x, 2 * (cb0 + i)) +
+                                                  ks * 16 * KT::SROW * 2
+                                            : kt_x + (ks * 16 * KT::SROW + (cb0 + i) * 16) * 2);
 #pragma unroll
           for (int km = 0; km < KM; ++km) {
             mma_16816(acc[km][i][0], a[km], bk[0], bk[1], T{});
@@ -408,9 +418,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
     const T* o_head =
         static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
     const int lo = walk.row_lo(f, m0), hi = walk.row_hi(f, m0);
-    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC, KT::SWIZZLE>(
         sQ + buf * KT::SMEM_Q, q_head + m0 * f.q_row_stride, f.q_row_stride, lo, hi, q_head);
-    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+    copy_tile<KT::BLOCK_M, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC, KT::SWIZZLE>(
         sdO + buf * KT::SMEM_Q, o_head + m0 * p.dout_row_stride, p.dout_row_stride, lo, hi, o_head);
     const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
     const float* delta = p.delta + delta_row(p, b, h) + m0;
@@ -420,9 +430,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   };
 
   const int k_rows = f.seqlen_k - n0;
-  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC, KT::SWIZZLE>(
       sK, k_head + n0 * f.k_row_stride, f.k_row_stride, 0, k_rows, k_head);
-  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC>(
+  copy_tile<KT::BLOCK_N, KT::D, KT::D_PAD, KT::SROW, KT::THREADS, KT::VEC, KT::SWIZZLE>(
       sV, v_head + n0 * f.v_row_stride, f.v_row_stride, 0, k_rows, v_head);
   if (n_iters > 0) {
     load_q(0, tile);  // K and V ride in tile 0's group
@@ -450,14 +460,19 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
   const int y_row = lr + 8 * (lm >> 1), y_col = 8 * (lm & 1);
   // V, dout and dS addresses are their K, Q and P twins plus a constant (immediate
   // offsets in the phase functions: fewer live registers).
-  const u32 k_x = smem_addr(sK + (key1 + x_row) * KT::SROW + x_col);      // phase 1 A
-  const u32 q_y = smem_addr(sQ + (sw1 * KT::QW + y_row) * KT::SROW + y_col);  // phase 1 B
+  // (swizzled rows through Rows::at; padded ones as the expressions always were, which
+  // ptxas schedules best: another form of the same addresses ran D = 128 causal 0.98x)
+  const auto row_at = [](T* tile, int r, int c) {
+    return smem_addr(KT::SWIZZLE ? tile + KT::Rows::at(r, c) : tile + r * KT::SROW + c);
+  };
+  const u32 k_x = row_at(sK, key1 + x_row, x_col);          // phase 1 A
+  const u32 q_y = row_at(sQ, sw1 * KT::QW + y_row, y_col);  // phase 1 B
   // phase 1's C fragments into sP (sdS = + its offset): row g, column 2t of the warp's tile
   const u32 p_st = smem_addr(sP + (key1 + lane / 4) * KT::PROW + sw1 * KT::QW + 2 * (lane % 4));
   const u32 p_x = smem_addr(sP + (key2 + x_row) * KT::PROW + x_col);      // phase 2 A
-  const u32 q_x = smem_addr(sQ + x_row * KT::SROW + x_col);               // phase 2 B (.trans)
+  const u32 q_x = row_at(sQ, x_row, x_col);                                // phase 2 B (.trans)
   const u32 ds_y = smem_addr(sdS + y_row * KT::PROW + y_col);             // phase 3 A (.trans)
-  const u32 kt_x = smem_addr(sK + x_row * KT::SROW + x_col);              // phase 3 B (.trans)
+  const u32 kt_x = row_at(sK, x_row, x_col);                               // phase 3 B (.trans)
 
   for (int it = 0; it < n_iters; ++it) {
     const int h = h_kv * f.group + tile.hg, m0 = tile.m0;

@@ -37,8 +37,9 @@ from cupy_attention.families import flash_bwd, flash_mma_bwd, flash_wgmma_bwd
 from cupy_attention.variant import Variant
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
-from helpers import (as_float, cast, make_qkv, normal, plain_attention, plain_backward,
-                     problem_for, record, seed_for, set_values, to_bhsd, tolerance, xp_of)
+from helpers import (as_float, cast, make_qkv, normal, nvrtc_probe, plain_attention,
+                     plain_backward, problem_for, record, seed_for, set_values, to_bhsd,
+                     tolerance, xp_of)
 
 ARCHS = ("sm_80", "sm_90a")
 
@@ -314,6 +315,33 @@ def test_ci_specs_compile_without_spills(family, archs):
               for s, a, r, _ in rows if r.spills or r.stack_frame]
     assert not spills, "\n".join(spills)
     assert all(0 < r.registers <= 255 for _, _, r, _ in rows)
+
+
+def mma_bwd_smem_probe(lie: bool = False) -> str:
+    """static_asserts that flash_mma_bwd's kernels address the shared memory their
+    launches ask for (Config.smem: rows padded, or swizzled at D_PAD = 256; dq_smem)
+    at every head dim, both tile columns and the A100's budget."""
+    configs = {flash_mma_bwd.config(d, limit, narrow) for d in range(1, 257)
+               for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)}
+    lines = ['#include "flash_mma_bwd.cu"']
+    for c in sorted((c for c in configs if c is not None), key=lambda c: (c.head_dim, c.block_m)):
+        vec = str(c.head_dim % 8 == 0).lower()
+        traits = f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, bf16, {vec}>"
+        dq = f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, bf16, {vec}>"
+        lines.append(f"static_assert({traits}::SMEM_BYTES == {c.smem + (16 if lie else 0)}, "
+                     f'"SMEM_BYTES D={c.head_dim} {c.block_m}x{c.block_n}");')
+        lines.append(f"static_assert({dq}::SMEM_BYTES == {c.dq_smem}, "
+                     f'"DQ SMEM_BYTES D={c.head_dim}");')
+        if lie:
+            break
+    return "\n".join(lines) + "\n"
+
+
+def test_mma_bwd_host_shared_memory_matches_the_kernels():
+    ok, log = nvrtc_probe(mma_bwd_smem_probe(), jit.options_for("sm_80"))
+    assert ok, f"flash_mma_bwd.py's smem and the kernels' SMEM_BYTES disagree:\n{log}"
+    ok, log = nvrtc_probe(mma_bwd_smem_probe(lie=True), jit.options_for("sm_80"))
+    assert not ok and "SMEM_BYTES D=" in log, log
 
 
 def test_heuristics_fit_their_devices():

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cupy_attention import bench, cli, device, dispatch, tune, tuning
+from cupy_attention import bench, cli, device, dispatch, jit, tune, tuning
 from cupy_attention.families import flash_mma, flash_wgmma
 from cupy_attention.families.base import HOPPER_SMEM
+
+from helpers import nvrtc_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,10 +109,35 @@ def test_mma_stage_counts_and_their_fallbacks():
     assert flash_mma.tiles_for(176) == (128, 64, 8, 2) == flash_mma.tiles_for(208)
     assert flash_mma.tiles_for(192, smem_limit=163 * 1024) == (128, 64, 8, 2)
     assert flash_mma.tiles_for(192, smem_limit=99 * 1024) in flash_mma.SMALL_SMEM_TILES
-    # D_PAD = 256: one stage (101 KB: two blocks an SM on Hopper, one on 99 KB devices)
+    # D_PAD = 256: one stage (96 KB: two blocks an SM on Hopper, one on 99 KB devices)
     assert flash_mma.tiles_for(256) == (64, 64, 4, 1) == flash_mma.tiles_for(256, smem_limit=99 * 1024)
     assert flash_mma.tiles_for(240) == (128, 64, 8, 2)
     assert flash_mma.config_fits(256, (64, 64, 4, 1))
+
+
+def mma_smem_probe(lie: bool = False) -> str:
+    """static_asserts that MmaTraits::SMEM_BYTES (what flash_mma addresses: rows
+    padded, or swizzled at D_PAD = 256) is the host's _smem (what the launch
+    asks for) at every padded head dim and every table, fallback and candidate tile."""
+    cfgs = {c for row in flash_mma.TILES for c in row[1:4]}
+    cfgs |= set(flash_mma.CANDIDATE_POOL) | set(flash_mma.SMALL_SMEM_TILES)
+    lines = ['#include "flash_mma.cu"']
+    for d_pad in range(16, 257, 16):
+        for bm, bn, warps, stages in sorted(cfgs):
+            smem = flash_mma._smem(d_pad, (bm, bn, warps, stages)) + (16 if lie else 0)
+            traits = f"MmaTraits<{d_pad}, {bm}, {bn}, {warps}, {stages}, bf16, true>"
+            lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, '
+                         f'"SMEM_BYTES D_PAD={d_pad} {bm}x{bn} w{warps} s{stages}");')
+            if lie:
+                break
+    return "\n".join(lines) + "\n"
+
+
+def test_mma_host_shared_memory_matches_the_kernel():
+    ok, log = nvrtc_probe(mma_smem_probe(), jit.options_for("sm_80"))
+    assert ok, f"flash_mma.py's _smem and MmaTraits::SMEM_BYTES disagree:\n{log}"
+    ok, log = nvrtc_probe(mma_smem_probe(lie=True), jit.options_for("sm_80"))
+    assert not ok and "SMEM_BYTES D_PAD=16" in log, log
 
 
 def test_problem_key_buckets_lengths_and_names_the_variant():

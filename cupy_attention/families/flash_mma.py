@@ -70,7 +70,10 @@ def tiles_for(head_dim: int, dense: bool = False, smem_limit: int = HOPPER_SMEM,
 
 def _smem(d_pad: int, cfg) -> int:
     bm, bn, _, stages = cfg
-    return (bm + 2 * stages * bn) * (d_pad + 8) * 2
+    # rows swizzled at D_PAD = 256, padded by 8 elements elsewhere (MmaTraits and
+    # SmemRows in kernels/common/copy.cuh)
+    row = d_pad if d_pad == 256 else d_pad + 8
+    return (bm + 2 * stages * bn) * row * 2
 
 
 def _columns(vt: Variant) -> tuple[bool, bool]:

@@ -81,8 +81,10 @@ class Config:
     @property
     def smem(self) -> int:
         """``MmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sP, sdS
-        (16-bit), two buffers of lse and delta (fp32)."""
-        srow, prow = self.d_pad + 8, self.block_m + 8
+        (16-bit), two buffers of lse and delta (fp32). Rows of sK .. sdO swizzled at
+        D_PAD = 256, padded by 8 elements elsewhere (``SmemRows``, common/copy.cuh)."""
+        srow = self.d_pad if self.d_pad == 256 else self.d_pad + 8
+        prow = self.block_m + 8
         return (2 * self.block_n * srow + 4 * self.block_m * srow
                 + 2 * self.block_n * prow) * 2 + 4 * self.block_m * 4
 

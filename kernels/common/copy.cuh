@@ -12,9 +12,42 @@
 #pragma once
 #include "mma.cuh"
 
-template <int ROWS, int D, int D_PAD, int SROW, int THREADS, bool VEC, class T>
+// The shared rows of a tile of D_PAD 16-bit columns.
+//   Padded (SWIZZLE false): rows D_PAD + 8 elements apart, so the 8 row addresses
+//   of an ldmatrix fall in distinct banks.
+//   Swizzled (D_PAD a multiple of 64: rows of whole 128-byte lines): rows D_PAD
+//   apart, 16-byte chunk c of row r stored as chunk c ^ (r % 8). An ldmatrix's 8
+//   rows (r % 8 all different) still meet 8 different bank groups, and the 128-byte
+//   line a cp.async brings from a global row fills one line of shared memory, where
+//   in a padded row (r % 8 != 0) it straddles two: ncu counted 2.2x the ideal
+//   shared-memory wavefronts for flash_mma's copies (notes-bwd-loops.md section 23).
+template <int D_PAD, bool SWIZZLE>
+struct SmemRows {
+  static_assert(!SWIZZLE || D_PAD % 64 == 0, "swizzled rows are whole 128-byte lines");
+  static constexpr int STRIDE = SWIZZLE ? D_PAD : D_PAD + 8;  // elements
+  // Element offset of (row, col).
+  __device__ __forceinline__ static int at(int row, int col) {
+    if constexpr (SWIZZLE) return row * STRIDE + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+    else return row * STRIDE + col;
+  }
+  // The shared address of chunk c (even; a constant once unrolled) past `lane`, an
+  // ldmatrix lane's address at(r, 8 b) with b = 0 or 1, plus any multiple of 128
+  // bytes: swizzled, chunk b + c of row r sits at chunk (c ^ b ^ r % 8), which is
+  // `lane` with bits 4-6 XORed by c % 8 and c - c % 8 chunks on.
+  __device__ __forceinline__ static u32 step(u32 lane, int c) {
+    if constexpr (SWIZZLE) return (lane ^ u32((c & 7) << 4)) + u32((c & ~7) << 4);
+    else return lane + u32(c * 16);
+  }
+};
+
+template <int ROWS, int D, int D_PAD, int SROW, int THREADS, bool VEC, bool SWIZZLE = false,
+          class T>
 __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_lo, int row_hi,
                                           const T* head) {
+  using Rows = SmemRows<D_PAD, SWIZZLE>;
+  static_assert(!SWIZZLE || SROW == Rows::STRIDE, "swizzled rows are D_PAD apart");
+  // element (r, col) of the tile (padded rows: the expression as it always was)
+  const auto at = [s](int r, int col) { return SWIZZLE ? s + Rows::at(r, col) : s + r * SROW + col; };
   if constexpr (VEC) {
     constexpr int CHUNKS = D_PAD / 8;
     constexpr int ROW_STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 0;
@@ -31,13 +64,17 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
       const bool col_ok = col < D;
       const T* src = g + r0 * stride + col;
       const i64 src_step = ROW_STEP * stride;
-      const u32 dst = smem_addr(s + r0 * SROW + col);
+      const u32 dst = smem_addr(at(r0, col));
 #pragma unroll 4
       for (int i = 0; i < CeilDiv<ROWS, ROW_STEP>::value; ++i, src += src_step) {
         const int r = r0 + i * ROW_STEP;
         if (ROWS % ROW_STEP == 0 || r < ROWS) {
           const bool ok = col_ok && r >= row_lo && r < row_hi;
-          cp_async_16(dst + i * ROW_STEP * SROW * int(sizeof(T)), ok ? src : head, ok);
+          // swizzled with ROW_STEP % 8 != 0: row r's chunk moves with r % 8
+          const u32 d = SWIZZLE && ROW_STEP % 8 != 0
+                            ? smem_addr(at(r, col))
+                            : dst + i * ROW_STEP * SROW * int(sizeof(T));
+          cp_async_16(d, ok ? src : head, ok);
         }
       }
     } else {
@@ -45,7 +82,7 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
       for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const bool ok = r >= row_lo && r < row_hi && col < D;
-        cp_async_16(smem_addr(s + r * SROW + col), ok ? g + r * stride + col : head, ok);
+        cp_async_16(smem_addr(at(r, col)), ok ? g + r * stride + col : head, ok);
       }
     }
   } else {
@@ -54,7 +91,8 @@ __device__ __forceinline__ void copy_tile(T* s, const T* g, i64 stride, int row_
       T x;
       x.bits = 0;
       if (r >= row_lo && r < row_hi && col < D) x = g[r * stride + col];
-      s[r * SROW + col] = x;
+      if constexpr (SWIZZLE) *at(r, col) = x;
+      else s[r * SROW + col] = x;
     }
   }
 }
