@@ -63,8 +63,15 @@ struct MmaBwdTraits {
   static constexpr int WARPS = WARPS_;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr bool VEC = VEC_;
-  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled at D_PAD = 256, as the forward's
+  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled at D_PAD = 256 on sm_90+, as the
+  // forward's (H200: 1.05-1.06x). sm_80 builds keep padded rows, which the host's
+  // size (Config.smem) always covers: there ptxas 12.9 spilled 28 bytes with them
+  // (causal, in sections). At D_PAD = 128 and 192 they spilled unaligned builds.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr bool SWIZZLE = D_PAD == 256;
+#else
+  static constexpr bool SWIZZLE = false;
+#endif
   using Rows = SmemRows<D_PAD, SWIZZLE>;
   static constexpr int SROW = Rows::STRIDE;      // their row stride (elements)
   static constexpr int PROW = BLOCK_M + 8;       // sP, sdS row stride

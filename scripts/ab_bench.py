@@ -23,18 +23,21 @@ import sys
 import statistics
 
 
-def grid(quick: bool, seqs=()):
-    """The cells: S = 1k, 4k, 16k, and any other length of ``seqs`` (B * S = 16k)."""
+def grid(quick: bool, seqs=(), extra_dims=()):
+    """The cells: S = 1k, 4k, 16k, and any other length of ``seqs`` (B * S = 16k); head
+    dims of ``extra_dims`` outside the grid are added, forward and backward."""
     cells = []
     dtypes = ("bfloat16",) if quick else ("bfloat16", "float16")
     dims = (64, 128, 256, 80, 160) if quick else (64, 128, 256, 72, 80, 96, 160)
+    extra = tuple(sorted(set(extra_dims) - set(dims)))
     for dtype in dtypes:
-        for d in dims:
+        for d in dims + extra:
             for s in sorted({1024, 4096, 16384} | set(seqs)):
                 for causal in (False, True):
                     cells.append(dict(dir="fwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
                                       b=16384 // s, h=2048 // d))
-                    if not quick and d in (64, 128, 256, 80, 96, 160) and dtype == "bfloat16":
+                    if ((not quick and d in (64, 128, 256, 80, 96, 160) or d in extra)
+                            and dtype == "bfloat16"):
                         cells.append(dict(dir="bwd", dtype=dtype, d=d, sq=s, sk=s, causal=causal,
                                           b=16384 // s, h=2048 // d))
     for d in (64, 128):
@@ -149,7 +152,8 @@ def main() -> int:
     ap.add_argument("--env-new", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable for the NEW tree's processes only")
     ap.add_argument("--only", choices=("fwd", "bwd"), help="one direction only")
-    ap.add_argument("--dims", help="comma-separated head dims: only these cells")
+    ap.add_argument("--dims", help="comma-separated head dims: only these cells (head dims "
+                    "outside the grid are added, with H = 2048 // D)")
     ap.add_argument("--seqs", help="comma-separated sequence lengths: only these cells "
                     "(lengths other than 1k, 4k, 16k are added, B * S = 16k)")
     ap.add_argument("--causal", choices=("0", "1"), help="only causal (1) or non-causal (0) cells")
@@ -163,7 +167,7 @@ def main() -> int:
     a = ap.parse_args()
     dims = {int(x) for x in a.dims.split(",")} if a.dims else None
     seqs = {int(x) for x in a.seqs.split(",")} if a.seqs else None
-    cells = [c for c in grid(a.quick, seqs or ()) if (not a.only or c["dir"] == a.only)
+    cells = [c for c in grid(a.quick, seqs or (), dims or ()) if (not a.only or c["dir"] == a.only)
              and (dims is None or c["d"] in dims) and (seqs is None or c["sq"] in seqs)
              and (a.causal is None or c["causal"] == (a.causal == "1"))]
     # What every child process is told: the timing, the kernel and the cell filters.

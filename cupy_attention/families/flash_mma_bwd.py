@@ -80,11 +80,11 @@ class Config:
 
     @property
     def smem(self) -> int:
-        """``MmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sP, sdS
-        (16-bit), two buffers of lse and delta (fp32). Rows of sK .. sdO swizzled at
-        D_PAD = 256, padded by 8 elements elsewhere (``SmemRows``, common/copy.cuh)."""
-        srow = self.d_pad if self.d_pad == 256 else self.d_pad + 8
-        prow = self.block_m + 8
+        """``MmaBwdTraits::SMEM_BYTES`` with padded rows: sK, sV, two buffers of sQ and
+        sdO, sP, sdS (16-bit), two buffers of lse and delta (fp32). The sm_90 build at
+        D_PAD = 256 swizzles sK .. sdO (rows D_PAD apart, ``SmemRows`` in
+        common/copy.cuh) and uses 12 KB less of it."""
+        srow, prow = self.d_pad + 8, self.block_m + 8
         return (2 * self.block_n * srow + 4 * self.block_m * srow
                 + 2 * self.block_n * prow) * 2 + 4 * self.block_m * 4
 
