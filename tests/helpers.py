@@ -658,6 +658,13 @@ def prewarm_calls(calls) -> int:
     return _compile_recorded(calls)
 
 
+def static_asserts(include: str, checks) -> str:
+    """Source for nvrtc_probe: ``#include include``, then one static_assert per
+    (condition, message) of ``checks``."""
+    lines = [f'#include "{include}"'] + [f'static_assert({c}, "{m}");' for c, m in checks]
+    return "\n".join(lines) + "\n"
+
+
 def nvrtc_probe(src: str, options) -> tuple[bool, str]:
     """Compile ``src`` with NVRTC (no GPU needed): (compiled, the compiler's log)."""
     from cupy_backends.cuda.libs import nvrtc

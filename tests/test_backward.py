@@ -38,8 +38,8 @@ from cupy_attention.variant import Variant
 from cupy_attention.reference import attention_backward_reference, attention_reference
 
 from helpers import (as_float, cast, make_qkv, normal, nvrtc_probe, plain_attention,
-                     plain_backward, problem_for, record, seed_for, set_values, to_bhsd,
-                     tolerance, xp_of)
+                     plain_backward, problem_for, record, seed_for, set_values, static_asserts,
+                     to_bhsd, tolerance, xp_of)
 
 ARCHS = ("sm_80", "sm_90a")
 
@@ -324,18 +324,17 @@ def mma_bwd_smem_probe(lie: bool = False, op: str = "==") -> str:
     (swizzled rows at D_PAD = 256 take less)."""
     configs = {flash_mma_bwd.config(d, limit, narrow) for d in range(1, 257)
                for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)}
-    lines = ['#include "flash_mma_bwd.cu"']
+    checks = []
     for c in sorted((c for c in configs if c is not None), key=lambda c: (c.head_dim, c.block_m)):
         vec = str(c.head_dim % 8 == 0).lower()
         traits = f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, bf16, {vec}>"
         dq = f"MmaBwdDqTraits<{c.head_dim}, {c.dq_block_n}, {c.dq_warps}, bf16, {vec}>"
-        lines.append(f"static_assert({traits}::SMEM_BYTES {op} {c.smem + (16 if lie else 0)}, "
-                     f'"SMEM_BYTES D={c.head_dim} {c.block_m}x{c.block_n}");')
-        lines.append(f"static_assert({dq}::SMEM_BYTES == {c.dq_smem}, "
-                     f'"DQ SMEM_BYTES D={c.head_dim}");')
+        checks += [(f"{traits}::SMEM_BYTES {op} {c.smem + (16 if lie else 0)}",
+                    f"SMEM_BYTES D={c.head_dim} {c.block_m}x{c.block_n}"),
+                   (f"{dq}::SMEM_BYTES == {c.dq_smem}", f"DQ SMEM_BYTES D={c.head_dim}")]
         if lie:
             break
-    return "\n".join(lines) + "\n"
+    return static_asserts("flash_mma_bwd.cu", checks)
 
 
 def test_mma_bwd_host_shared_memory_matches_the_kernels():

@@ -18,7 +18,7 @@ from cupy_attention import bench, cli, device, dispatch, jit, tune, tuning
 from cupy_attention.families import flash_mma, flash_wgmma
 from cupy_attention.families.base import HOPPER_SMEM
 
-from helpers import nvrtc_probe
+from helpers import nvrtc_probe, static_asserts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,16 +121,16 @@ def mma_smem_probe(lie: bool = False) -> str:
     asks for) at every padded head dim and every table, fallback and candidate tile."""
     cfgs = {c for row in flash_mma.TILES for c in row[1:4]}
     cfgs |= set(flash_mma.CANDIDATE_POOL) | set(flash_mma.SMALL_SMEM_TILES)
-    lines = ['#include "flash_mma.cu"']
+    checks = []
     for d_pad in range(16, 257, 16):
         for bm, bn, warps, stages in sorted(cfgs):
             smem = flash_mma._smem(d_pad, (bm, bn, warps, stages)) + (16 if lie else 0)
             traits = f"MmaTraits<{d_pad}, {bm}, {bn}, {warps}, {stages}, bf16, true>"
-            lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, '
-                         f'"SMEM_BYTES D_PAD={d_pad} {bm}x{bn} w{warps} s{stages}");')
+            checks.append((f"{traits}::SMEM_BYTES == {smem}",
+                           f"SMEM_BYTES D_PAD={d_pad} {bm}x{bn} w{warps} s{stages}"))
             if lie:
                 break
-    return "\n".join(lines) + "\n"
+    return static_asserts("flash_mma.cu", checks)
 
 
 def test_mma_host_shared_memory_matches_the_kernel():
