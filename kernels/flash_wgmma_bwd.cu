@@ -15,9 +15,12 @@
 //      the block walks the query tiles (BLOCK_M rows) of every query head of the KV
 //      head's group, from the first tile that sees key n0 (causal); the next tile's
 //      Q and dout arrive through the copy engine (tensor maps, issued by one
-//      thread) and its lse and delta by cp.async, into the other of two stages,
-//      while this one is computed (Producer). Two ways to split the work between
-//      the warpgroups:
+//      thread) and its lse and delta (the wide kernel: by cp.async; the narrow
+//      one: lse as lse2 = lse log2(e), +inf for rows past Sq or that attend
+//      nothing, by plain loads whose values are stored later in the tile, or by the
+//      producer warpgroup's stats warps) into the other of two stages, while this
+//      one is computed (Producer). Two ways to split the work between the
+//      warpgroups:
 //
 //      flash_wgmma_bwd_dkdv, D = 64..128: BLOCK_N = 128 keys, warpgroup w owns keys
 //      64w..64w+63, the M = 64 rows of its S^T, dP^T, dV and dK products, and inside
@@ -136,7 +139,7 @@
 // before the barrier that publishes them.
 // Variant: p_from_s applies it once per tile (VT::score: logits and a computed bias,
 // and VT::keep element by element only where the warp's keys x the tile's queries
-// are partial: Sk, the band's edges); query rows past Sq read lse = +inf (P = 0). A
+// are partial: Sk, the band's edges); query rows past Sq read lse2 = +inf (P = 0). A
 // logits transform (softcap) enters dS^T as d s / d dot (logits_grad_of_score,
 // variant.cuh) of the score recomputed from P: s2 = log2 P + lse2, the bias taken
 // back out (p_times_grad), so no register holds S^T past P^T.
@@ -194,8 +197,10 @@ struct WgmmaBwdTraits {
   static constexpr int DS_MEETING = CONSUMERS + 64;
   // p_from_s: tiles that need no per-element test in code of their own (H100: causal
   // 1.11-1.18x at D = 64 and 128, S >= 4k), except the 128-query tiles past D = 64,
-  // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy.
-  static constexpr bool SPLIT_P = !(BLOCK_M == 128 && D > 64) && BLOCK_M != 80;
+  // where ptxas (CUDA 12.9) spilled 32-140 bytes with the second copy. (The 80-query
+  // tiles spilled too while p_from_s turned lse into lse2 per column; with lse2 staged
+  // they do not, and run 1.04-1.07x at D = 128: notes-bwd-loops.md §24.)
+  static constexpr bool SPLIT_P = !(BLOCK_M == 128 && D > 64);
   static constexpr int Q_TILES = BLOCK_M / 8;     // n8 column groups of S^T, dP^T per thread
   static constexpr int QK_STEPS = D_K / 16;       // k16 steps of K Q^T and V dout^T
   static constexpr int KV_STEPS = BLOCK_M / 16;   // k16 steps of P^T dout and dS^T Q
@@ -497,6 +502,12 @@ __device__ __forceinline__ void zero_rows(unsigned char* tile, int lo, int hi) {
   }
 }
 
+// lse2 = lse log2(e) of a row, +inf for a row that is not one (`row`: past Sq or the
+// sequence) or attends nothing (lse = -inf), so that P = exp2(s2 - lse2) = 0 there.
+__device__ __forceinline__ float lse2_of(bool row, float l) {
+  return row && l != -CA_INF ? l * CA_LOG2E : CA_INF;
+}
+
 // Writes: sK, sV once; per query tile, its stage's sQ, sdO, lse and delta (stage
 // from `next`, advanced per tile). Waits on: empty[stage] before reloading a stage.
 // Signals: full[stage].
@@ -582,15 +593,50 @@ struct Producer {
   // Plain loads and stores: the thread has nothing else to do. (Two values a thread
   // through copy_stats spilled at the producer's 24 registers.)
   __device__ __forceinline__ void copy_stats_row(int stage, int h, int m0, int r) const {
-    float lse = 0.f, delta = 0.f;
+    float lse = CA_INF, delta = 0.f;  // lse2_of: +inf past the rows
     if (r < Walk::row_hi(p.fwd, m0)) {
-      lse = lse_rows(h, m0)[r];
+      lse = lse2_of(true, lse_rows(h, m0)[r]);
       delta = delta_rows(h, m0)[r];
     }
     const u32 dst = st.stats(stage) + 4 * r;
     st_shared_u32(dst, __float_as_uint(lse));
     st_shared_u32(dst + 4 * KT::BLOCK_M, __float_as_uint(delta));
     mbarrier_arrive(st.full(stage));
+  }
+
+  // The narrow kernel on two warpgroups: query tile `it`'s tensor copies as load_q
+  // (STATS_FREE as there), and this thread's value of its stats (c < STAT_THREADS:
+  // lse, then delta) by a plain load into a register, which publish_stats stores later
+  // in the tile, so that the load's latency hides behind the tile's work.
+  struct PendingStats {
+    float v;
+    int stage;
+  };
+  template <bool STATS_FREE>
+  __device__ __forceinline__ PendingStats load_q_stats(int it, bool with_kv = false) {
+    const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
+    float v = 0.f;
+    if (threadIdx.x < KT::STAT_THREADS) {
+      if ((!STATS_FREE || threadIdx.x == 0) && it - sched.begin >= KT::kStages)
+        mbarrier_wait(st.empty(stage), next.phase() ^ 1);
+      if (threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
+      const int c = threadIdx.x, r = c < KT::BLOCK_M ? c : c - KT::BLOCK_M;
+      if (r < Walk::row_hi(p.fwd, m0))
+        v = __ldg((c < KT::BLOCK_M ? lse_rows(h, m0) : delta_rows(h, m0)) + r);
+    }
+    next.advance();
+    return {v, stage};
+  }
+  // The value of load_q_stats into its stage (lse as lse2_of), then this thread's
+  // arrival on the stage's full barrier.
+  __device__ __forceinline__ void publish_stats(int it, PendingStats s) const {
+    const int c = threadIdx.x;
+    if (c < KT::STAT_THREADS) {
+      float v = s.v;
+      if (c < KT::BLOCK_M) v = lse2_of(c < Walk::row_hi(p.fwd, sched.m0(it)), v);
+      st_shared_u32(st.stats(s.stage) + 4 * c, __float_as_uint(v));
+      mbarrier_arrive(st.full(s.stage));
+    }
   }
 
   // The block's K and V with its first query tile (nothing without query tiles).
@@ -632,10 +678,9 @@ __device__ __forceinline__ void release(const BwdSmem<KT>& st, int stage, int la
 // ---------------------------------------------------------------------------
 // Consumer steps: one warp's registers; the caller fences and waits around them.
 
-// lse2 of query i from its lse l: +inf for rows past Sq and rows that attend
-// nothing, so P = exp2(-inf) = 0.
+// lse2 of query i from its lse l (lse2_of).
 __device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) {
-  return (i < f.seqlen_q && l != -CA_INF) ? l * CA_LOG2E : CA_INF;
+  return lse2_of(i < f.seqlen_q, l);
 }
 
 // P^T in place of S^T, from the raw dots: s[nt * 4 + 2 r + c] is key j0 + g + 8 r,
@@ -646,7 +691,8 @@ __device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) 
 // per-element test VT::keep, P selected to 0 where it fails. Column pairs outer,
 // rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
 // keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
-// 13). Reads lse of the tile's stage.
+// 13). Reads lse of the tile's stage: lse2 where LSE2 (staged: lse2_of),
+// else lse.
 // TEST: the variant's per-element test (0: none, 1: every element, 2: where
 // `partial`), or TEST_LINE: none, and the warp's keys x the tile lie on one side
 // `side` of the diagonal under a bias that is a line in the key (VT::kLinearBias,
@@ -654,7 +700,7 @@ __device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) 
 // (Dense::line from one conversion per tile), so a score costs one FFMA beside the
 // logits' (the one with r = 0 none).
 constexpr int TEST_LINE = 3;
-template <class KT, class VT, int TEST>
+template <class KT, class VT, int TEST, bool LSE2>
 __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                               const float* s_lse, typename VT::Head hd, int m0,
                                               int j0, int g, int t, bool partial,
@@ -668,7 +714,7 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int i = m0 + col + c;
-      const float lse2 = query_lse2(f, i, c ? lse.y : lse.x);
+      const float lse2 = LSE2 ? (c ? lse.y : lse.x) : query_lse2(f, i, c ? lse.y : lse.x);
       [[maybe_unused]] const auto line = [&] {
         if constexpr (TEST == TEST_LINE)
           return VT::Dense::line(hd, off0 + float(8 * nt + c), side, -lse2);
@@ -696,7 +742,7 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
   }
 }
 // Returns whether the warp's keys x the tile are partial (warp-uniform).
-template <class KT, class VT>
+template <class KT, class VT, bool LSE2 = false>
 __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
                                          const float* s_lse, typename VT::Head hd, int m0,
                                          int j0, int lane) {
@@ -707,16 +753,16 @@ __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
                                                    // the 128-query tiles at D = 80
     const float side = partial ? 0.f : VT::line_side(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
     if (side != 0.f) {
-      p_from_s_tile<KT, VT, TEST_LINE>(s, f, s_lse, hd, m0, j0, g, t, false, side);
+      p_from_s_tile<KT, VT, TEST_LINE, LSE2>(s, f, s_lse, hd, m0, j0, g, t, false, side);
       return false;
     }
   }
   if constexpr (!KT::SPLIT_P) {
-    p_from_s_tile<KT, VT, 2>(s, f, s_lse, hd, m0, j0, g, t, partial);
+    p_from_s_tile<KT, VT, 2, LSE2>(s, f, s_lse, hd, m0, j0, g, t, partial);
   } else if (partial) {  // warp-uniform: other tiles run code without the test
-    p_from_s_tile<KT, VT, 1>(s, f, s_lse, hd, m0, j0, g, t, true);
+    p_from_s_tile<KT, VT, 1, LSE2>(s, f, s_lse, hd, m0, j0, g, t, true);
   } else {
-    p_from_s_tile<KT, VT, 0>(s, f, s_lse, hd, m0, j0, g, t, false);
+    p_from_s_tile<KT, VT, 0, LSE2>(s, f, s_lse, hd, m0, j0, g, t, false);
   }
   return partial;
 }
@@ -724,8 +770,8 @@ __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
 // Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
 // dot: `pg` = that, from P^T in `pt` (the score recomputed as s2 = log2 P + lse2, no
 // register kept from S^T; a computed bias taken back out), selected to 0 where P =
-// 0. Reads lse of the stage; hd, m0, j0 as p_from_s.
-template <class KT, class VT>
+// 0. Reads lse (LSE2: lse2) of the stage; hd, m0, j0 as p_from_s.
+template <class KT, class VT, bool LSE2 = false>
 __device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
                                              const float (&pt)[KT::BLOCK_M / 2],
                                              const FwdParams& f, const float* s_lse,
@@ -738,7 +784,7 @@ __device__ __forceinline__ void p_times_grad(float (&pg)[KT::BLOCK_M / 2],
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       // P = 0 wherever lse2 would be +inf (rows past Sq, rows that attend nothing)
-      const float p = pt[nt * 4 + e], lse2 = (e % 2 ? lse.y : lse.x) * CA_LOG2E;
+      const float p = pt[nt * 4 + e], l = e % 2 ? lse.y : lse.x, lse2 = LSE2 ? l : l * CA_LOG2E;
       const int i = m0 + col + e % 2, j = j0 + g + 8 * (e / 2);
       const float s2 = VT::logits_of_score(f, hd, i, j, __log2f(p) + lse2);
       pg[nt * 4 + e] = p == 0.f ? 0.f : p * logits_grad_of_score<typename VT::Logits>(f, s2);
@@ -1240,6 +1286,11 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
   constexpr bool PWG = BwdLaunch<KT, VT, DQ, SPLIT>::PRODUCER_WG;
+  // lse staged as lse2 (lse2_of): by the producer warpgroup's stats warps, or on two
+  // warpgroups by load_q_stats and publish_stats; not for packed sequences on two
+  // warpgroups, which spilled 40-44 bytes that way (D = 64, causal; CUDA 12.9 and
+  // 13.5), and copy their stats as the wide kernel does
+  constexpr bool LSE2 = PWG || !VT::Seqs::kRagged;
   // With the producer warpgroup, dQ is issued before dK and staged while dK runs
   // (dK's wgmma reads only Q from shared memory): 1.00-1.04x in the deterministic
   // mode; without it, on the atomic dQ, 0.98-1.02x (H100; notes-bwd-loops.md §11).
@@ -1289,6 +1340,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       return;
     }
     setmaxnreg_inc<KT::CONSUMER_REGS>();
+  } else if constexpr (LSE2) {
+    if (sched.end > sched.begin)
+      producer.publish_stats(sched.begin, producer.template load_q_stats<true>(sched.begin, true));
   } else {
     producer.load_first();
   }
@@ -1316,6 +1370,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
                 "dV after dS^T: P^T must not be scaled by d s / d dot yet, nor dP^T by dropout");
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
+  typename Producer<KT, Sched>::PendingStats next_stats{};  // two warpgroups: tile it + 1's
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
@@ -1332,13 +1387,16 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
     // lse and delta of tile it - 1 were read before that tile's sdS barrier
     if constexpr (!PWG) {
-      if (it + 1 < sched.end) producer.template load_q<DQ_HERE>(it + 1);
+      if (it + 1 < sched.end) {
+        if constexpr (LSE2) next_stats = producer.template load_q_stats<DQ_HERE>(it + 1);
+        else producer.template load_q<DQ_HERE>(it + 1);
+      }
     }
 
     wgmma_wait<1>();
     fence_regs(s);
     const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
-    const bool partial = p_from_s<KT, VT>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+    const bool partial = p_from_s<KT, VT, LSE2>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
     const DropDraws<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     const auto issue_dv = [&] {
       if constexpr (KV_SS) {
@@ -1356,7 +1414,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (VT::Drop::enabled) drop.pack_and_scale(pa, s, dp);
       else pack_a<typename KT::T>(pa, s);
       if constexpr (VT::Logits::kTransform)
-        p_times_grad<KT, VT>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+        p_times_grad<KT, VT, LSE2>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       wgmma_fence();
       issue_accumulate<KT>(dv, pa, o_tile);
     };
@@ -1417,6 +1475,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
           }
         }
       }
+    }
+    if constexpr (!PWG && LSE2) {  // tile it + 1's stats, loaded at the tile's start
+      if (it + 1 < sched.end) producer.publish_stats(it + 1, next_stats);
     }
     // Every MMA of the tile done: its registers and its stage free.
     const auto retire = [&] {
