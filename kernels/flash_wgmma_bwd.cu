@@ -522,17 +522,27 @@ struct Producer {
   const TmaMap &q_map, &k_map, &v_map, &dout_map;
   PipelineState<KT::kStages> next;  // the stage of the next query tile loaded
 
+  // A stats thread's value of a query tile loaded ahead (load_q's DEFER) and the
+  // stage that publish_stats stores it into.
+  struct PendingStats {
+    float v;
+    int stage;
+  };
   // Query tile `it` (Q, dout, lse, delta) into stage next.index(); with_kv: the
   // block's K and V too, on the same mbarrier. STATS_FREE: the caller knows that
   // every warp is past its reads of the stage's lse and delta (a barrier of the
   // block since), so only the copy engine's loads wait for the stage's release.
   // The first STAT_THREADS threads, thread ISSUER the issuer (the producer warpgroup
   // calls issue_copies and copy_stats itself: produce). An ISSUER past the stats
-  // threads (STATS_FREE only) waits for the stage's release alone.
-  template <bool STATS_FREE, int ISSUER = 0>
-  __device__ __forceinline__ void load_q(int it, bool with_kv = false) {
+  // threads (STATS_FREE only) waits for the stage's release alone. DEFER (the narrow
+  // kernel on two warpgroups): each stats thread's value (c: lse, then delta) is
+  // loaded into a register and returned, for publish_stats to store later in the
+  // tile, so that the load's latency hides behind the tile's work.
+  template <bool STATS_FREE, int ISSUER = 0, bool DEFER = false>
+  __device__ __forceinline__ PendingStats load_q(int it, bool with_kv = false) {
     static_assert(ISSUER == 0 || (STATS_FREE && ISSUER >= KT::STAT_THREADS), "the issuer");
     const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
+    PendingStats pending{0.f, stage};
     if (ISSUER != 0 && threadIdx.x == ISSUER) {
       if (it - sched.begin >= KT::kStages) mbarrier_wait(st.empty(stage), next.phase() ^ 1);
       issue_copies(stage, h, m0, with_kv);
@@ -541,9 +551,16 @@ struct Producer {
       if ((!STATS_FREE || (ISSUER == 0 && threadIdx.x == 0)) && it - sched.begin >= KT::kStages)
         mbarrier_wait(st.empty(stage), next.phase() ^ 1);
       if (ISSUER == 0 && threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
-      copy_stats(stage, h, m0, threadIdx.x);
+      if constexpr (DEFER) {
+        const int c = threadIdx.x, r = c < KT::BLOCK_M ? c : c - KT::BLOCK_M;
+        if (r < Walk::row_hi(p.fwd, m0))
+          pending.v = __ldg((c < KT::BLOCK_M ? lse_rows(h, m0) : delta_rows(h, m0)) + r);
+      } else {
+        copy_stats(stage, h, m0, threadIdx.x);
+      }
     }
     next.advance();
+    return pending;
   }
   // The issuer: the announcement of the bytes of query tile (head h, rows m0..) and
   // its tensor copies into `stage` (with_kv: K and V too).
@@ -604,31 +621,8 @@ struct Producer {
     mbarrier_arrive(st.full(stage));
   }
 
-  // The narrow kernel on two warpgroups: query tile `it`'s tensor copies as load_q
-  // (STATS_FREE as there), and this thread's value of its stats (c < STAT_THREADS:
-  // lse, then delta) by a plain load into a register, which publish_stats stores later
-  // in the tile, so that the load's latency hides behind the tile's work.
-  struct PendingStats {
-    float v;
-    int stage;
-  };
-  template <bool STATS_FREE>
-  __device__ __forceinline__ PendingStats load_q_stats(int it, bool with_kv = false) {
-    const int h = sched.head(it), m0 = sched.m0(it), stage = next.index();
-    float v = 0.f;
-    if (threadIdx.x < KT::STAT_THREADS) {
-      if ((!STATS_FREE || threadIdx.x == 0) && it - sched.begin >= KT::kStages)
-        mbarrier_wait(st.empty(stage), next.phase() ^ 1);
-      if (threadIdx.x == 0) issue_copies(stage, h, m0, with_kv);
-      const int c = threadIdx.x, r = c < KT::BLOCK_M ? c : c - KT::BLOCK_M;
-      if (r < Walk::row_hi(p.fwd, m0))
-        v = __ldg((c < KT::BLOCK_M ? lse_rows(h, m0) : delta_rows(h, m0)) + r);
-    }
-    next.advance();
-    return {v, stage};
-  }
-  // The value of load_q_stats into its stage (lse as lse2_of), then this thread's
-  // arrival on the stage's full barrier.
+  // A value of load_q<.., DEFER> for query tile `it` into its stage (lse as lse2_of),
+  // then this thread's arrival on the stage's full barrier.
   __device__ __forceinline__ void publish_stats(int it, PendingStats s) const {
     const int c = threadIdx.x;
     if (c < KT::STAT_THREADS) {
@@ -1287,7 +1281,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
   constexpr bool PWG = BwdLaunch<KT, VT, DQ, SPLIT>::PRODUCER_WG;
   // lse staged as lse2 (lse2_of): by the producer warpgroup's stats warps, or on two
-  // warpgroups by load_q_stats and publish_stats; not for packed sequences on two
+  // warpgroups by load_q (DEFER) and publish_stats; not for packed sequences on two
   // warpgroups, which spilled 40-44 bytes that way (D = 64, causal; CUDA 12.9 and
   // 13.5), and copy their stats as the wide kernel does
   constexpr bool LSE2 = PWG || !VT::Seqs::kRagged;
@@ -1342,7 +1336,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     setmaxnreg_inc<KT::CONSUMER_REGS>();
   } else if constexpr (LSE2) {
     if (sched.end > sched.begin)
-      producer.publish_stats(sched.begin, producer.template load_q_stats<true>(sched.begin, true));
+      producer.publish_stats(sched.begin, producer.template load_q<true, 0, true>(sched.begin, true));
   } else {
     producer.load_first();
   }
@@ -1388,7 +1382,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     // lse and delta of tile it - 1 were read before that tile's sdS barrier
     if constexpr (!PWG) {
       if (it + 1 < sched.end) {
-        if constexpr (LSE2) next_stats = producer.template load_q_stats<DQ_HERE>(it + 1);
+        if constexpr (LSE2) next_stats = producer.template load_q<DQ_HERE, 0, true>(it + 1);
         else producer.template load_q<DQ_HERE>(it + 1);
       }
     }
