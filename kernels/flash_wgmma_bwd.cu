@@ -535,7 +535,7 @@ struct Producer {
   // The first STAT_THREADS threads, thread ISSUER the issuer (the producer warpgroup
   // calls issue_copies and copy_stats itself: produce). An ISSUER past the stats
   // threads (STATS_FREE only) waits for the stage's release alone. DEFER (the narrow
-  // kernel on two warpgroups): each stats thread's value (c: lse, then delta) is
+  // kernel on two warpgroups, the wide kernel): each stats thread's value (c: lse, then delta) is
   // loaded into a register and returned, for publish_stats to store later in the
   // tile, so that the load's latency hides behind the tile's work.
   template <bool STATS_FREE, int ISSUER = 0, bool DEFER = false>
@@ -1563,8 +1563,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = lane % 4;
   const int key0 = 16 * (warp % 4);  // this warp's first key
+  // lse staged as lse2 (lse2_of) by warpgroup 0's threads: plain loads at the point
+  // of the old copies, stored once dV is issued (load_q's DEFER, publish_stats)
   init_barriers(st);
-  producer.load_first();
+  if (sched.end > sched.begin)
+    producer.publish_stats(sched.begin, producer.template load_q<true, 0, true>(sched.begin, true));
+  // dS^T's select only where the warp's keys x the tile are partial (the narrow
+  // kernel's DS_SPLIT); packed sequences select everywhere
+  constexpr bool DS_SPLIT = !VT::Seqs::kRagged;
 
   float acc[KT::D / 2];  // warpgroup 0: dV, 1: dK / scale; the block's 64 keys x D
 #pragma unroll
@@ -1578,6 +1584,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   float4* p_slots = reinterpret_cast<float4*>(st.p_slots()) + threadIdx.x % 128;
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
+  typename Producer<KT, Sched>::PendingStats next_stats{};  // warpgroup 0: tile it + 1's
   for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
     const int h = sched.head(it), m0 = sched.m0(it), stage = read.index();
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
@@ -1594,20 +1601,20 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     issue_transposed<KT>(x, x_a, 0, wg ? o_tile : q_tile);
     // Tile it + 1 into tile it - 1's stage. Warpgroup 1's first thread issues its
     // tensor copies: warpgroup 1 runs behind 0 (it waits for P^T), so the release it
-    // waits for is its own. (Warpgroup 0's threads copy the stats once past
-    // kBarPFree, below.)
-    if (it + 1 < sched.end && wg == 1) producer.template load_q<true, 128>(it + 1);
+    // waits for is its own. (Warpgroup 0's threads load the stats once past
+    // kBarPFree, below, and store them once dV is issued.)
+    if (it + 1 < sched.end && wg == 1) producer.template load_q<true, 128, true>(it + 1);
     wgmma_wait<0>();
     fence_regs(x);
 
     if (wg == 0) {
       const typename VT::Head hd = VT::Dense::head(f, sched.b, h);
-      p_from_s<KT, VT>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+      p_from_s<KT, VT, true>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       if (it > sched.begin) named_barrier_sync(kBarPFree, KT::THREADS);
-      if (it + 1 < sched.end) producer.template load_q<true, 128>(it + 1);
+      if (it + 1 < sched.end) next_stats = producer.template load_q<true, 128, true>(it + 1);
       if constexpr (VT::Logits::kTransform) {
         float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
-        p_times_grad<KT, VT>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+        p_times_grad<KT, VT, true>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
 #pragma unroll
         for (int i = 0; i < KT::BLOCK_M / 8; ++i)
           p_slots[i * 128] = make_float4(pg[4 * i], pg[4 * i + 1], pg[4 * i + 2], pg[4 * i + 3]);
@@ -1626,7 +1633,11 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         pt[4 * i] = v.x, pt[4 * i + 1] = v.y, pt[4 * i + 2] = v.z, pt[4 * i + 3] = v.w;
       }
       if constexpr (VT::Drop::enabled) drop.scale_kept(x);
-      ds_from_dp<KT>(x, pt, st.delta(stage), t);
+      const int j0 = sched.n0 + key0;
+      if (!DS_SPLIT || VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15))  // warp-uniform
+        ds_from_dp<KT>(x, pt, st.delta(stage), t);
+      else
+        ds_from_dp<KT, false>(x, pt, st.delta(stage), t);
       // (kBarPFree orders these delta reads before the stats copies two tiles on;
       // racecheck reported them now and then without a barrier of their own between
       // (1 run in 4), never with this one, which costs nothing measurable:
@@ -1638,6 +1649,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     else pack_a<typename KT::T>(xa, x);
     wgmma_fence();
     issue_accumulate<KT>(acc, xa, wg ? q_tile : o_tile);
+    if (wg == 0 && it + 1 < sched.end) producer.publish_stats(it + 1, next_stats);
     wgmma_wait<0>();
     fence_regs(acc);
     fence_regs(xa);

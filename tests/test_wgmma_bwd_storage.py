@@ -184,9 +184,14 @@ def test_variants_compile_for_sm90a(head_dim, variant, deterministic):
 
 
 def test_dq_pass_key_tiles():
-    """flash_wgmma_bwd_dq takes 48 keys a tile only where 64 spilled (dropout from
-    D = 240, softcap with ALiBi at D = 256), and its shared memory fits 227 KB at every
-    head dim the wide kernel runs, with one V buffer from D = 200 at 64 keys."""
+    """flash_wgmma_bwd_dq takes 96 keys a tile up to D = 176 (not under dropout), 48
+    only where 64 spilled (dropout from D = 240, softcap with ALiBi at D = 256), and its
+    shared memory fits 227 KB at every head dim the wide kernel runs, with one V buffer
+    from D = 200 at 64 keys."""
+    assert fb.dq_block_n(136, Variant(True, softcap=30.0, dense="alibi")) == 96
+    assert fb.dq_block_n(176, Variant(window=(256, 0))) == 96
+    assert fb.dq_block_n(176, Variant(dropout=True)) == 64
+    assert fb.dq_block_n(184, Variant()) == 64
     assert fb.dq_block_n(256, Variant()) == 64
     assert fb.dq_block_n(256, Variant(dropout=True)) == 48
     assert fb.dq_block_n(240, Variant(True, dropout=True)) == 48
@@ -194,7 +199,7 @@ def test_dq_pass_key_tiles():
     assert fb.dq_block_n(256, Variant(softcap=30.0, dense="alibi")) == 48
     assert fb.dq_block_n(256, Variant(softcap=30.0)) == 64
     for d in range(136, 257, 8):
-        for bn in (48, 64):
+        for bn in (48, 64) + ((96,) if d <= fb.DQ_WIDE_KEYS_MAX_D else ()):
             assert fb.dq_smem(d, bn) <= 227 * 1024, (d, bn)
     d_pad = 256
     assert fb.dq_smem(256, 64) == 2 * 128 * d_pad * 2 + 3 * 64 * d_pad * 2 + 1024   # one V buffer

@@ -293,10 +293,21 @@ def own_dq(c: Config) -> bool:
     return c.wide
 
 
+# flash_wgmma_bwd_dq takes 96 keys a tile up to this head dim: its S and dP at N = 96
+# read 5 KB of shared memory per 48 clocks against N = 64's 4 KB per 32. H200,
+# 2026-11-28: the backward 1.011-1.031x at D = 136 and 160; 80 keys at D = 192
+# measured 0.997-1.011x, and 96 there serialized the wgmma (ptxas C7512)
+# (benchmarks/results/notes-bwd-dq-pass.md).
+DQ_WIDE_KEYS_MAX_D = 176
+
+
 def dq_block_n(head_dim: int, vt: Variant) -> int:
-    """flash_wgmma_bwd_dq's keys a tile: 64, or 48 where 64 spilled (ptxas of CUDA
-    13.5: 4-24 bytes with dropout from D = 240, with softcap and ALiBi together at
+    """flash_wgmma_bwd_dq's keys a tile: 96 up to D = 176 (not under dropout, which
+    spilled 4 bytes at D = 160), else 64, or 48 where 64 spilled (ptxas of CUDA 13.5:
+    4-24 bytes with dropout from D = 240, with softcap and ALiBi together at
     D = 256)."""
+    if head_dim <= DQ_WIDE_KEYS_MAX_D and not vt.dropout:
+        return 96
     tight = vt.dropout or (vt.softcap and vt.dense != "none")
     return 48 if tight and head_dim >= 240 else 64
 
