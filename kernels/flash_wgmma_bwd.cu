@@ -15,12 +15,12 @@
 //      the block walks the query tiles (BLOCK_M rows) of every query head of the KV
 //      head's group, from the first tile that sees key n0 (causal); the next tile's
 //      Q and dout arrive through the copy engine (tensor maps, issued by one
-//      thread) and its lse and delta (the wide kernel: by cp.async; the narrow
-//      one: lse as lse2 = lse log2(e), +inf for rows past Sq or that attend
-//      nothing, by plain loads whose values are stored later in the tile, or by the
-//      producer warpgroup's stats warps) into the other of two stages, while this
-//      one is computed (Producer). Two ways to split the work between the
-//      warpgroups:
+//      thread) and its lse and delta (lse as lse2 = lse log2(e), +inf for rows
+//      past Sq or that attend nothing: by plain loads whose values are stored later
+//      in the tile, or by the producer warpgroup's stats warps; packed sequences in
+//      the narrow kernel without that warpgroup copy lse and delta by cp.async)
+//      into the other of two stages, while this one is computed (Producer). Two
+//      ways to split the work between the warpgroups:
 //
 //      flash_wgmma_bwd_dkdv, D = 64..128: BLOCK_N = 128 keys, warpgroup w owns keys
 //      64w..64w+63, the M = 64 rows of its S^T, dP^T, dV and dK products, and inside
@@ -535,9 +535,9 @@ struct Producer {
   // The first STAT_THREADS threads, thread ISSUER the issuer (the producer warpgroup
   // calls issue_copies and copy_stats itself: produce). An ISSUER past the stats
   // threads (STATS_FREE only) waits for the stage's release alone. DEFER (the narrow
-  // kernel on two warpgroups, the wide kernel): each stats thread's value (c: lse, then delta) is
-  // loaded into a register and returned, for publish_stats to store later in the
-  // tile, so that the load's latency hides behind the tile's work.
+  // kernel on two warpgroups, the wide kernel): each stats thread's value (c: lse,
+  // then delta) is loaded into a register and returned, for publish_stats to store
+  // later in the tile, so that the load's latency hides behind the tile's work.
   template <bool STATS_FREE, int ISSUER = 0, bool DEFER = false>
   __device__ __forceinline__ PendingStats load_q(int it, bool with_kv = false) {
     static_assert(ISSUER == 0 || (STATS_FREE && ISSUER >= KT::STAT_THREADS), "the issuer");
@@ -633,9 +633,13 @@ struct Producer {
     }
   }
 
-  // The block's K and V with its first query tile (nothing without query tiles).
+  // The block's K and V with its first query tile (nothing without query tiles);
+  // DEFER: its stats through load_q's DEFER, published at once.
+  template <bool DEFER = false>
   __device__ __forceinline__ void load_first() {
-    if (sched.end > sched.begin) load_q<true>(sched.begin, true);
+    if (sched.end <= sched.begin) return;
+    if constexpr (DEFER) publish_stats(sched.begin, load_q<true, 0, true>(sched.begin, true));
+    else load_q<true>(sched.begin, true);
   }
 
   // Every thread, once tile it's copies in `stage` landed (first: the block's first
@@ -1283,7 +1287,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   // lse staged as lse2 (lse2_of): by the producer warpgroup's stats warps, or on two
   // warpgroups by load_q (DEFER) and publish_stats; not for packed sequences on two
   // warpgroups, which spilled 40-44 bytes that way (D = 64, causal; CUDA 12.9 and
-  // 13.5), and copy their stats as the wide kernel does
+  // 13.5), and copy lse and delta by cp.async (load_first, load_q)
   constexpr bool LSE2 = PWG || !VT::Seqs::kRagged;
   // With the producer warpgroup, dQ is issued before dK and staged while dK runs
   // (dK's wgmma reads only Q from shared memory): 1.00-1.04x in the deterministic
@@ -1334,11 +1338,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       return;
     }
     setmaxnreg_inc<KT::CONSUMER_REGS>();
-  } else if constexpr (LSE2) {
-    if (sched.end > sched.begin)
-      producer.publish_stats(sched.begin, producer.template load_q<true, 0, true>(sched.begin, true));
   } else {
-    producer.load_first();
+    producer.template load_first<LSE2>();
   }
 
   float dk[KT::D / 2], dv[KT::D / 2];  // this warpgroup's 64 keys x D
@@ -1566,8 +1567,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   // lse staged as lse2 (lse2_of) by warpgroup 0's threads: plain loads at the point
   // of the old copies, stored once dV is issued (load_q's DEFER, publish_stats)
   init_barriers(st);
-  if (sched.end > sched.begin)
-    producer.publish_stats(sched.begin, producer.template load_q<true, 0, true>(sched.begin, true));
+  producer.template load_first<true>();
   // dS^T's select only where the warp's keys x the tile are partial (the narrow
   // kernel's DS_SPLIT); packed sequences select everywhere
   constexpr bool DS_SPLIT = !VT::Seqs::kRagged;
