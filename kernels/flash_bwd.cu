@@ -306,7 +306,9 @@ __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
   if (lane == 0) p.delta[row] = acc;
   if (p.dq_accum) {
     float* zero = p.dq_accum + row * f.head_dim;
-    if (f.head_dim % 4 == 0 && aligned16(zero)) {
+    if (p.dq_store_first) {
+      // (the floats are stored by each tile's first key block: flash_wgmma_bwd)
+    } else if (f.head_dim % 4 == 0 && aligned16(zero)) {
       for (int c = lane; c < f.head_dim / 4; c += ROW_LANES)
         reinterpret_cast<float4*>(zero)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     } else {

@@ -9,7 +9,9 @@
 //
 // Kernels, in launch order (cupy_attention/families/flash_wgmma_bwd.py):
 //   1. flash_bwd_delta (flash_bwd.cu): delta; zeroes dq_accum (and the ordered dQ's
-//      turn counters) where there is one.
+//      turn counters) where there is one; only the counters where the ordered dQ's
+//      first key block of each query tile stores its dQ (p.dq_store_first: the host
+//      sets it where every tile has a key block; Epilogue::reduce_dq).
 //   2. The dK/dV kernel, one block per (BLOCK_N keys, KV head, batch) of two
 //      warpgroups (or kv_splits blocks: SPLIT below). sK and sV stay resident while
 //      the block walks the query tiles (BLOCK_M rows) of every query head of the KV
@@ -442,6 +444,7 @@ struct BwdSmem {
 template <class KT, class VT_, bool ORDERED = false, bool STAGGERED_ = false>
 struct TileScheduler {
   using VT = VT_;
+  static constexpr bool kOrdered = ORDERED;
   static constexpr bool STAGGERED = STAGGERED_;
   static_assert(!STAGGERED || (ORDERED && VT::Band::kHi), "staggered turns need an upper bound");
   // (80-query tiles walk in lockstep in the atomic mode too: the default walk's
@@ -1054,13 +1057,20 @@ struct Epilogue {
       }
     }
   }
+  // In the ordered modes where the host says so (p.dq_store_first: every query tile
+  // has a key block, so dq_accum's floats are not zeroed), the tile's first key block
+  // (turn 0) stores its sdQ instead.
   __device__ __forceinline__ void reduce_dq(const TmaMap& dq_map, int it, int buf) const {
     const int h = sched.head(it);
     int row = sched.m0(it), b = sched.b;
     if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;
+    const bool store = Sched::kOrdered && p.dq_store_first && sched.turn(it) == 0;
 #pragma unroll
-    for (int box = 0; box < KT::DQ_BOXES; ++box)
-      tma_reduce_add_4d(dq_map, st.dq(buf) + box * KT::DqTile::BLOCK_BYTES, 32 * box, row, h, b);
+    for (int box = 0; box < KT::DQ_BOXES; ++box) {
+      const u32 src = st.dq(buf) + box * KT::DqTile::BLOCK_BYTES;
+      if (store) tma_store_4d(dq_map, src, 32 * box, row, h, b);
+      else tma_reduce_add_4d(dq_map, src, 32 * box, row, h, b);
+    }
     bulk_commit();
   }
 

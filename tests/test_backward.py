@@ -1166,6 +1166,21 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     assert backward_families()["flash_mma"].dq_accum_shape(p, True) is None
 
 
+def _ordered_case(c, seed):
+    """q, k, v, dout, the flash_wgmma forward's out and lse, and the attention
+    keywords of an ordered-dQ test case ``c``."""
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    shapes = [(c["B"], h, s, c["D"]) for h, s in ((c["Hq"], c["Sq"]), (c["Hkv"], c["Sk"]),
+                                                   (c["Hkv"], c["Sk"]), (c["Hq"], c["Sq"]))]
+    q, k, v, dout = (cast(rng.standard_normal(s, dtype=cupy.float32), c["dtype"], cupy)
+                     for s in shapes)
+    kw = dict(causal=c["causal"], window=c.get("window"), kernel="flash_wgmma")
+    out, lse = ca.attention(q, k, v, return_lse=True, **kw)
+    return q, k, v, dout, out, lse, kw
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [
     # 4 x 2 x 32 key blocks: more blocks than SMs, each query tile's 32 in one order
@@ -1196,13 +1211,7 @@ def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kern
     monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # every call dispatches
     monkeypatch.setattr(flash_wgmma_bwd, "STAGGERED_MIN_BLOCKS_PER_SM",
                         0 if staggered else 10 ** 9)
-    rng = cupy.random.default_rng(61)
-    shapes = [(c["B"], h, s, c["D"]) for h, s in ((c["Hq"], c["Sq"]), (c["Hkv"], c["Sk"]),
-                                                   (c["Hkv"], c["Sk"]), (c["Hq"], c["Sq"]))]
-    q, k, v, dout = (cast(rng.standard_normal(s, dtype=cupy.float32), c["dtype"], cupy)
-                     for s in shapes)
-    kw = dict(causal=c["causal"], window=c.get("window"), kernel="flash_wgmma")
-    out, lse = ca.attention(q, k, v, return_lse=True, **kw)
+    q, k, v, dout, out, lse, kw = _ordered_case(c, 61)
     with recording_specs() as names:
         first = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
     assert any((",staggered-dq" if staggered else ",ordered-dq") in n for n in names), names
@@ -1214,5 +1223,80 @@ def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kern
     atomic = ca.attention_backward(dout, q, k, v, out, lse, **kw)
     for name, a, b in zip(("dq", "dk", "dv"), first, atomic):
         a64, b64 = as_float(a, cupy), as_float(b, cupy)
+        err = float(cupy.abs(a64 - b64).max())
+        assert err <= 2 ** -6 * float(cupy.abs(b64).max()), (name, err)
+
+
+def test_ordered_dq_stores_first_only_where_every_tile_has_a_key_block():
+    """The ordered dQ's first key block of a query tile stores its dQ (dq_store_first)
+    and flash_bwd_delta skips zeroing dq_accum's floats, where every query tile has a
+    key block: not under a window, nor causal with Sq > Sk."""
+    import numpy as np
+
+    from cupy_attention.families import flash_bwd
+    from cupy_attention.problem import Problem
+
+    def prob(causal, sq, sk, window=None):
+        return Problem(2, 8, 2, sq, sk, 128, "bfloat16", "bhsd", causal, "none", 0.1, 0,
+                       window=window)
+
+    assert flash_wgmma_bwd.store_first(prob(False, 1000, 500))
+    assert flash_wgmma_bwd.store_first(prob(True, 1000, 1200))
+    assert flash_wgmma_bwd.store_first(prob(True, 1000, 1000))
+    assert not flash_wgmma_bwd.store_first(prob(True, 1200, 1000))
+    assert not flash_wgmma_bwd.store_first(prob(True, 1000, 1000, window=(100, 0)))
+
+    def tensors(problem):
+        n = problem.batch * problem.heads_q * problem.seqlen_q
+        return flash_bwd.BwdTensors(
+            fwd=None, dout=None, dq=None, dk=None, dv=None, delta=np.zeros(n, np.float32),
+            dq_accum=np.zeros(n * 128 + flash_wgmma_bwd.dq_turns(problem), np.float32))
+
+    for problem, det, want in ((prob(True, 1000, 1000), True, 1),
+                               (prob(True, 1000, 1000), False, 0),
+                               (prob(True, 1200, 1000), True, 0)):
+        got = flash_wgmma_bwd._with_turns(problem, tensors(problem), det)
+        assert got.dq_store_first == want, (problem, det)
+        assert (got.dq_turn_rows > 0) == det
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(dtype="bfloat16", D=128, Sq=1000, Sk=1000, B=2, Hq=4, Hkv=2, causal=False),
+    dict(dtype="float16", D=64, Sq=700, Sk=1300, B=2, Hq=4, Hkv=4, causal=True),
+    dict(dtype="bfloat16", D=96, Sq=900, Sk=900, B=1, Hq=6, Hkv=2, causal=True),
+    # no stored first addition: the rows that attend nothing keep dQ 0 from the zeroing
+    dict(dtype="bfloat16", D=128, Sq=900, Sk=600, B=1, Hq=4, Hkv=1, causal=True),
+    dict(dtype="bfloat16", D=80, Sq=800, Sk=800, B=1, Hq=2, Hkv=2, causal=True,
+         window=(100, 0)),
+], ids=["d128", "d64-causal-sk-longer", "d96-causal", "d128-causal-sq-longer", "d80-window"])
+def test_ordered_dq_ignores_what_dq_accum_held(c, monkeypatch, warm_kernels):
+    """The deterministic mode's dQ does not depend on what its dq_accum scratch held
+    before the call (NaN here): each query tile's first key block stores, or the delta
+    kernel zeroes it; it matches the default mode up to the order of fp32 sums."""
+    import cupy
+
+    from cupy_attention import backward, calls
+
+    _skip_unless_device_runs("flash_wgmma")
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # every call dispatches
+    plain = calls.allocator
+
+    def poisoned(ctx, q):
+        alloc = plain(ctx, q)
+
+        def fill(shape, dtype, zero):
+            x = alloc(shape, dtype, zero)
+            if not zero and cupy.dtype(dtype) == cupy.float32:
+                x.fill(cupy.nan)
+            return x
+        return fill
+    q, k, v, dout, out, lse, kw = _ordered_case(c, 62)
+    atomic = ca.attention_backward(dout, q, k, v, out, lse, **kw)
+    monkeypatch.setattr(backward, "allocator", poisoned)
+    det = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+    for name, a, b in zip(("dq", "dk", "dv"), det, atomic):
+        a64, b64 = as_float(a, cupy), as_float(b, cupy)
+        assert bool(cupy.isfinite(a64).all()), name
         err = float(cupy.abs(a64 - b64).max())
         assert err <= 2 ** -6 * float(cupy.abs(b64).max()), (name, err)

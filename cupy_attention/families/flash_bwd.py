@@ -137,6 +137,9 @@ class BwdTensors:
     dk_accum: object = None
     dv_accum: object = None
     dq_turn_rows: int = 0
+    # the ordered dQ's first key block of each query tile stores its dQ (1), so
+    # flash_bwd_delta zeroes only the turn counters behind dq_accum's floats
+    dq_store_first: int = 0
 
 
 def bwd_params(p: Problem, t: BwdTensors) -> object:
@@ -148,6 +151,7 @@ def bwd_params(p: Problem, t: BwdTensors) -> object:
             values[name] = getattr(t, name).data.ptr
     values["kv_splits"] = t.kv_splits
     values["dq_turn_rows"] = t.dq_turn_rows
+    values["dq_store_first"] = t.dq_store_first
     for name in ("dout", "dq", "dk", "dv"):
         s = bhs_strides(getattr(t, name), p.layout)
         values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],

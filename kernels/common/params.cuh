@@ -77,8 +77,9 @@ __device__ __forceinline__ float exp2_score(const FwdParams& p, float dot) {
 //   dq_accum  fp32, delta's rows times D: dQ / scale summed with atomics, or in a
 //             fixed order (flash_wgmma_bwd's kDqOrdered, dq_turn_rows > 0: then
 //             int32 turn counters [B, Hq, ceil(Sq / dq_turn_rows)] follow its B Hq Sq D
-//             floats, zeroed by flash_bwd_delta with them: dq_turns); null in
-//             deterministic mode otherwise
+//             floats, zeroed by flash_bwd_delta with them: dq_turns; with
+//             dq_store_first the first addition to each tile stores and only the
+//             counters are zeroed); null in deterministic mode otherwise
 //   dk_accum, dv_accum  fp32 [B, Hkv, Sk, D] contiguous, zeroed: dK and dV summed with
 //             atomics when kv_splits > 1 blocks share a block of keys (flash_wgmma_bwd's
 //             split of the query tiles); null otherwise
@@ -100,6 +101,7 @@ struct BwdParams {
   i64 delta_batch_stride, delta_head_stride;
   int kv_splits;     // blocks per block of keys (1: one block owns it)
   int dq_turn_rows;  // query rows per turn counter (0: none; fixed-length sequences)
+  int dq_store_first;  // the ordered dQ's first addition per tile stores: dq_accum unzeroed
 };
 
 // The turn counters behind dq_accum (dq_turn_rows > 0).

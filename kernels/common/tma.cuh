@@ -94,6 +94,16 @@ __device__ __forceinline__ void tma_reduce_add_4d(const TmaMap& map, u32 src, in
       : "memory");
 }
 
+// The same box stored, not added (the elements outside the map are not written).
+__device__ __forceinline__ void tma_store_4d(const TmaMap& map, u32 src, int x, int y, int h,
+                                             int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];"
+      :: "l"(reinterpret_cast<u64>(&map)), "r"(src), "r"(x), "r"(y), "r"(h), "r"(b)
+      : "memory");
+}
+
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` into
 // shared `dst` by the copy engine, completing on mbarrier `bar`: a bulk copy with no
 // tensor map, for rows whose addresses come from data (a paged cache's block table).
