@@ -544,6 +544,19 @@ class LoadedKernel:
                             f"{shared_mem} bytes of shared memory)")
 
 
+class Dependent:
+    """A kernel that launch lists (flash_bwd.run_passes) launch as the programmatic
+    dependent of the launch before it (LoadedKernel.launch_packed's ``dependent``)."""
+
+    def __init__(self, kernel: LoadedKernel):
+        self.kernel = kernel
+
+    def launch_packed(self, grid, block, params, shared_mem: int, stream_ptr: int,
+                      tail: tuple = ()) -> None:
+        self.kernel.launch_packed(grid, block, params, shared_mem, stream_ptr, dependent=True,
+                                  tail=tail)
+
+
 # cuLaunchKernel's `extra` keys (cuda.h: CU_LAUNCH_PARAM_END, _BUFFER_POINTER, _BUFFER_SIZE)
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
 

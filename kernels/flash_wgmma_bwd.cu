@@ -120,7 +120,9 @@
 //      kv_splits blocks share a block of keys, each a contiguous share of its query
 //      tiles (TileScheduler), and add the same dK and dV into zeroed fp32 dk_accum,
 //      dv_accum (red.global.add).
-//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; or, with
+//   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; in the ordered
+//      modes flash_wgmma_bwd_dq_convert (below) instead, this kernel's programmatic
+//      dependent, each query tile once its turns are complete; or, with
 //      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: after the wide
 //      kernel, in both modes) or flash_mma_bwd_dq
 //      (flash_mma_bwd.cu: the deterministic mode where the ordered dQ does not run,
@@ -164,6 +166,7 @@
 // strides of q, k, v, dout, and views a tensor map takes (cupy_attention/tma.py:
 // tileable); the host runs flash_mma_bwd otherwise. No dense masks.
 #include "common/bwd_tiles.cuh"
+#include "common/pdl.cuh"
 #include "common/storage.cuh"
 #include "common/wgmma.cuh"
 
@@ -1316,6 +1319,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!VT::Drop::enabled || KT::BLOCK_M == 64, "dropout: 64-query tiles");
   static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: staged, fixed lengths, one block per key block");
+  // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
+  // may start on the SMs it leaves (it waits on each tile's turn count)
+  if constexpr (DQ >= kDqOrdered) launch_dependents();
   int n_block, h_kv, b, split;  // packed sequences: the sequence's params (a copy; D =
                                 // 80 has no shared memory left for them)
   typename VT::Seqs::template Bound<BwdParams> p =
@@ -1544,6 +1550,48 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   // (SPLIT: adds them into dk_accum, dv_accum).
   epi.template store_dk<SPLIT>(dk, key0, lane);
   epi.template store_dv<SPLIT>(dv, key0, lane);
+}
+
+// dq = dq_accum * scale for one query tile (BLOCK_M rows of query head h, batch b) a
+// block, after the ordered dQ (kDqOrdered, kDqStaggered): the block waits until the
+// tile's turn counter (dq_turns) reaches the key blocks whose walks reach it
+// (QueryTileWalk's lowest_block .. highest_block; none where no row of it attends a
+// key), i.e. until their additions completed, then converts. Launched as the dK/dV
+// kernel's programmatic dependent, so its blocks start on the SMs that grid's last
+// blocks leave and convert the tiles already complete while the rest run (it never
+// waits for the whole grid). 8 lanes a row, 16-byte chunks (the host's dq is 16-byte
+// aligned with rows of whole chunks). Grid: (query tiles, Hq, B), 256 threads.
+template <class KT, class VT>
+__global__ void __launch_bounds__(256) flash_wgmma_bwd_dq_convert(const BwdParams p) {
+  using T = typename KT::T;
+  using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
+  const FwdParams& f = p.fwd;
+  const int m0 = blockIdx.x * KT::BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+  if (threadIdx.x == 0) {
+    const int lo = VT::kv_begin(f, m0), hi = VT::kv_end(f, m0 + KT::BLOCK_M - 1);
+    const int adders =
+        hi > lo ? Walk::highest_block(f, m0) - Walk::lowest_block(f, m0) + 1 : 0;
+    const int* counter = dq_turns(p) + (i64(b) * f.heads_q + h) * gridDim.x + blockIdx.x;
+    while (ld_acquire_gpu(counter) < adders) __nanosleep(256);
+  }
+  __syncthreads();  // (the acquire's thread, then the block: the sums are visible)
+  constexpr int LANES = 8, CHUNKS = KT::D / 8;  // a row's lanes, its 16-byte chunks of T
+  const int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
+  for (int r = threadIdx.x / LANES; r < rows; r += 256 / LANES) {
+    const float4* acc = reinterpret_cast<const float4*>(
+        p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D);
+    T* out = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+             (m0 + r) * p.dq_row_stride;
+    for (int c = threadIdx.x % LANES; c < CHUNKS; c += LANES) {
+      const float4 x = __ldcg(acc + 2 * c), y = __ldcg(acc + 2 * c + 1);
+      uint4 o;
+      o.x = MmaType<T>::pack(x.x * f.scale, x.y * f.scale);
+      o.y = MmaType<T>::pack(x.z * f.scale, x.w * f.scale);
+      o.z = MmaType<T>::pack(y.x * f.scale, y.y * f.scale);
+      o.w = MmaType<T>::pack(y.z * f.scale, y.w * f.scale);
+      reinterpret_cast<uint4*>(out)[c] = o;
+    }
+  }
 }
 
 // D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and

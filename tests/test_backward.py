@@ -1124,7 +1124,7 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
         rows = (",BM=128," if d == 64   # 128-query tiles with P^T in sP (KV_SS_FITS)
                 else ",BM=80," if d >= 88 and not causal else ",BM=64,")  # _rows80
         assert rows in got[1] and ",ordered-dq" in got[1], got
-        assert got[2].startswith("flash_bwd_dq_convert"), got
+        assert got[2].startswith("flash_wgmma_bwd_dq_convert"), got   # counted per tile
         assert flash_wgmma_bwd.config(d, vt, True).threads("ordered", vt) == 384
         default = names(d, vt, False)[1]
         assert ",atomic-dq" in default
@@ -1225,6 +1225,40 @@ def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kern
         a64, b64 = as_float(a, cupy), as_float(b, cupy)
         err = float(cupy.abs(a64 - b64).max())
         assert err <= 2 ** -6 * float(cupy.abs(b64).max()), (name, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(dtype="bfloat16", D=128, Sq=1000, Sk=1000, B=2, Hq=8, Hkv=2, causal=True),
+    dict(dtype="float16", D=96, Sq=700, Sk=900, B=1, Hq=4, Hkv=4, causal=False),   # 80 rows
+    # the first Sq - Sk rows attend nothing: tiles no key block reaches convert at once
+    dict(dtype="bfloat16", D=104, Sq=900, Sk=500, B=1, Hq=4, Hkv=1, causal=True),
+    dict(dtype="bfloat16", D=72, Sq=800, Sk=800, B=1, Hq=2, Hkv=2, causal=True,
+         window=(100, 0)),
+], ids=["d128-causal-gqa", "d96-bm80", "d104-sq-longer", "d72-window"])
+def test_counted_dq_conversion(c, monkeypatch, warm_kernels):
+    """The deterministic mode's ordered dQ: flash_wgmma_bwd_dq_convert runs as the
+    dK/dV kernel's programmatic dependent and converts each query tile once its turns
+    are complete (tiles no key block reaches at once): the gradients match
+    flash_mma's."""
+    import cupy
+
+    from cupy_attention import backward
+    from cupy_attention.bench import recording_specs
+
+    _skip_unless_device_runs("flash_wgmma")
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # every call dispatches
+    q, k, v, dout, out, lse, kw = _ordered_case(c, 63)
+    with recording_specs() as names:
+        got = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
+    assert any(n.startswith("flash_wgmma_bwd_dq_convert") for n in names), names
+    want = ca.attention_backward(dout, q, k, v, out, lse,
+                                 **dict(kw, kernel="flash_mma"))
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        a64, b64 = as_float(a, cupy), as_float(b, cupy)
+        assert bool(cupy.isfinite(a64).all()), name
+        err = float(cupy.abs(a64 - b64).max())
+        assert err <= 2 ** -6 * max(float(cupy.abs(b64).max()), 1e-3), (name, err)
 
 
 def test_ordered_dq_stores_first_only_where_every_tile_has_a_key_block():

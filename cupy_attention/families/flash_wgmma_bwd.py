@@ -367,9 +367,33 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
-    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
-           flash_bwd.convert_spec(dtype)]
+    convert = convert_spec(c, dtype, vt) if counted(c, mode) else flash_bwd.convert_spec(dtype)
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split), convert]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
+
+
+# The deterministic mode's conversion of dq_accum into dq (kernels/flash_wgmma_bwd.cu:
+# flash_wgmma_bwd_dq_convert) runs as the dK/dV kernel's programmatic dependent where
+# that kernel takes turns (the ordered dQ): the turn counter of a query tile says when
+# its additions are complete, so the conversion's blocks start on the SMs the dK/dV
+# grid's last blocks leave and convert those tiles while the rest run. H200,
+# 2026-11-28: deterministic 1.004-1.055x. The atomic dQ counting its completed
+# additions for the same purpose ran 0.99-1.02x, counted at once or a tile late
+# (notes-deterministic-dq.md): there flash_bwd_dq_convert runs after the grid.
+CONVERT_THREADS = 256
+
+
+def counted(c: Config, mode: str) -> bool:
+    """Whether the dK/dV launch in dQ ``mode`` counts its additions per query tile
+    (the ordered dQ's turns)."""
+    return not c.wide and not own_dq(c) and mode in ("ordered", "staggered")
+
+
+def convert_spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
+    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
+    return jit.KernelSpec("flash_wgmma_bwd.cu", f"flash_wgmma_bwd_dq_convert<{traits}, {vt.cpp()}>",
+                          f"flash_wgmma_bwd_dq_convert[D={c.head_dim},BM={c.block_m},"
+                          f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
 
 
 # Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
@@ -491,6 +515,14 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
+    if counted(c, mode):
+        if _rows16(p, t.dq):   # each tile as its turns complete
+            launches[2] = (jit.Dependent(kernels[2]),
+                           (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch),
+                           (CONVERT_THREADS,), 0)
+        else:   # after the dK/dV kernel (dq's rows not 16-byte aligned)
+            launches[2] = (jit.get_function(flash_bwd.convert_spec(p.dtype), arch, device_id),
+                           ) + launches[2][1:]
     if own:   # the dQ pass: 128 query rows of one (head, batch) a block
         bn = dq_block_n(p.head_dim, p.variant)
         dq_maps = maps if bn == c.block_n else tensor_maps(p, t, c, bn)
@@ -527,6 +559,14 @@ def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
         raise ValueError("the ordered dQ needs dq_accum with room for its turn counters")
     return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant, True).block_m,
                                dq_store_first=int(store_first(p)))
+
+
+def _rows16(p: Problem, dq) -> bool:
+    """Whether ``dq``'s rows are contiguous and start 16-byte aligned
+    (flash_wgmma_bwd_dq_convert's stores)."""
+    if dq is None or dq.itemsize != 2 or dq.strides[-1] != 2:
+        return False
+    return dq.data.ptr % 16 == 0 and all(s % 8 == 0 for s in bhs_strides(dq, p.layout))
 
 
 # The ordered dQ's first key block of a query tile (turn 0) stores its dQ where every
@@ -581,6 +621,10 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d, vt in ((64, Variant(True, (256, 0))), (128, Variant(False, (128, 128), 30.0))):
         for mode in ("ordered", "staggered"):
             out.append(dkdv_spec(config(d, vt, True), "bfloat16", vt, mode))
+    # the ordered dQ's conversion per tile: each tile shape, a band, a window
+    for d, vt in ((64, Variant(False)), (72, Variant(True)), (96, Variant(False)),
+                  (128, Variant(True)), (104, Variant(True, (256, 0)))):
+        out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
