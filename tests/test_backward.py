@@ -1236,11 +1236,13 @@ def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kern
     dict(dtype="bfloat16", D=72, Sq=800, Sk=800, B=1, Hq=2, Hkv=2, causal=True,
          window=(100, 0)),
 ], ids=["d128-causal-gqa", "d96-bm80", "d104-sq-longer", "d72-window"])
-def test_counted_dq_conversion(c, monkeypatch, warm_kernels):
+@pytest.mark.parametrize("rows16", [True, False], ids=["per-tile", "dq-unaligned"])
+def test_counted_dq_conversion(c, rows16, monkeypatch, warm_kernels):
     """The deterministic mode's ordered dQ: flash_wgmma_bwd_dq_convert runs as the
     dK/dV kernel's programmatic dependent and converts each query tile once its turns
-    are complete (tiles no key block reaches at once): the gradients match
-    flash_mma's."""
+    are complete (tiles no key block reaches at once); where dq's rows are not 16-byte
+    aligned (forced here) flash_bwd_dq_convert runs after the grid. The gradients
+    match flash_mma's."""
     import cupy
 
     from cupy_attention import backward
@@ -1248,10 +1250,14 @@ def test_counted_dq_conversion(c, monkeypatch, warm_kernels):
 
     _skip_unless_device_runs("flash_wgmma")
     monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))   # every call dispatches
+    if not rows16:
+        monkeypatch.setattr(flash_wgmma_bwd, "_rows16", lambda p, dq: False)
     q, k, v, dout, out, lse, kw = _ordered_case(c, 63)
     with recording_specs() as names:
         got = ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw)
-    assert any(n.startswith("flash_wgmma_bwd_dq_convert") for n in names), names
+    after = any(n.startswith("flash_bwd_dq_convert") for n in names)   # loaded for the fallback
+    assert after != rows16 and any(",ordered-dq" in n or ",staggered-dq" in n
+                                   for n in names), names
     want = ca.attention_backward(dout, q, k, v, out, lse,
                                  **dict(kw, kernel="flash_mma"))
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
