@@ -390,10 +390,14 @@ def counted(c: Config, mode: str) -> bool:
 
 
 def convert_spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
+    """flash_wgmma_bwd_dq_convert for the tiles of ``c`` under ``vt``'s band (its only
+    use of the variant: which key blocks reach a tile)."""
+    band = Variant(vt.causal, vt.window)
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
-    return jit.KernelSpec("flash_wgmma_bwd.cu", f"flash_wgmma_bwd_dq_convert<{traits}, {vt.cpp()}>",
+    return jit.KernelSpec("flash_wgmma_bwd.cu",
+                          f"flash_wgmma_bwd_dq_convert<{traits}, {band.cpp()}>",
                           f"flash_wgmma_bwd_dq_convert[D={c.head_dim},BM={c.block_m},"
-                          f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
+                          f"{SHORT_DTYPE[dtype]}{band.suffix()}]")
 
 
 # Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
