@@ -52,6 +52,7 @@
 // Constraints: D is a compile-time constant 1..256; no alignment is assumed for
 // global rows (element loads). cupy_attention/families/flash_bwd.py mirrors
 // SMEM_BYTES; the tile kernels trap if launched with less.
+#include "common/bwd_tiles.cuh"
 #include "common/variant.cuh"
 #include "common/softmax.cuh"
 
@@ -260,19 +261,8 @@ __device__ __forceinline__ void tile_dq(float (&dq)[Tr::ROWS_M][Tr::COLS], const
 // aligned, with D a multiple of a chunk, moves in 16-byte chunks (Chunk<T>: 8
 // 16-bit or 4 fp32 elements, fp32 sums in float4); other rows element by element.
 // The branch is per row, so it holds for any strides; shuffles stay outside it.
-constexpr int ROW_LANES = 8;
-constexpr int ROW_BLOCK = 256 / ROW_LANES;
-
-template <class T>
-union Chunk {
-  static constexpr int E = 16 / int(sizeof(T));
-  uint4 raw;
-  T e[E];
-};
-
-__device__ __forceinline__ bool aligned16(const void* a) {
-  return (reinterpret_cast<unsigned long long>(a) & 15u) == 0;
-}
+// (ROW_LANES, Chunk, convert_row: common/bwd_tiles.cuh, which flash_wgmma_bwd's
+// per-tile conversion shares.)
 
 // Grid: x = query row / ROW_BLOCK, y = query head, z = batch.
 template <class T>
@@ -317,29 +307,6 @@ __global__ void __launch_bounds__(256) flash_bwd_delta(const BwdParams p) {
     if (p.dq_turn_rows && lane == 0 && i % p.dq_turn_rows == 0)
       dq_turns(p)[(i64(b) * f.heads_q + h) * ceil_div(f.seqlen_q, p.dq_turn_rows) +
                   i / p.dq_turn_rows] = 0;
-  }
-}
-
-// out[0, D) = from_float(acc[0, D) * scale), by one row's ROW_LANES lanes.
-template <class T>
-__device__ __forceinline__ void convert_row(T* out, const float* acc, int head_dim, float scale,
-                                            int lane) {
-  using C = Chunk<T>;
-  if (head_dim % C::E == 0 && aligned16(out) && aligned16(acc)) {
-    for (int c = lane; c < head_dim / C::E; c += ROW_LANES) {
-      C y;
-#pragma unroll
-      for (int q = 0; q < C::E / 4; ++q) {
-        const float4 a = reinterpret_cast<const float4*>(acc)[c * (C::E / 4) + q];
-        y.e[4 * q] = from_float<T>(a.x * scale);
-        y.e[4 * q + 1] = from_float<T>(a.y * scale);
-        y.e[4 * q + 2] = from_float<T>(a.z * scale);
-        y.e[4 * q + 3] = from_float<T>(a.w * scale);
-      }
-      reinterpret_cast<uint4*>(out)[c] = y.raw;
-    }
-  } else {
-    for (int d = lane; d < head_dim; d += ROW_LANES) out[d] = from_float<T>(acc[d] * scale);
   }
 }
 

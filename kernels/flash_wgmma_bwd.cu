@@ -1559,10 +1559,11 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
 // key), i.e. until their additions completed, then converts. Launched as the dK/dV
 // kernel's programmatic dependent, so its blocks start on the SMs that grid's last
 // blocks leave and convert the tiles already complete while the rest run (it never
-// waits for the whole grid). 8 lanes a row, 16-byte chunks (the host's dq is 16-byte
-// aligned with rows of whole chunks). Grid: (query tiles, Hq, B), 256 threads.
+// waits for the whole grid). Rows as flash_bwd_dq_convert's (convert_row), the sums
+// read through the L2 only. Grid: (query tiles, Hq, B), 256 threads (at most 41
+// registers: ptxas held __launch_bounds__(256) alone to 32 and spilled 8 bytes).
 template <class KT, class VT>
-__global__ void __launch_bounds__(256) flash_wgmma_bwd_dq_convert(const BwdParams p) {
+__global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdParams p) {
   using T = typename KT::T;
   using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
   const FwdParams& f = p.fwd;
@@ -1575,23 +1576,12 @@ __global__ void __launch_bounds__(256) flash_wgmma_bwd_dq_convert(const BwdParam
     while (ld_acquire_gpu(counter) < adders) __nanosleep(256);
   }
   __syncthreads();  // (the acquire's thread, then the block: the sums are visible)
-  constexpr int LANES = 8, CHUNKS = KT::D / 8;  // a row's lanes, its 16-byte chunks of T
   const int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
-  for (int r = threadIdx.x / LANES; r < rows; r += 256 / LANES) {
-    const float4* acc = reinterpret_cast<const float4*>(
-        p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D);
-    T* out = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-             (m0 + r) * p.dq_row_stride;
-    for (int c = threadIdx.x % LANES; c < CHUNKS; c += LANES) {
-      const float4 x = __ldcg(acc + 2 * c), y = __ldcg(acc + 2 * c + 1);
-      uint4 o;
-      o.x = MmaType<T>::pack(x.x * f.scale, x.y * f.scale);
-      o.y = MmaType<T>::pack(x.z * f.scale, x.w * f.scale);
-      o.z = MmaType<T>::pack(y.x * f.scale, y.y * f.scale);
-      o.w = MmaType<T>::pack(y.z * f.scale, y.w * f.scale);
-      reinterpret_cast<uint4*>(out)[c] = o;
-    }
-  }
+  for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
+    convert_row<T, true>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                             (m0 + r) * p.dq_row_stride,
+                         p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D, KT::D, f.scale,
+                         threadIdx.x % ROW_LANES);
 }
 
 // D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and

@@ -365,7 +365,7 @@ def test_row_kernel_grids_cover_every_row():
     """The host's rows per block of the row kernels (delta, dq_convert,
     dkdv_convert) is the kernels' ROW_BLOCK: fewer would leave rows unconverted."""
     import re
-    src = (jit.kernels_dir() / "flash_bwd.cu").read_text()
+    src = (jit.kernels_dir() / "common" / "bwd_tiles.cuh").read_text()   # (flash_bwd.cu's)
     lanes = int(re.search(r"constexpr int ROW_LANES = (\d+);", src).group(1))
     assert "constexpr int ROW_BLOCK = 256 / ROW_LANES;" in src
     assert flash_bwd.THREADS == 256 and flash_bwd.ROWS_PER_BLOCK == 256 // lanes

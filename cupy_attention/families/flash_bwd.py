@@ -259,7 +259,7 @@ class HotBackward:
             dv_accum: int = 0, cu: tuple | None = None) -> bool:
         """Launch for these pointers; ``cu``: packed sequences' (cu_seqlens_q,
         cu_seqlens_k) pointers, patched in too (None keeps the template's)."""
-        if self.aligned and (q | k | v | dout | dq) & 15:
+        if self.aligned and (q | k | v | dout) & 15:
             return False
         buf = bytearray(self.template)
         _POINTERS.pack_into(buf, 0, q, k, v, out, lse)

@@ -37,7 +37,7 @@ import functools
 from .. import jit, tma
 from ..problem import Problem
 from ..variant import Variant
-from . import flash_bwd, flash_mma_bwd, flash_wgmma
+from . import flash_bwd, flash_mma, flash_mma_bwd, flash_wgmma
 from .base import CPP_DTYPE, SHORT_DTYPE, bhs_strides, grid_check, section, section_grid
 
 _KB = 1024
@@ -367,7 +367,7 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
-    convert = convert_spec(c, dtype, vt) if counted(c, mode) else flash_bwd.convert_spec(dtype)
+    convert = convert_spec(c, dtype, vt) if counted(mode) else flash_bwd.convert_spec(dtype)
     out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split), convert]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
@@ -383,10 +383,10 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
 CONVERT_THREADS = 256
 
 
-def counted(c: Config, mode: str) -> bool:
+def counted(mode: str) -> bool:
     """Whether the dK/dV launch in dQ ``mode`` counts its additions per query tile
     (the ordered dQ's turns)."""
-    return not c.wide and not own_dq(c) and mode in ("ordered", "staggered")
+    return mode in ("ordered", "staggered")
 
 
 def convert_spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
@@ -519,7 +519,7 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
-    if counted(c, mode):
+    if counted(mode):
         if _rows16(p, t.dq):   # each tile as its turns complete
             launches[2] = (jit.Dependent(kernels[2]),
                            (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch),
@@ -566,11 +566,9 @@ def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
 
 
 def _rows16(p: Problem, dq) -> bool:
-    """Whether ``dq``'s rows are contiguous and start 16-byte aligned
-    (flash_wgmma_bwd_dq_convert's stores)."""
-    if dq is None or dq.itemsize != 2 or dq.strides[-1] != 2:
-        return False
-    return dq.data.ptr % 16 == 0 and all(s % 8 == 0 for s in bhs_strides(dq, p.layout))
+    """Whether ``dq``'s rows start 16-byte aligned (the per-tile conversion's
+    16-byte stores; the GPU tests ran it on such rows only)."""
+    return flash_mma.vectorizable_arrays(p.head_dim, (dq,))
 
 
 # The ordered dQ's first key block of a query tile (turn 0) stores its dQ where every

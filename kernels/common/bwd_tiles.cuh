@@ -1,6 +1,7 @@
 // What the two tensor-core dK/dV kernels (flash_mma_bwd.cu, flash_wgmma_bwd.cu)
 // share: the walk over query tiles of a block of keys, and the copy of a query
-// tile's lse and delta into shared memory.
+// tile's lse and delta into shared memory; and the row conversion of fp32 sums that
+// flash_bwd.cu's row kernels and flash_wgmma_bwd_dq_convert share.
 #pragma once
 #include "copy.cuh"
 #include "variant.cuh"
@@ -77,5 +78,51 @@ __device__ __forceinline__ void copy_row_stats(u32 dst, const float* lse, const 
     const int r = c < BLOCK_M ? c : c - BLOCK_M;
     const bool ok = r < rows_valid;
     cp_async_4(dst + 4 * c, ok ? (c < BLOCK_M ? lse + r : delta + r) : head, ok);
+  }
+}
+
+// Rows of D elements by ROW_LANES lanes each (flash_bwd.cu's row kernels, ROW_BLOCK rows
+// a block of 256 threads), in 16-byte chunks (Chunk<T>: 8 16-bit or 4 fp32 elements)
+// where a row's arrays start 16-byte aligned and D is a multiple of a chunk.
+constexpr int ROW_LANES = 8;
+constexpr int ROW_BLOCK = 256 / ROW_LANES;
+
+template <class T>
+union Chunk {
+  static constexpr int E = 16 / int(sizeof(T));
+  uint4 raw;
+  T e[E];
+};
+
+__device__ __forceinline__ bool aligned16(const void* a) {
+  return (reinterpret_cast<unsigned long long>(a) & 15u) == 0;
+}
+
+// out[0, D) = from_float(acc[0, D) * scale), by one row's ROW_LANES lanes. L2_ONLY:
+// the sums read through the L2 only (ld.global.cg), where a block converts rows that
+// other blocks finished while this kernel runs (a line that another tile's rows share
+// may be in this SM's L1 from before).
+template <class T, bool L2_ONLY = false>
+__device__ __forceinline__ void convert_row(T* out, const float* acc, int head_dim, float scale,
+                                            int lane) {
+  using C = Chunk<T>;
+  if (head_dim % C::E == 0 && aligned16(out) && aligned16(acc)) {
+    for (int c = lane; c < head_dim / C::E; c += ROW_LANES) {
+      C y;
+#pragma unroll
+      for (int q = 0; q < C::E / 4; ++q) {
+        float4 a;
+        if constexpr (L2_ONLY) a = __ldcg(reinterpret_cast<const float4*>(acc) + c * (C::E / 4) + q);
+        else a = reinterpret_cast<const float4*>(acc)[c * (C::E / 4) + q];
+        y.e[4 * q] = from_float<T>(a.x * scale);
+        y.e[4 * q + 1] = from_float<T>(a.y * scale);
+        y.e[4 * q + 2] = from_float<T>(a.z * scale);
+        y.e[4 * q + 3] = from_float<T>(a.w * scale);
+      }
+      reinterpret_cast<uint4*>(out)[c] = y.raw;
+    }
+  } else {
+    for (int d = lane; d < head_dim; d += ROW_LANES)
+      out[d] = from_float<T>((L2_ONLY ? __ldcg(acc + d) : acc[d]) * scale);
   }
 }
