@@ -36,8 +36,9 @@
 //      forward's loop shape: per key tile S = Q K^T, dP = dout V^T, dS in
 //      registers (an mma C fragment pair is the next A fragment), dQ += dS K;
 //      no atomics.
-// Shared memory (16-bit unless noted; rows padded by 16 bytes so the 8 row
-// addresses of every ldmatrix land in distinct banks):
+// Shared memory (16-bit unless noted; sK, sV, sQ, sdO rows swizzled or padded
+// (MmaBwdTraits::SWIZZLE), sP and sdS rows padded by 16 bytes, so the 8 row addresses
+// of every ldmatrix land in distinct banks):
 //   dkdv: sK, sV [BLOCK_N][SROW]   sQ, sdO [2][BLOCK_M][SROW]   sP, sdS [BLOCK_N][PROW]
 //         sStats [2][2][BLOCK_M] fp32 (lse, then delta, per buffer)
 //   dq:   sQ, sdO [BLOCK_M][SROW]  sK, sV [2][BLOCK_N][SROW]
@@ -63,14 +64,19 @@ struct MmaBwdTraits {
   static constexpr int WARPS = WARPS_;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr bool VEC = VEC_;
-  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled at D_PAD = 256 on sm_90+, as the
-  // forward's (H200: 1.05-1.06x). sm_80 builds keep padded rows, which the host's
-  // size (Config.smem) always covers: there ptxas 12.9 spilled 28 bytes with them
-  // (causal, in sections). At D_PAD = 128 and 192 they spilled unaligned builds.
+  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled in 16-byte builds at D_PAD = 128
+  // and 192, and at D_PAD = 256 on sm_90+, so a copy's 16-byte chunks of a 128-byte
+  // line land in one shared line, not two (the padded rows' 2.2x the ideal
+  // wavefronts: notes-bwd-loops.md section 23). H200: 1.05-1.06x at D = 256,
+  // 1.015-1.054x at D = 128 and 1.011-1.019x at D = 192 (section 27). The other
+  // builds keep padded rows, which the host's size (Config.smem) always covers: with
+  // the swizzle's lane addresses ptxas 12.9 spilled 28 bytes at D = 256 on sm_80
+  // (causal, in sections), 32 in an unaligned D = 120 build, and ptxas 12.9 and 13.5
+  // 8 bytes at D = 64 (causal, atomic dQ).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static constexpr bool SWIZZLE = D_PAD == 256;
+  static constexpr bool SWIZZLE = D_PAD == 256 || (VEC && (D_PAD == 128 || D_PAD == 192));
 #else
-  static constexpr bool SWIZZLE = false;
+  static constexpr bool SWIZZLE = VEC && (D_PAD == 128 || D_PAD == 192);
 #endif
   using Rows = SmemRows<D_PAD, SWIZZLE>;
   static constexpr int SROW = Rows::STRIDE;      // their row stride (elements)

@@ -81,9 +81,10 @@ class Config:
     @property
     def smem(self) -> int:
         """``MmaBwdTraits::SMEM_BYTES`` with padded rows: sK, sV, two buffers of sQ and
-        sdO, sP, sdS (16-bit), two buffers of lse and delta (fp32). The sm_90 build at
-        D_PAD = 256 swizzles sK .. sdO (rows D_PAD apart, ``SmemRows`` in
-        common/copy.cuh) and uses 12 KB less of it."""
+        sdO, sP, sdS (16-bit), two buffers of lse and delta (fp32). Where the kernel
+        swizzles sK .. sdO (rows D_PAD apart, ``SmemRows`` in common/copy.cuh:
+        16-byte builds at D_PAD = 128 and 192, and sm_90 builds at D_PAD = 256) it
+        uses less of it."""
         srow, prow = self.d_pad + 8, self.block_m + 8
         return (2 * self.block_n * srow + 4 * self.block_m * srow
                 + 2 * self.block_n * prow) * 2 + 4 * self.block_m * 4
