@@ -321,15 +321,15 @@ def mma_bwd_smem_probe(lie: bool = False, arch: str = "sm_80") -> str:
     """static_asserts that flash_mma_bwd's kernels address the shared memory their
     launches ask for (Config.smem, dq_smem) at every head dim, both tile columns and
     the A100's budget: equal with padded rows, at most with swizzled ones, which take
-    less (MmaBwdTraits::SWIZZLE: 16-byte builds at D_PAD = 128 and 192, and D_PAD =
-    256 in sm_90a builds)."""
+    less (MmaBwdTraits::SWIZZLE: 16-byte builds at D_PAD = 64 (the traits' default),
+    128 and 192, and D_PAD = 256 in sm_90a builds)."""
     configs = {flash_mma_bwd.config(d, limit, narrow) for d in range(1, 257)
                for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)}
     checks = []
     for c in sorted((c for c in configs if c is not None), key=lambda c: (c.head_dim, c.block_m)):
         d_pad = -(-c.head_dim // 16) * 16
         swizzled = (d_pad == 256 and arch == "sm_90a") or (c.head_dim % 8 == 0
-                                                          and d_pad in (128, 192))
+                                                          and d_pad in (64, 128, 192))
         op = "<=" if swizzled else "=="
         vec = str(c.head_dim % 8 == 0).lower()
         traits = f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, bf16, {vec}>"
@@ -440,6 +440,11 @@ MMA_GRID = [
     dict(dtype="bfloat16", D=59, Sq=128, Sk=217, Hq=6, Hkv=1, view="padded"),
     dict(dtype="float16", D=64, Sq=3, Sk=799, causal=True, B=2, deterministic=True),
     dict(dtype="bfloat16", D=64, Sq=1023, Sk=1024, causal=True, Hq=4, Hkv=2),
+    # swizzled shared rows at D_PAD = 64, 128 and 192 (16-byte builds), non-causal
+    dict(dtype="bfloat16", D=64, Sq=300, Sk=517, Hq=4, Hkv=2),
+    dict(dtype="float16", D=56, Sq=200, Sk=130, Hq=2, Hkv=1, layout="bshd"),
+    dict(dtype="bfloat16", D=120, Sq=513, Sk=300, Hq=4, Hkv=1),
+    dict(dtype="float16", D=184, Sq=300, Sk=200, causal=True, Hq=2, Hkv=2),
     dict(dtype="float16", D=72, Sq=127, Sk=513, causal=True, layout="bshd"),
     dict(dtype="bfloat16", D=80, Sq=799, Sk=3, causal=True, deterministic=True),
     dict(dtype="float16", D=96, Sq=108, Sk=256, layout="bshd", view="packed",
