@@ -53,8 +53,7 @@
 // D % 8 == 0. No dense masks (the Python side sends those to flash_bwd.cu).
 #include "common/bwd_tiles.cuh"
 
-template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, class T_, bool VEC_,
-          bool SWIZZLE_64_ = true>
+template <int D_, int BLOCK_M_, int BLOCK_N_, int WARPS_, class T_, bool VEC_>
 struct MmaBwdTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -65,18 +64,17 @@ struct MmaBwdTraits {
   static constexpr int WARPS = WARPS_;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr bool VEC = VEC_;
-  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled in 16-byte builds at D_PAD = 64
-  // (SWIZZLE_64: the host's choice), 128 and 192, and at D_PAD = 256 on sm_90+, so a
-  // copy's 16-byte chunks of a 128-byte line land in one shared line, not two (the
-  // padded rows' 2.2x the ideal wavefronts: notes-bwd-loops.md section 23). H200:
-  // 1.05-1.06x at D = 256, 1.015-1.054x at D = 128, 1.011-1.019x at D = 192 and
-  // 1.026-1.057x at D = 64 (section 27). The other builds keep padded rows, which the
-  // host's size (Config.smem) always covers: with the swizzle's lane addresses ptxas
-  // 12.9 spilled 28 bytes at D = 256 on sm_80 (causal, in sections), 32 in an
-  // unaligned D = 120 build, and ptxas 12.9 and 13.5 8 bytes at D = 64 on sm_90a in
-  // the causal atomic-dQ build in sections (flash_mma_bwd.swizzle_64 says false there).
-  static constexpr bool SWIZZLE_ROWS = VEC && ((D_PAD == 64 && SWIZZLE_64_) || D_PAD == 128 ||
-                                               D_PAD == 192);
+  // sK, sV, sQ, sdO rows (common/copy.cuh): swizzled in 16-byte builds at D_PAD = 64,
+  // 128 and 192, and at D_PAD = 256 on sm_90+, so a copy's 16-byte chunks of a 128-byte
+  // line land in one shared line, not two (the padded rows' 2.2x the ideal wavefronts:
+  // notes-bwd-loops.md section 23). H200: 1.05-1.06x at D = 256, 1.015-1.054x at
+  // D = 128, 1.011-1.019x at D = 192 and 1.026-1.057x at D = 64 (section 27). The
+  // other builds keep padded rows, which the host's size (Config.smem) always covers:
+  // with the swizzle's lane addresses ptxas 12.9 spilled 28 bytes at D = 256 on sm_80
+  // (causal, in sections) and 32 in an unaligned D = 120 build; at D = 64 the causal
+  // atomic-dQ build spilled 8 bytes in sections, so it takes none
+  // (flash_mma_bwd.dkdv_sections).
+  static constexpr bool SWIZZLE_ROWS = VEC && (D_PAD == 64 || D_PAD == 128 || D_PAD == 192);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static constexpr bool SWIZZLE = D_PAD == 256 || SWIZZLE_ROWS;
 #else

@@ -83,7 +83,7 @@ class Config:
         """``MmaBwdTraits::SMEM_BYTES`` with padded rows: sK, sV, two buffers of sQ and
         sdO, sP, sdS (16-bit), two buffers of lse and delta (fp32). Where the kernel
         swizzles sK .. sdO (rows D_PAD apart, ``SmemRows`` in common/copy.cuh:
-        16-byte builds at D_PAD = 64 (but :func:`swizzle_64`), 128 and 192, and sm_90
+        16-byte builds at D_PAD = 64, 128 and 192, and sm_90
         builds at D_PAD = 256) it uses less of it."""
         srow, prow = self.d_pad + 8, self.block_m + 8
         return (2 * self.block_n * srow + 4 * self.block_m * srow
@@ -128,18 +128,17 @@ def sections(vt: Variant, vec: bool) -> bool:
     return vec and sectioned(vt)
 
 
-def swizzle_64(sec: bool, atomic_dq: bool) -> bool:
-    """``MmaBwdTraits``' SWIZZLE_64: swizzled rows at D_PAD = 64, but in the causal
-    atomic-dQ build in sections, which spilled 8 bytes with them (ptxas 12.9 and 13.5,
-    sm_90a; notes-bwd-loops.md section 27)."""
-    return not (sec and atomic_dq)
+def dkdv_sections(c: Config, vt: Variant, vec: bool, atomic_dq: bool) -> bool:
+    """:func:`sections` for the dK/dV kernel, but at D_PAD = 64 with the atomic dQ: its
+    swizzled rows spilled 8 bytes in sections (ptxas 12.9 and 13.5, sm_90a), and swizzled
+    without sections it ran faster than padded in them (notes-bwd-loops.md section 27)."""
+    return sections(vt, vec) and not (c.d_pad == 64 and atomic_dq)
 
 
 def dkdv_spec(c: Config, dtype: str, vt: Variant, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
-    sec = sections(vt, vec)
-    padded64 = c.d_pad == 64 and vec and not swizzle_64(sec, atomic_dq)
     traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
-              f"{CPP_DTYPE[dtype]}, {_flag(vec)}{', false' if padded64 else ''}>")
+              f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
+    sec = dkdv_sections(c, vt, vec, atomic_dq)
     expr = f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}, {_flag(sec)}>"
     name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}"
@@ -204,9 +203,11 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     """The launches of ``p``'s backward (flash_bwd.passes' form)."""
     vec = vectorizable(p, t)
     c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id)
+    dkdv_section = (section(p, p.heads_kv)
+                    if dkdv_sections(c, p.variant, vec, not deterministic) else 1)
     return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
                      (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic,
-                     grid_section(p, p.heads_kv, vec), dq_section(p, vec))
+                     dkdv_section, dq_section(p, vec))
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
