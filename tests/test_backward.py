@@ -321,7 +321,7 @@ def mma_bwd_smem_probe(lie: bool = False, arch: str = "sm_80") -> str:
     """static_asserts that flash_mma_bwd's kernels address the shared memory their
     launches ask for (Config.smem, dq_smem) at every head dim, both tile columns and
     the A100's budget: equal with padded rows, at most with swizzled ones, which take
-    less (MmaBwdTraits::SWIZZLE: 16-byte builds at D_PAD = 64 (the traits' default),
+    less (MmaBwdTraits::SWIZZLE: 16-byte builds at D_PAD = 64,
     128 and 192, and D_PAD = 256 in sm_90a builds)."""
     configs = {flash_mma_bwd.config(d, limit, narrow) for d in range(1, 257)
                for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)}
