@@ -203,11 +203,11 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     """The launches of ``p``'s backward (flash_bwd.passes' form)."""
     vec = vectorizable(p, t)
     c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id)
-    dkdv_section = (section(p, p.heads_kv)
-                    if dkdv_sections(c, p.variant, vec, not deterministic) else 1)
     return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
                      (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic,
-                     dkdv_section, dq_section(p, vec))
+                     grid_section(p, p.heads_kv,
+                                  dkdv_sections(c, p.variant, vec, not deterministic)),
+                     dq_section(p, vec))
 
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
@@ -232,15 +232,15 @@ def ragged_smem(p: Problem) -> int:
     return BWD_DTYPE.itemsize if p.varlen else 0
 
 
-def grid_section(p: Problem, heads: int, vec: bool) -> int:
-    """base.section for a tile grid over ``heads`` of this file's ``vec`` build; 1 where
-    it takes no sections."""
-    return section(p, heads) if sections(p.variant, vec) else 1
+def grid_section(p: Problem, heads: int, sectioned_build: bool) -> int:
+    """base.section for a tile grid over ``heads`` of a build that takes sections
+    (:func:`sections`, :func:`dkdv_sections`); 1 where it takes none."""
+    return section(p, heads) if sectioned_build else 1
 
 
 def dq_section(p: Problem, vec: bool = True) -> int:
     """grid_section for flash_mma_bwd_dq's grid (query heads)."""
-    return grid_section(p, p.heads_q, vec)
+    return grid_section(p, p.heads_q, sections(p.variant, vec))
 
 
 def pass_list(p: Problem, kernels, dkdv: tuple, dq: Config, deterministic: bool,
