@@ -396,17 +396,19 @@ __global__ void __launch_bounds__(Tr::THREADS, Tr::MIN_BLOCKS) flash_bwd_dkdv(co
   }
 }
 
-// Grid: x = query row / ROW_BLOCK, y = query head, z = batch.
-template <class T>
+// Grid: x = query row / ROW_BLOCK, y = query head, z = batch. ROWS8: dq_accum's rows
+// in groups of 8 (common/bwd_tiles.cuh; flash_mma_bwd_dkdv's DQ_ROWS8).
+template <class T, bool ROWS8 = false>
 __global__ void __launch_bounds__(256) flash_bwd_dq_convert(const BwdParams p) {
   const FwdParams& f = p.fwd;
   const int i = blockIdx.x * ROW_BLOCK + threadIdx.x / ROW_LANES, h = blockIdx.y,
             b = blockIdx.z;
   if (i >= f.seqlen_q) return;
-  convert_row(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                  i * p.dq_row_stride,
-              p.dq_accum + (delta_row(p, b, h) + i) * f.head_dim, f.head_dim, f.scale,
-              threadIdx.x % ROW_LANES);
+  const i64 row = delta_row(p, b, h) + i;
+  convert_row<T, false, ROWS8>(
+      static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride + i * p.dq_row_stride,
+      p.dq_accum + (ROWS8 ? (row & ~i64(7)) * f.head_dim + (row & 7) * 8 : row * f.head_dim),
+      f.head_dim, f.scale, threadIdx.x % ROW_LANES);
 }
 
 // dK and dV of a split backward (flash_wgmma_bwd, kv_splits > 1), which its blocks

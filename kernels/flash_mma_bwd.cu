@@ -282,7 +282,9 @@ __device__ __forceinline__ void dkdv_accumulate(float (&dk)[2][KT::KV_DB][2][4],
 // Phase 3 (atomic dQ): the tile's dQ = dS K, jobs of DQ_KM m16 query tiles by
 // DQ_CB head-dim blocks dealt to the warps, added to dq_accum (which holds dQ /
 // scale) with fp32 reductions. Reads: sdS at ds_y, sK at kt_x (both .trans).
-template <class KT>
+// ROWS8: dq_accum's rows in groups of 8 (common/bwd_tiles.cuh), where a reduction's
+// 8 rows x 8 columns of a C fragment are 256 contiguous bytes.
+template <class KT, bool ROWS8>
 __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h, int m0,
                                                u32 ds_y, u32 kt_x, int warp, int lane) {
   using T = typename KT::T;
@@ -329,7 +331,8 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
     }
     // One address per job: each reduction's offset from it is a constant.
     const int row0 = mt0 * 16 + g, d0 = cb0 * 16 + 2 * t;
-    float* dst0 = dq_tile + row0 * KT::D + d0;
+    float* dst0 = ROWS8 ? dq_tile + (row0 - g) * KT::D + cb0 * 128 + g * 8 + 2 * t
+                        : dq_tile + row0 * KT::D + d0;
 #pragma unroll
     for (int km = 0; km < KM; ++km)
 #pragma unroll
@@ -340,7 +343,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {
             const int dd = i * 16 + nn * 8;  // d = d0 + dd
-            float* dst = dst0 + (km * 16 + 8 * r) * KT::D + dd;
+            float* dst = dst0 + (km * 16 + 8 * r) * KT::D + (ROWS8 ? 8 * dd : dd);
             const float a0 = acc[km][i][nn][2 * r], a1 = acc[km][i][nn][2 * r + 1];
             // d < D always where D is a multiple of 16 and the jobs tile DB
             constexpr bool kWhole = KT::D == KT::D_PAD && KT::DB % KT::DQ_CB == 0;
@@ -394,8 +397,12 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, float (&dk)[2][KT
 // sections of (KV head, entry) pairs; the host's flash_mma_bwd.sections). Packed
 // sequences (RaggedSeqs): x runs over the virtual key blocks of every sequence, z = 1,
 // the sequence's params behind the tiles in shared memory.
-template <class KT, class VT, bool ATOMIC_DQ, bool SECTIONS>
+// DQ_ROWS8 (ATOMIC_DQ, 16-byte builds, fixed lengths with Sq % 8 == 0): dq_accum's rows
+// in groups of 8 (dkdv_dq_atomic), converted by flash_bwd_dq_convert<T, true>.
+template <class KT, class VT, bool ATOMIC_DQ, bool SECTIONS, bool DQ_ROWS8 = false>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams args) {
+  static_assert(!DQ_ROWS8 || (ATOMIC_DQ && KT::VEC && !VT::Seqs::kRagged),
+                "grouped dq_accum rows: atomic dQ, 16-byte rows, fixed lengths");
   using T = typename KT::T;
   extern __shared__ __align__(128) unsigned char smem[];
   int n_block, h_kv, b;
@@ -505,7 +512,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
     dkdv_p_ds<KT, VT>(f, s, dp, s_lse, p_st, b, h, m0, n0, key1, sw1, lane);
     __syncthreads();  // sP, sdS complete
     dkdv_accumulate<KT>(dk, dv, p_x, q_x + q_buf, sw2);
-    if constexpr (ATOMIC_DQ) dkdv_dq_atomic<KT>(p, b, h, m0, ds_y, kt_x, warp, lane);
+    if constexpr (ATOMIC_DQ) dkdv_dq_atomic<KT, DQ_ROWS8>(p, b, h, m0, ds_y, kt_x, warp, lane);
   }
   cp_async_wait<0>();
   store_dkdv<KT>(p, dk, dv, b, h_kv, n0, key2, sw2, lane);

@@ -461,6 +461,11 @@ MMA_GRID = [
     dict(dtype="bfloat16", D=224, Sq=1, Sk=1, deterministic=True),
     dict(dtype="float16", D=256, Sq=200, Sk=300, causal=True, Hq=4, Hkv=1, deterministic=True),
     dict(dtype="bfloat16", D=256, Sq=1023, Sk=1024, Hq=2, Hkv=2, layout="bshd"),
+    # dq_accum's rows in groups of 8 (Sq % 8 == 0, atomic dQ, 16-byte rows): D not a
+    # multiple of 16, GQA, the two-round dQ jobs of D_PAD > 128
+    dict(dtype="bfloat16", D=40, Sq=248, Sk=129, causal=True, Hq=4, Hkv=2, B=2),
+    dict(dtype="float16", D=64, Sq=1024, Sk=1000, causal=True, Hq=4, Hkv=1),
+    dict(dtype="bfloat16", D=256, Sq=136, Sk=300, Hq=2, Hkv=2, layout="bshd"),
 ]
 
 # The wgmma kernels' grid (fp16/bf16, D = 64-256 in steps of 8, 16-byte aligned
@@ -1068,6 +1073,29 @@ def test_sections_only_under_an_upper_bound():
     for vec in (True, False):
         names = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), vec, True)]
         assert [",sections" in n for n in names] == [False, vec, vec], names
+
+
+def test_mma_dq_rows8_only_where_the_rows_group():
+    """flash_mma_bwd.rows8: dq_accum's rows in groups of 8 for the atomic dQ of fixed
+    lengths with Sq % 8 == 0 in 16-byte builds, and the dK/dV kernel and the conversion
+    of one launch agree on it."""
+    from cupy_attention.problem import Problem
+
+    def prob(sq, **kw):
+        return Problem(2, 4, 2, sq, 300, 128, "bfloat16", "bhsd", True, "none", 0.1, 0, **kw)
+
+    mma = flash_mma_bwd
+    assert mma.rows8(prob(512), True, False)
+    assert not mma.rows8(prob(300), True, False), "Sq % 8 != 0: groups would cross heads"
+    assert not mma.rows8(prob(512), False, False), "unaligned builds"
+    assert not mma.rows8(prob(512), True, True), "deterministic: no dq_accum"
+    assert not mma.rows8(prob(512, varlen=True), True, False), "packed sequences"
+    for rows8 in (False, True):
+        names = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), True,
+                                           False, rows8)]
+        assert [",rows8" in n for n in names] == [False, rows8, rows8], names
+    det = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), True, True, True)]
+    assert not any("rows8" in n for n in det), det
 
 
 @pytest.mark.gpu

@@ -100,7 +100,12 @@ def delta_spec(dtype: str) -> jit.KernelSpec:
                           f"flash_bwd_delta[{SHORT_DTYPE[dtype]}]")
 
 
-def convert_spec(dtype: str) -> jit.KernelSpec:
+def convert_spec(dtype: str, rows8: bool = False) -> jit.KernelSpec:
+    """dq = dq_accum * scale; ``rows8``: dq_accum's rows in groups of 8
+    (flash_mma_bwd.rows8)."""
+    if rows8:
+        return jit.KernelSpec("flash_bwd.cu", f"flash_bwd_dq_convert<{CPP_DTYPE[dtype]}, true>",
+                              f"flash_bwd_dq_convert[{SHORT_DTYPE[dtype]},rows8]")
     return jit.KernelSpec("flash_bwd.cu", f"flash_bwd_dq_convert<{CPP_DTYPE[dtype]}>",
                           f"flash_bwd_dq_convert[{SHORT_DTYPE[dtype]}]")
 

@@ -135,14 +135,26 @@ def dkdv_sections(c: Config, vt: Variant, vec: bool, atomic_dq: bool) -> bool:
     return sections(vt, vec) and not (c.d_pad == 64 and atomic_dq)
 
 
-def dkdv_spec(c: Config, dtype: str, vt: Variant, vec: bool, atomic_dq: bool) -> jit.KernelSpec:
+def rows8(p: Problem, vec: bool, deterministic: bool) -> bool:
+    """Whether the atomic dQ of ``p`` keeps dq_accum's rows in groups of 8 (each 8 x D
+    floats as D / 8 row-major blocks of 8 x 8: common/bwd_tiles.cuh), so that a
+    warp's reduction covers two whole 128-byte lines, not a 32-byte sector in each of
+    eight rows: fixed lengths with Sq % 8 == 0, 16-byte builds (D % 8 == 0). Same
+    buffer, other order; flash_bwd_dq_convert<T, true> reads it."""
+    return not deterministic and vec and not p.varlen and p.seqlen_q % 8 == 0
+
+
+def dkdv_spec(c: Config, dtype: str, vt: Variant, vec: bool, atomic_dq: bool,
+              dq_rows8: bool = False) -> jit.KernelSpec:
     traits = (f"MmaBwdTraits<{c.head_dim}, {c.block_m}, {c.block_n}, {c.warps}, "
               f"{CPP_DTYPE[dtype]}, {_flag(vec)}>")
     sec = dkdv_sections(c, vt, vec, atomic_dq)
-    expr = f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}, {_flag(sec)}>"
+    expr = (f"flash_mma_bwd_dkdv<{traits}, {vt.cpp()}, {_flag(atomic_dq)}, {_flag(sec)}"
+            f"{', true' if dq_rows8 else ''}>")
     name = (f"flash_mma_bwd_dkdv[D={c.head_dim},BM={c.block_m},BN={c.block_n},W={c.warps},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if vec else ',unaligned'}"
-            f"{',atomic-dq' if atomic_dq else ''}{',sections' if sec else ''}]")
+            f"{',atomic-dq' if atomic_dq else ''}{',rows8' if dq_rows8 else ''}"
+            f"{',sections' if sec else ''}]")
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
@@ -157,14 +169,15 @@ def dq_spec(c: Config, dtype: str, vt: Variant, vec: bool) -> jit.KernelSpec:
     return jit.KernelSpec("flash_mma_bwd.cu", expr, name)
 
 
-def specs(c: Config, dtype: str, vt: Variant, vec: bool,
-          deterministic: bool) -> list[jit.KernelSpec]:
-    """Every instantiation one backward launch uses, in launch order."""
+def specs(c: Config, dtype: str, vt: Variant, vec: bool, deterministic: bool,
+          dq_rows8: bool = False) -> list[jit.KernelSpec]:
+    """Every instantiation one backward launch uses, in launch order (``dq_rows8``:
+    :func:`rows8`)."""
     if deterministic:
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, vec, False),
                 dq_spec(c, dtype, vt, vec)]
-    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, vec, True),
-            flash_bwd.convert_spec(dtype)]
+    return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, vec, True, dq_rows8),
+            flash_bwd.convert_spec(dtype, dq_rows8)]
 
 
 def check(p: Problem, cc: int | None, smem_limit: int = HOPPER_SMEM) -> str | None:
@@ -190,19 +203,20 @@ def vectorizable(p: Problem, t: flash_bwd.BwdTensors) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool,
-          device_id: int):
+          device_id: int, dq_rows8: bool = False):
     from ..device import max_shared_per_block
 
     c = config(head_dim, max_shared_per_block(device_id) - (BWD_DTYPE.itemsize if vt.ragged else 0),
                vt.dropout)
-    return c, specs(c, dtype, vt, vec, deterministic)
+    return c, specs(c, dtype, vt, vec, deterministic, dq_rows8)
 
 
 def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
            deterministic: bool) -> list[tuple]:
     """The launches of ``p``'s backward (flash_bwd.passes' form)."""
     vec = vectorizable(p, t)
-    c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id)
+    c, kspecs = _plan(p.head_dim, p.dtype, p.variant, vec, deterministic, device_id,
+                      rows8(p, vec, deterministic))
     return pass_list(p, [jit.get_function(s, arch, device_id) for s in kspecs],
                      (c.block_n, 32 * c.warps, c.smem + ragged_smem(p)), c, deterministic,
                      grid_section(p, p.heads_kv,
@@ -294,6 +308,13 @@ def ci_specs() -> list[jit.KernelSpec]:
             for causal in (False, True):
                 out += specs(config(d), dtype, Variant(causal), True, False)
                 out += specs(config(d), dtype, Variant(causal), True, True)
+    # dq_accum's rows in groups of 8 (rows8): the training shapes, a head dim that is
+    # not a multiple of 16 and the two-round dQ jobs of D_PAD > 128
+    for d, dtype, causal in ((64, "bfloat16", False), (64, "float16", True),
+                             (128, "bfloat16", True), (128, "float16", False),
+                             (40, "bfloat16", True), (192, "float16", False),
+                             (256, "bfloat16", True)):
+        out += specs(config(d), dtype, Variant(causal), True, False, dq_rows8=True)
     for d in (128, 256):
         out += specs(config(d, 163 * _KB), "bfloat16", CAUSAL, True, False)
     # The 255-register row (D_PAD = 112, 128) with the mask and copy paths that

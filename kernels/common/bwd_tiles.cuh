@@ -98,11 +98,20 @@ __device__ __forceinline__ bool aligned16(const void* a) {
   return (reinterpret_cast<unsigned long long>(a) & 15u) == 0;
 }
 
+// dq_accum's rows in groups of 8 (ROWS8: flash_mma_bwd's atomic dQ, whose reductions
+// then cover two whole 128-byte lines each instead of eight rows' sectors): the 8
+// rows x D floats of a group are D / 8 blocks of 8 x 8 floats, row-major, so that
+// row r % 8, column d of a group sits at (d / 8) 64 + (r % 8) 8 + d % 8. The group
+// of row r starts at row r - r % 8 of the row-major layout (D % 8 == 0, and the
+// rows of each (batch, head) start on a group: Sq % 8 == 0).
+__device__ __forceinline__ int rows8_col(int d) { return (d >> 3) * 64 + (d & 7); }
+
 // out[0, D) = from_float(acc[0, D) * scale), by one row's ROW_LANES lanes. L2_ONLY:
 // the sums read through the L2 only (ld.global.cg), where a block converts rows that
 // other blocks finished while this kernel runs (a line that another tile's rows share
-// may be in this SM's L1 from before).
-template <class T, bool L2_ONLY = false>
+// may be in this SM's L1 from before). ROWS8: acc is the row's first float in the
+// grouped layout above (column d at acc + rows8_col(d)).
+template <class T, bool L2_ONLY = false, bool ROWS8 = false>
 __device__ __forceinline__ void convert_row(T* out, const float* acc, int head_dim, float scale,
                                             int lane) {
   using C = Chunk<T>;
@@ -111,9 +120,10 @@ __device__ __forceinline__ void convert_row(T* out, const float* acc, int head_d
       C y;
 #pragma unroll
       for (int q = 0; q < C::E / 4; ++q) {
+        const int j = ROWS8 ? rows8_col(4 * (c * (C::E / 4) + q)) / 4 : c * (C::E / 4) + q;
         float4 a;
-        if constexpr (L2_ONLY) a = __ldcg(reinterpret_cast<const float4*>(acc) + c * (C::E / 4) + q);
-        else a = reinterpret_cast<const float4*>(acc)[c * (C::E / 4) + q];
+        if constexpr (L2_ONLY) a = __ldcg(reinterpret_cast<const float4*>(acc) + j);
+        else a = reinterpret_cast<const float4*>(acc)[j];
         y.e[4 * q] = from_float<T>(a.x * scale);
         y.e[4 * q + 1] = from_float<T>(a.y * scale);
         y.e[4 * q + 2] = from_float<T>(a.z * scale);
@@ -122,7 +132,9 @@ __device__ __forceinline__ void convert_row(T* out, const float* acc, int head_d
       reinterpret_cast<uint4*>(out)[c] = y.raw;
     }
   } else {
-    for (int d = lane; d < head_dim; d += ROW_LANES)
-      out[d] = from_float<T>((L2_ONLY ? __ldcg(acc + d) : acc[d]) * scale);
+    for (int d = lane; d < head_dim; d += ROW_LANES) {
+      const float* a = acc + (ROWS8 ? rows8_col(d) : d);
+      out[d] = from_float<T>((L2_ONLY ? __ldcg(a) : *a) * scale);
+    }
   }
 }
