@@ -25,7 +25,11 @@
 //                 ...; the fp32 accumulators stay in registers for the whole block.
 //        phase 3  (ATOMIC_DQ) dQ tile = dS K, dS read from sdS transposed
 //                 (ldmatrix.trans), added to dq_accum with fp32 reductions: their
-//                 order varies from run to run.
+//                 order varies from run to run. With DQ_ROWS8 dq_accum holds its
+//                 rows in groups of 8 (common/bwd_tiles.cuh), so each reduction's
+//                 8 rows x 8 columns are two whole 128-byte lines: four times fewer
+//                 L1 requests than eight rows' sectors (1.07-1.21x, H200:
+//                 benchmarks/results/notes-bwd-loops.md section 28).
 //      Warps own two m16 tiles (32 rows) where the tiles allow: every B fragment
 //      read from shared memory then feeds twice the MMAs.
 //      Then dK * scale and dV are written: one block owns each key of a KV head,
