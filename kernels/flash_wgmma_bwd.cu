@@ -991,8 +991,10 @@ struct Epilogue {
   // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
   // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
   // only columns col0 + [skip, cols) are added. Writes global memory only
-  // (red.global.add: no ordering among blocks).
-  template <int N>
+  // (red.global.add: no ordering among blocks). ROWS8: dq_accum's rows in groups of
+  // 8 (common/bwd_tiles.cuh), so that each reduction's 8 rows x 8 columns are two
+  // whole 128-byte lines (row0 and col0 multiples of 8).
+  template <int N, bool ROWS8 = false>
   __device__ __forceinline__ void add_dq(int h, int m0, const float (&dq)[N / 2], int row0,
                                          int col0, int skip, int cols, int g, int t) const {
     const FwdParams& f = p.fwd;
@@ -1004,8 +1006,9 @@ struct Epilogue {
 #pragma unroll
         for (int dt = 0; dt < N / 8; ++dt)
           if (8 * dt >= skip && 8 * dt < cols)
-            red_add_f32x2(dq_tile + row * KT::D + col0 + 8 * dt + 2 * t, dq[dt * 4 + 2 * r],
-                          dq[dt * 4 + 2 * r + 1]);
+            red_add_f32x2(ROWS8 ? dq_tile + (row - g) * KT::D + (col0 + 8 * dt) * 8 + 8 * g + 2 * t
+                                : dq_tile + row * KT::D + col0 + 8 * dt + 2 * t,
+                          dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
       }
     }
   }
@@ -1288,13 +1291,17 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
 // next tile; the warpgroups meet once a tile, when both halves of sdS are written.
 // kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
 // passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
-template <class KT, class VT, int DQ, bool SPLIT>
+// DQ_ROWS8 (the atomic dQ where it is not staged: add_dq; fixed lengths, Sq % 8 == 0):
+// dq_accum's rows in groups of 8, converted by flash_bwd_dq_convert<T, true>.
+template <class KT, class VT, int DQ, bool SPLIT, bool DQ_ROWS8 = false>
 __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                          const __grid_constant__ TmaMap dout_map,
                          const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
+  static_assert(!DQ_ROWS8 || (DQ == kDqAtomic && !KT::STAGE_DQ && !VT::Seqs::kRagged),
+                "grouped dq_accum rows: the unstaged atomic dQ, fixed lengths");
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
   constexpr bool PWG = BwdLaunch<KT, VT, DQ, SPLIT>::PRODUCER_WG;
   // lse staged as lse2 (lse2_of): by the producer warpgroup's stats warps, or on two
@@ -1389,7 +1396,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     producer.fix(it, stage, it == sched.begin);
     if constexpr (DQ_HERE && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
       if (it > sched.begin)
-        epi.template add_dq<KT::DQ_N>(sched.head(it - 1), sched.m0(it - 1), dq, dq_row0, dq_col0, 0,
+        epi.template add_dq<KT::DQ_N, DQ_ROWS8>(sched.head(it - 1), sched.m0(it - 1), dq, dq_row0, dq_col0, 0,
                                       dq_cols, g, t);
     }
 
@@ -1525,7 +1532,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   }
   if constexpr (DQ_HERE && !KT::STAGE_DQ) {
     if (sched.end > sched.begin)
-      epi.template add_dq<KT::DQ_N>(sched.head(sched.end - 1), sched.m0(sched.end - 1), dq, dq_row0,
+      epi.template add_dq<KT::DQ_N, DQ_ROWS8>(sched.head(sched.end - 1), sched.m0(sched.end - 1), dq, dq_row0,
                                     dq_col0, 0, dq_cols, g, t);
   }
   if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG)

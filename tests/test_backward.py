@@ -517,6 +517,10 @@ WGMMA_GRID = [
     dict(dtype="bfloat16", D=256, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=2),
     dict(dtype="float16", D=256, Sq=17, Sk=33, Hq=2, Hkv=2, magnitude=3.0),
     dict(dtype="float16", D=256, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, deterministic=True),
+    # D = 72-80 on 128-query tiles add dQ from registers: dq_accum's rows in groups of 8
+    # where Sq % 8 == 0
+    dict(dtype="bfloat16", D=80, Sq=1024, Sk=777, Hq=4, Hkv=2, B=2),
+    dict(dtype="float16", D=72, Sq=520, Sk=256, Hq=4, Hkv=1, layout="bshd"),
 ]
 
 KERNELS = ("flash", "flash_mma", "flash_wgmma")
@@ -1076,9 +1080,10 @@ def test_sections_only_under_an_upper_bound():
 
 
 def test_mma_dq_rows8_only_where_the_rows_group():
-    """flash_mma_bwd.rows8: dq_accum's rows in groups of 8 for the atomic dQ of fixed
-    lengths with Sq % 8 == 0 in 16-byte builds, and the dK/dV kernel and the conversion
-    of one launch agree on it."""
+    """flash_mma_bwd.rows8 and flash_wgmma_bwd.rows8: dq_accum's rows in groups of 8 for
+    the atomic dQ from registers of fixed lengths with Sq % 8 == 0 (flash_mma: 16-byte
+    builds; flash_wgmma: D = 72-80 on 128-query tiles), and the dK/dV kernel and the
+    conversion of one launch agree on it."""
     from cupy_attention.problem import Problem
 
     def prob(sq, **kw):
@@ -1096,6 +1101,17 @@ def test_mma_dq_rows8_only_where_the_rows_group():
         assert [",rows8" in n for n in names] == [False, rows8, rows8], names
     det = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), True, True, True)]
     assert not any("rows8" in n for n in det), det
+    # flash_wgmma: where its narrow kernel adds dQ from registers (D = 72-80, 128 rows)
+    w = flash_wgmma_bwd
+    for d, causal, want in ((80, False, True), (72, False, True), (80, True, False),
+                            (64, False, False), (128, False, False), (256, False, False)):
+        vt = Variant(causal)
+        c = w.config(d, vt)
+        assert w.rows8(c, vt, False, 1024) == want, (d, causal)
+        assert not w.rows8(c, vt, True, 1024) and not w.rows8(c, vt, False, 1020)
+        names = [s.name for s in w._plan(d, "bfloat16", vt, False, False, False, 8)[2]]
+        assert [",rows8" in n for n in names] == [False, want, want], names
+    assert not w.rows8(w.config(80, Variant(ragged=True)), Variant(ragged=True), False, 1024)
 
 
 @pytest.mark.gpu

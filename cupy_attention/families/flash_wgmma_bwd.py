@@ -251,14 +251,23 @@ STAGGERED_MIN_BLOCKS_PER_SM = 8
 
 
 def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
-              split: bool = False) -> jit.KernelSpec:
+              split: bool = False, dq_rows8: bool = False) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}>"
+    expr = (f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}"
+            f"{', true' if dq_rows8 else ''}>")
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if dq == 'separate' else f',{dq}-dq'}"
-            f"{',split' if split else ''}]")
+            f"{',rows8' if dq_rows8 else ''}{',split' if split else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
+
+
+def rows8(c: Config, vt: Variant, deterministic: bool, seqlen_q: int) -> bool:
+    """Whether a launch on tiles ``c`` keeps dq_accum's rows in groups of 8
+    (flash_mma_bwd.rows8's order): the atomic dQ where the narrow kernel adds it from
+    registers (not staged: D = 72-80 on 128-query tiles), fixed lengths, Sq % 8 == 0."""
+    return (not deterministic and not c.wide and not c.stage_dq and not vt.ragged
+            and seqlen_q % 8 == 0)
 
 
 def _ordered(c: Config, vt: Variant) -> bool:
@@ -355,11 +364,18 @@ def dq_turns(p: Problem) -> int:
 
 
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
-          split: bool = False, staggered: bool = False) -> list[jit.KernelSpec]:
+          split: bool = False, staggered: bool = False,
+          dq_rows8: bool = False) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order (``split``: the
     split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
-    ordered dQ's staggered turns, where the variant has an upper bound)."""
+    ordered dQ's staggered turns, where the variant has an upper bound; ``dq_rows8``:
+    :func:`rows8`)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
+    if dq_rows8:
+        assert mode == "atomic" and not c.stage_dq and not c.wide and not vt.ragged, (c, vt)
+        out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split, True),
+               flash_bwd.convert_spec(dtype, True)]
+        return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
     if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
                dq_spec(c.head_dim, dtype, vt)]
@@ -452,11 +468,13 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
-          staggered: bool = False):
-    """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
+          staggered: bool = False, seqlen_q: int = 1):
+    """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized
+    (``seqlen_q``: only whether it is a multiple of 8 matters, for :func:`rows8`)."""
     c = config(head_dim, vt, deterministic, split)
     return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split,
-                                                    staggered)
+                                                    staggered,
+                                                    rows8(c, vt, deterministic, seqlen_q))
 
 
 def takes_dq_accum(p: Problem, deterministic: bool) -> bool:
@@ -504,7 +522,8 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     from ..device import multiprocessor_count
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered,
+                          8 if p.seqlen_q % 8 == 0 else 1)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
@@ -607,6 +626,9 @@ def ci_specs() -> list[jit.KernelSpec]:
                 for deterministic in (False, True):
                     c = config(d, vt, deterministic)
                     out.append(dkdv_spec(c, dtype, vt, _dq_mode(c, vt, deterministic)))
+                c = config(d, vt)
+                if rows8(c, vt, False, 8):   # dq_accum's rows in groups of 8
+                    out.append(dkdv_spec(c, dtype, vt, "atomic", dq_rows8=True))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
         vt = Variant(causal, ragged=True)
         for deterministic in (False, True):
@@ -641,6 +663,9 @@ def ci_specs() -> list[jit.KernelSpec]:
                              _dq_mode(config(d, vt, split=True), vt, False), True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
+    # (the split kernel runs 128-query tiles up to SPLIT_WIDE_ROWS_MAX_D only: kv_splits)
+    vt = Variant(dense="alibi")
+    out.append(dkdv_spec(config(72, vt), "bfloat16", vt, "atomic", dq_rows8=True))
     # flash_wgmma_bwd_dq (own_dq): every wide head dim, dtype and causal rotating, and
     # the variants, on their key tiles (dq_block_n)
     for i, d in enumerate(range(136, TILES[-1][0] + 1, 8)):
