@@ -288,13 +288,10 @@ __device__ __forceinline__ void dkdv_accumulate(float (&dk)[2][KT::KV_DB][2][4],
 // DQ_CB head-dim blocks dealt to the warps, added to dq_accum (which holds dQ /
 // scale) with fp32 reductions. Reads: sdS at ds_y, sK at kt_x (both .trans).
 // ROWS8: dq_accum's rows in groups of 8 (common/bwd_tiles.cuh), where a reduction's
-// 8 rows x 8 columns of a C fragment are 256 contiguous bytes (two groups' halves where
-// the tile's rows do not start a group: Sq % 8 != 0, packed sequences). The groups
-// count from dq_rows (the unbound dq_accum); the tile's first row is row tile_row of it.
+// 8 rows x 8 columns of a C fragment are 256 contiguous bytes.
 template <class KT, bool ROWS8>
 __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h, int m0,
-                                               float* dq_rows, i64 tile_row, u32 ds_y,
-                                               u32 kt_x, int warp, int lane) {
+                                               u32 ds_y, u32 kt_x, int warp, int lane) {
   using T = typename KT::T;
   const FwdParams& f = p.fwd;
   const int g = lane / 4, t = lane % 4;
@@ -339,9 +336,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const BwdParams& p, int b, int h,
     }
     // One address per job: each reduction's offset from it is a constant.
     const int row0 = mt0 * 16 + g, d0 = cb0 * 16 + 2 * t;
-    // (ROWS8: 16 km + 8 r rows on is 2 km + r groups on, the same row within its group)
-    const i64 r0 = tile_row + row0;
-    float* dst0 = ROWS8 ? dq_rows + (r0 >> 3) * (8 * KT::D) + (r0 & 7) * 8 + cb0 * 128 + 2 * t
+    float* dst0 = ROWS8 ? dq_tile + (row0 - g) * KT::D + cb0 * 128 + g * 8 + 2 * t
                         : dq_tile + row0 * KT::D + d0;
 #pragma unroll
     for (int km = 0; km < KM; ++km)
@@ -407,11 +402,12 @@ __device__ __forceinline__ void store_dkdv(const BwdParams& p, float (&dk)[2][KT
 // sections of (KV head, entry) pairs; the host's flash_mma_bwd.sections). Packed
 // sequences (RaggedSeqs): x runs over the virtual key blocks of every sequence, z = 1,
 // the sequence's params behind the tiles in shared memory.
-// DQ_ROWS8 (ATOMIC_DQ, 16-byte builds, dq_accum's rows a multiple of 8): its rows in
-// groups of 8 (dkdv_dq_atomic), converted by flash_bwd_dq_convert<T, true>.
+// DQ_ROWS8 (ATOMIC_DQ, 16-byte builds, fixed lengths with Sq % 8 == 0): dq_accum's rows
+// in groups of 8 (dkdv_dq_atomic), converted by flash_bwd_dq_convert<T, true>.
 template <class KT, class VT, bool ATOMIC_DQ, bool SECTIONS, bool DQ_ROWS8 = false>
 __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdParams args) {
-  static_assert(!DQ_ROWS8 || (ATOMIC_DQ && KT::VEC), "grouped dq_accum rows: atomic dQ, 16-byte rows");
+  static_assert(!DQ_ROWS8 || (ATOMIC_DQ && KT::VEC && !VT::Seqs::kRagged),
+                "grouped dq_accum rows: atomic dQ, 16-byte rows, fixed lengths");
   using T = typename KT::T;
   extern __shared__ __align__(128) unsigned char smem[];
   int n_block, h_kv, b;
@@ -521,11 +517,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1) flash_mma_bwd_dkdv(const BwdPa
     dkdv_p_ds<KT, VT>(f, s, dp, s_lse, p_st, b, h, m0, n0, key1, sw1, lane);
     __syncthreads();  // sP, sdS complete
     dkdv_accumulate<KT>(dk, dv, p_x, q_x + q_buf, sw2);
-    // (packed sequences: p's delta and dq_accum start at the sequence's first row)
-    if constexpr (ATOMIC_DQ)
-      dkdv_dq_atomic<KT, DQ_ROWS8>(p, b, h, m0, args.dq_accum,
-                                   (p.delta - args.delta) + delta_row(p, b, h) + m0, ds_y, kt_x,
-                                   warp, lane);
+    if constexpr (ATOMIC_DQ) dkdv_dq_atomic<KT, DQ_ROWS8>(p, b, h, m0, ds_y, kt_x, warp, lane);
   }
   cp_async_wait<0>();
   store_dkdv<KT>(p, dk, dv, b, h_kv, n0, key2, sw2, lane);

@@ -1081,22 +1081,20 @@ def test_sections_only_under_an_upper_bound():
 
 def test_mma_dq_rows8_only_where_the_rows_group():
     """flash_mma_bwd.rows8 and flash_wgmma_bwd.rows8: dq_accum's rows in groups of 8 for
-    the atomic dQ from registers (flash_mma: 16-byte builds whose dq_accum rows are a
-    multiple of 8; flash_wgmma: D = 72-80 on 128-query tiles, fixed lengths, Sq % 8 == 0),
-    and the dK/dV kernel and the conversion of one launch agree on it."""
+    the atomic dQ from registers of fixed lengths with Sq % 8 == 0 (flash_mma: 16-byte
+    builds; flash_wgmma: D = 72-80 on 128-query tiles), and the dK/dV kernel and the
+    conversion of one launch agree on it."""
     from cupy_attention.problem import Problem
 
-    def prob(sq, b=2, hq=4, **kw):
-        return Problem(b, hq, 2, sq, 300, 128, "bfloat16", "bhsd", True, "none", 0.1, 0, **kw)
+    def prob(sq, **kw):
+        return Problem(2, 4, 2, sq, 300, 128, "bfloat16", "bhsd", True, "none", 0.1, 0, **kw)
 
     mma = flash_mma_bwd
     assert mma.rows8(prob(512), True, False)
-    assert mma.rows8(prob(301), True, False), "B Hq Sq = 2408 rows: groups may cross heads"
-    assert not mma.rows8(prob(301, b=1), True, False), "1204 rows: the last group would overrun"
+    assert not mma.rows8(prob(300), True, False), "Sq % 8 != 0: groups would cross heads"
     assert not mma.rows8(prob(512), False, False), "unaligned builds"
     assert not mma.rows8(prob(512), True, True), "deterministic: no dq_accum"
-    assert mma.rows8(prob(302, varlen=True), True, False), "packed: Hq total_q = 1208 rows"
-    assert not mma.rows8(prob(301, varlen=True), True, False), "packed: 1204 rows"
+    assert not mma.rows8(prob(512, varlen=True), True, False), "packed sequences"
     for rows8 in (False, True):
         names = [s.name for s in mma.specs(mma.config(128), "bfloat16", Variant(True), True,
                                            False, rows8)]

@@ -100,11 +100,11 @@ __device__ __forceinline__ bool aligned16(const void* a) {
 
 // dq_accum's rows in groups of 8 (ROWS8: the atomic dQ of flash_mma_bwd and of
 // flash_wgmma_bwd's unstaged tiles, whose reductions then cover two whole 128-byte
-// lines each instead of eight rows' sectors): the 8 rows x D floats of a group are
-// D / 8 blocks of 8 x 8 floats, row-major, so that row r % 8, column d of a group sits
-// at (d / 8) 64 + (r % 8) 8 + d % 8. The group of row r starts at row r - r % 8 of the
-// row-major layout (D % 8 == 0; rows count over the whole buffer, each (batch, head)
-// or (head, packed sequence) in turn, and their number is a multiple of 8).
+// lines each instead of eight rows' sectors): the 8
+// rows x D floats of a group are D / 8 blocks of 8 x 8 floats, row-major, so that
+// row r % 8, column d of a group sits at (d / 8) 64 + (r % 8) 8 + d % 8. The group
+// of row r starts at row r - r % 8 of the row-major layout (D % 8 == 0, and the
+// rows of each (batch, head) start on a group: Sq % 8 == 0).
 __device__ __forceinline__ int rows8_col(int d) { return (d >> 3) * 64 + (d & 7); }
 
 // out[0, D) = from_float(acc[0, D) * scale), by one row's ROW_LANES lanes. L2_ONLY:
