@@ -371,11 +371,8 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     ordered dQ's staggered turns, where the variant has an upper bound; ``dq_rows8``:
     :func:`rows8`)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
-    if dq_rows8:
-        assert mode == "atomic" and not c.stage_dq and not c.wide and not vt.ragged, (c, vt)
-        out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split, True),
-               flash_bwd.convert_spec(dtype, True)]
-        return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
+    assert not dq_rows8 or (mode == "atomic" and not c.stage_dq and not c.wide
+                            and not vt.ragged), (c, vt)
     if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
                dq_spec(c.head_dim, dtype, vt)]
@@ -383,8 +380,9 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
-    convert = convert_spec(c, dtype, vt) if counted(mode) else flash_bwd.convert_spec(dtype)
-    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split), convert]
+    convert = (convert_spec(c, dtype, vt) if counted(mode)
+               else flash_bwd.convert_spec(dtype, dq_rows8))
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split, dq_rows8), convert]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
 
