@@ -10,7 +10,7 @@ import pytest
 
 import cupy_attention as ca
 from cupy_attention.errors import DTypeError, ShapeError, UnsupportedError
-from cupy_attention.families import flash_wgmma
+from cupy_attention.families import flash_mma_bwd, flash_wgmma
 from cupy_attention.problem import (ALIBI_MAX_SEQLEN, check_alibi, check_alibi_length, describe,
                                     validate)
 from cupy_attention.reference import (alibi_bias, attention_backward_reference,
@@ -154,6 +154,28 @@ def test_transform_configs_fit(head_dim, causal):
     cands = flash_wgmma.candidates(head_dim, causal, transforms=True)
     assert cands[0] == cfg
     assert all(flash_wgmma.config_fits(head_dim, c, transforms=True) for c in cands[1:])
+
+
+def test_flash_mma_backward_narrows_softcap_with_alibi():
+    """Softcap with ALiBi takes flash_mma_bwd's narrower tiles (their table rows
+    spilled): never 128 queries, 32 from D_PAD = 112; the dQ kernel's 32-key tiles from
+    D = 96; the table's rows elsewhere."""
+    assert flash_mma_bwd.two_transforms(Variant(True, softcap=30.0, dense="alibi"))
+    assert not flash_mma_bwd.two_transforms(Variant(True, softcap=30.0))
+    assert not flash_mma_bwd.two_transforms(Variant(True, dense="alibi"))
+    for d in range(1, 257):
+        for limit in (227 * 1024, 163 * 1024):
+            plain = flash_mma_bwd.config(d, limit)
+            both = flash_mma_bwd.config(d, limit, two_transforms=True)
+            assert both is not None and max(both.smem, both.dq_smem) <= limit
+            d_pad = -(-d // 16) * 16
+            assert (both.dq_block_n == 32) == (d >= 96)
+            if d_pad in (112, 128):
+                assert both.block_m == 32
+            elif plain.block_m == 128:
+                assert both.block_m == 64 and both.block_n == plain.block_n
+            else:
+                assert (both.block_m, both.block_n) == (plain.block_m, plain.block_n)
 
 
 # ---------------------------------------------------------------------------

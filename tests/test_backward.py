@@ -323,8 +323,9 @@ def mma_bwd_smem_probe(lie: bool = False, arch: str = "sm_80") -> str:
     the A100's budget: equal with padded rows, at most with swizzled ones, which take
     less (MmaBwdTraits::SWIZZLE: 16-byte builds at D_PAD = 64,
     128 and 192, and D_PAD = 256 in sm_90a builds)."""
-    configs = {flash_mma_bwd.config(d, limit, narrow) for d in range(1, 257)
-               for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)}
+    configs = {flash_mma_bwd.config(d, limit, narrow, two) for d in range(1, 257)
+               for limit in (227 * 1024, 163 * 1024) for narrow in (False, True)
+               for two in (False, True)}
     checks = []
     for c in sorted((c for c in configs if c is not None), key=lambda c: (c.head_dim, c.block_m)):
         d_pad = -(-c.head_dim // 16) * 16

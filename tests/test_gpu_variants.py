@@ -89,6 +89,20 @@ def _alibi_cases(families):
     return out
 
 
+def _two_transform_cases():
+    """Softcap with ALiBi on flash_mma's backward at the head dims whose tiles they
+    narrow (flash_mma_bwd.config's ``two_transforms``: D = 40 and 64 leave the
+    128-query tiles, D = 112 and 120 take 32-query ones), both dQ modes."""
+    out = []
+    for idx, d in enumerate((40, 64, 112, 120)):
+        out.append(pytest.param(dict(
+            family="flash_mma", causal=idx % 2 == 0, window=(-1, -1), softcap=30.0, alibi=True,
+            head_dim=d, shape=SHAPES[idx % len(SHAPES)], dtype=DTYPES[idx % 2],
+            layout=LAYOUTS[idx % 2], heads_kv=HKV[idx % 3], deterministic=idx % 2 == 1),
+            id=f"flash_mma-cap30-alibi-d{d}"))
+    return out
+
+
 def _shape(c):
     sq, sk = c["shape"]
     return dict(batch=c.get("batch", 1), heads_q=HEADS_Q, heads_kv=c["heads_kv"], seqlen_q=sq,
@@ -261,7 +275,8 @@ def test_forward(c, device_cc):
     assert out_b.outside_untouched() and lse_b.outside_untouched()
 
 
-@pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES))
+@pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES)
+                         + _two_transform_cases())
 def test_backward(c, device_cc):
     import cupy
 

@@ -99,20 +99,34 @@ class Config:
         return (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.d_pad + 8) * 2
 
 
-def config(head_dim: int, smem_limit: int = HOPPER_SMEM, narrow: bool = False) -> Config | None:
+def config(head_dim: int, smem_limit: int = HOPPER_SMEM, narrow: bool = False,
+           two_transforms: bool = False) -> Config | None:
     """The tiles for ``head_dim`` within ``smem_limit``; ``narrow`` (dropout, whose keep
     bits join S^T and dP^T: the 64-query tile spilled 8-40 bytes at D = 128, the
     128-query tile 616-760 at D = 64) skips the 128-query row and, past D = 64, starts
-    from the 32-query row of the same head dims."""
+    from the 32-query row of the same head dims. ``two_transforms`` (softcap with ALiBi,
+    whose values both stay live through phase 1: ptxas 12.9 spilled 4-16 bytes on the
+    128-query tiles at D = 40 and 64, on the 64-query tiles at D = 104-120 and in the
+    dQ kernel over packed sequences at D = 96 and 120) skips the 128-query row, takes
+    the 32-query row from D_PAD = 112 and the dQ kernel's 32-key tiles from D = 96
+    (at D = 88 those spilled 4 bytes on sm_80 where the 64-key ones spill nothing)."""
     d_pad = -(-head_dim // 16) * 16
-    dq = next((bn, w) for bound, bn, w in DQ_TILES if d_pad <= bound)
+    dq = next((bn, w) for bound, bn, w in DQ_TILES
+              if d_pad <= bound and (bn == 32 or not (two_transforms and head_dim >= 96)))
     for bound, bm, bn, warps, _reason in DKDV_TILES:
         c = Config(head_dim, bm, bn, warps, *dq)
         if narrow and (bm == 128 or (d_pad > 64 and bm > 32 and bound == 128)):
             continue
+        if two_transforms and (bm == 128 or (d_pad >= 112 and bm > 32 and bound == 128)):
+            continue
         if d_pad <= bound and c.smem <= smem_limit and c.dq_smem <= smem_limit:
             return c
     return None
+
+
+def two_transforms(vt: Variant) -> bool:
+    """Softcap and ALiBi together (:func:`config`'s narrower tiles)."""
+    return bool(vt.softcap) and vt.dense == "alibi"
 
 
 def _flag(x: bool) -> str:
@@ -207,7 +221,7 @@ def _plan(head_dim: int, dtype: str, vt: Variant, vec: bool, deterministic: bool
     from ..device import max_shared_per_block
 
     c = config(head_dim, max_shared_per_block(device_id) - (BWD_DTYPE.itemsize if vt.ragged else 0),
-               vt.dropout)
+               vt.dropout, two_transforms(vt))
     return c, specs(c, dtype, vt, vec, deterministic, dq_rows8)
 
 
@@ -332,4 +346,11 @@ def ci_specs() -> list[jit.KernelSpec]:
         out += specs(config(d, narrow=True), "float16", vt, True, d != 96)
     out += specs(config(128, narrow=True), "bfloat16", Variant(True, softcap=30.0, dropout=True),
                  True, True)
+    # softcap with ALiBi on the narrower tiles (config's two_transforms), where the
+    # table's own spilled
+    for d, causal, ragged, deterministic in ((40, False, False, False), (64, True, True, False),
+                                             (112, True, False, False), (120, False, True, True)):
+        vt = Variant(causal, softcap=30.0, dense="alibi", ragged=ragged)
+        out += specs(config(d, two_transforms=True), "bfloat16", vt, True, deterministic,
+                     dq_rows8=not (ragged or deterministic))
     return list(dict.fromkeys(out))

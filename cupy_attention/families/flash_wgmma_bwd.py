@@ -378,7 +378,7 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
                dq_spec(c.head_dim, dtype, vt)]
         return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
     if mode == "separate":
-        dq = flash_mma_bwd.dq_spec(flash_mma_bwd.config(c.head_dim), dtype, vt, True)
+        dq = flash_mma_bwd.dq_spec(_mma_dq_config(c.head_dim, vt), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
     convert = (convert_spec(c, dtype, vt) if counted(mode)
                else flash_bwd.convert_spec(dtype, dq_rows8))
@@ -464,13 +464,18 @@ def check(p: Problem, cc: int | None, smem_limit: int = flash_mma_bwd.HOPPER_SME
     return grid_check(p)
 
 
+def _mma_dq_config(head_dim: int, vt: Variant) -> flash_mma_bwd.Config:
+    """flash_mma_bwd's Config whose dQ kernel the deterministic mode's separate pass runs."""
+    return flash_mma_bwd.config(head_dim, two_transforms=flash_mma_bwd.two_transforms(vt))
+
+
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
           staggered: bool = False, seqlen_q: int = 1):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized
     (``seqlen_q``: only whether it is a multiple of 8 matters, for :func:`rows8`)."""
     c = config(head_dim, vt, deterministic, split)
-    return c, flash_mma_bwd.config(head_dim), specs(c, dtype, vt, deterministic, split,
+    return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split,
                                                     staggered,
                                                     rows8(c, vt, deterministic, seqlen_q))
 
