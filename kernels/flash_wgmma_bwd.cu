@@ -145,8 +145,10 @@
 // and VT::keep element by element only where the warp's keys x the tile's queries
 // are partial: Sk, the band's edges); query rows past Sq read lse2 = +inf (P = 0). A
 // logits transform (softcap) enters dS^T as d s / d dot (logits_grad_of_score,
-// variant.cuh) of the score recomputed from P: s2 = log2 P + lse2, the bias taken
-// back out (p_times_grad), so no register holds S^T past P^T.
+// variant.cuh) of the score s2, the bias taken back out: taken from the exp2's own
+// argument as P^T is computed (p_grad_from_s: the narrow kernel without dropout,
+// where it spills nothing, and the wide kernel), else recomputed from P as s2 =
+// log2 P + lse2 (p_times_grad), so no register holds S^T past P^T.
 // Dropout (VT::Drop, DropDraws): each thread draws its S^T elements' 16-bit values one
 // 16 x 16 block at a time, as P^T is packed (one Philox call and a trade of halves with
 // the neighbouring lane: DropoutDraw::transposed_values), and decides P^T's and dP^T's
@@ -771,7 +773,63 @@ __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   return partial;
 }
 
-// Under a logits transform (softcap), dS^T needs P^T times d s / d dot of the raw
+// Under a logits transform without dropout: P^T and P^T times d s / d dot of each
+// element in one pass, handed to `out(idx, p, pg)` (elements idx = nt * 4 + 2 r + c,
+// read from s first) and, per column pair, to `pair(nt, r, p0, p1)`. d s / d dot
+// comes from the exp2's own argument (s2 = y + lse2, a computed bias taken back out),
+// not from log2 P as p_times_grad recovers it: one MUFU operation a score fewer. TEST
+// as p_from_s_tile's 0 to 2 (masked elements: P and the product selected to 0).
+template <class KT, class VT, int TEST, bool LSE2, class Out, class Pair>
+__device__ __forceinline__ void p_grad_from_s_tile(const float (&s)[KT::BLOCK_M / 2],
+                                                   const FwdParams& f, const float* s_lse,
+                                                   typename VT::Head hd, int m0, int j0, int g,
+                                                   int t, bool partial, Out&& out, Pair&& pair) {
+#pragma unroll
+  for (int nt = 0; nt < KT::Q_TILES; ++nt) {
+    const int col = nt * 8 + 2 * t;
+    const float2 lse = *reinterpret_cast<const float2*>(s_lse + col);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + g + 8 * r;
+      float p[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = m0 + col + c, idx = nt * 4 + 2 * r + c;
+        const float lse2 = LSE2 ? (c ? lse.y : lse.x) : query_lse2(f, i, c ? lse.y : lse.x);
+        const bool kept = TEST == 0 || (TEST == 2 && !partial) || VT::keep(f, i, j);
+        const float y = VT::shifted(f, hd, i, j, s[idx], -lse2);
+        p[c] = kept ? fast_exp2(y) : 0.f;
+        // P = 0 wherever lse2 is +inf (rows past Sq, rows that attend nothing): y + lse2
+        // is NaN there
+        const float s2 = VT::logits_of_score(f, hd, i, j, y + lse2);
+        out(idx, p[c], p[c] == 0.f ? 0.f : p[c] * logits_grad_of_score<typename VT::Logits>(f, s2));
+      }
+      pair(nt, r, p[0], p[1]);
+    }
+  }
+}
+// p_grad_from_s_tile over the warp's keys x the tile; returns whether they are partial.
+template <class KT, class VT, bool LSE2, class Out, class Pair>
+__device__ __forceinline__ bool p_grad_from_s(const float (&s)[KT::BLOCK_M / 2],
+                                              const FwdParams& f, const float* s_lse,
+                                              typename VT::Head hd, int m0, int j0, int lane,
+                                              Out&& out, Pair&& pair) {
+  static_assert(VT::Logits::kTransform && !VT::kLinearBias, "a transform, no line bias");
+  const int g = lane / 4, t = lane % 4;
+  const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
+  if constexpr (!KT::SPLIT_P) {
+    p_grad_from_s_tile<KT, VT, 2, LSE2>(s, f, s_lse, hd, m0, j0, g, t, partial, out, pair);
+  } else if (partial) {  // warp-uniform
+    p_grad_from_s_tile<KT, VT, 1, LSE2>(s, f, s_lse, hd, m0, j0, g, t, true, out, pair);
+  } else {
+    p_grad_from_s_tile<KT, VT, 0, LSE2>(s, f, s_lse, hd, m0, j0, g, t, false, out, pair);
+  }
+  return partial;
+}
+
+// Under a logits transform (softcap) where p_grad_from_s does not run (the narrow
+// kernel under dropout, and at D = 120-128 with packed sequences or the ordered dQ),
+// dS^T needs P^T times d s / d dot of the raw
 // dot: `pg` = that, from P^T in `pt` (the score recomputed as s2 = log2 P + lse2, no
 // register kept from S^T; a computed bias taken back out), selected to 0 where P =
 // 0. Reads lse (LSE2: lse2) of the stage; hd, m0, j0 as p_from_s.
@@ -1414,7 +1472,23 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     wgmma_wait<1>();
     fence_regs(s);
     const typename VT::Head hd = VT::Dense::head(f, sched.b, sched.head(it));
-    const bool partial = p_from_s<KT, VT, LSE2>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+    // P^T with its gradient factor in one pass (softcap without dropout: p_grad_from_s;
+    // H200, S = 4k: 1.49-1.53x at D = 64 and 96, with ALiBi 1.27-1.35x), except at
+    // D = 120-128 with packed sequences or the ordered dQ, where ptxas 12.9 spilled
+    // 4-16 bytes with it
+    constexpr bool GRAD_IN_P = VT::Logits::kTransform && !VT::Drop::enabled &&
+                               (KT::D <= 112 || (!VT::Seqs::kRagged && DQ == kDqAtomic));
+    const bool partial = [&] {
+      if constexpr (GRAD_IN_P)  // P^T into pa, P^T * d s / d dot in place of S^T
+        return p_grad_from_s<KT, VT, LSE2>(
+            s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane,
+            [&](int idx, float, float pg) { s[idx] = pg; },
+            [&](int nt, int r, float p0, float p1) {
+              pa[nt / 2][2 * (nt % 2) + r] = MmaType<typename KT::T>::pack(p0, p1);
+            });
+      else
+        return p_from_s<KT, VT, LSE2>(s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+    }();
     const DropDraws<KT, VT> drop(f, sched.b, sched.head(it), m0, sched.n0 + key0, lane);
     const auto issue_dv = [&] {
       if constexpr (KV_SS) {
@@ -1430,8 +1504,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       // dV from P^T keep (1 / (1 - p) at the store); s keeps P^T for dS^T. Dropout
       // decides P^T's and dP^T's elements from one draw, so dP^T is waited for first.
       if constexpr (VT::Drop::enabled) drop.pack_and_scale(pa, s, dp);
-      else pack_a<typename KT::T>(pa, s);
-      if constexpr (VT::Logits::kTransform)
+      else if constexpr (!GRAD_IN_P) pack_a<typename KT::T>(pa, s);
+      if constexpr (VT::Logits::kTransform && !GRAD_IN_P)
         p_times_grad<KT, VT, LSE2>(s, s, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       wgmma_fence();
       issue_accumulate<KT>(dv, pa, o_tile);
@@ -1664,12 +1738,16 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 
     if (wg == 0) {
       const typename VT::Head hd = VT::Dense::head(f, sched.b, h);
-      p_from_s<KT, VT, true>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
+      float pg[KT::BLOCK_M / 2];  // a transform: what warpgroup 1 multiplies, P^T * d s / d dot
+      if constexpr (VT::Logits::kTransform)
+        p_grad_from_s<KT, VT, true>(
+            x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane,
+            [&](int idx, float p, float g) { x[idx] = p, pg[idx] = g; }, [](int, int, float, float) {});
+      else
+        p_from_s<KT, VT, true>(x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
       if (it > sched.begin) named_barrier_sync(kBarPFree, KT::THREADS);
       if (it + 1 < sched.end) next_stats = producer.template load_q<true, 128, true>(it + 1);
       if constexpr (VT::Logits::kTransform) {
-        float pg[KT::BLOCK_M / 2];  // what warpgroup 1 multiplies: P^T * d s / d dot
-        p_times_grad<KT, VT, true>(pg, x, f, st.lse(stage), hd, m0, sched.n0 + key0, lane);
 #pragma unroll
         for (int i = 0; i < KT::BLOCK_M / 8; ++i)
           p_slots[i * 128] = make_float4(pg[4 * i], pg[4 * i + 1], pg[4 * i + 2], pg[4 * i + 3]);

@@ -103,6 +103,24 @@ def _two_transform_cases():
     return out
 
 
+def _softcap_grad_cases():
+    """Softcap on flash_wgmma's backward at head dims the sampled grid gives it none:
+    P^T and its gradient factor in one pass (p_grad_from_s) up to D = 112, at
+    D = 120-128 over fixed lengths in the atomic mode and in the wide kernel past
+    D = 128; the ordered mode at D = 120 keeps P^T then the factor from log2 P
+    (p_times_grad)."""
+    out = []
+    for idx, (d, alibi, det) in enumerate(((64, False, False), (96, True, True), (112, False, False),
+                                           (120, True, True), (128, True, False),
+                                           (160, True, False), (192, False, True))):
+        out.append(pytest.param(dict(
+            family="flash_wgmma", causal=idx % 2 == 1, window=(-1, -1), softcap=30.0,
+            alibi=alibi, head_dim=d, shape=SHAPES[idx % len(SHAPES)], dtype=DTYPES[idx % 2],
+            layout=LAYOUTS[idx % 2], heads_kv=HKV[idx % 3], deterministic=det),
+            id=f"flash_wgmma-cap30{'-alibi' if alibi else ''}-d{d}{'-det' if det else ''}"))
+    return out
+
+
 def _shape(c):
     sq, sk = c["shape"]
     return dict(batch=c.get("batch", 1), heads_q=HEADS_Q, heads_kv=c["heads_kv"], seqlen_q=sq,
@@ -276,7 +294,7 @@ def test_forward(c, device_cc):
 
 
 @pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES)
-                         + _two_transform_cases())
+                         + _two_transform_cases() + _softcap_grad_cases())
 def test_backward(c, device_cc):
     import cupy
 
