@@ -128,7 +128,10 @@ def test_threads_probe_catches_a_wrong_count():
 
 
 def test_where_the_producer_warpgroup_runs():
-    assert len(SHIPPED_ALL) == len(SHIPPED) + 3   # D = 64 (ALiBi), 72, 80 on 64-query tiles
+    # D = 64 (ALiBi), 72, 80 on 64-query tiles; D = 128 with ALiBi on 64 (not 80)
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 4
+    assert fb.config(128, Variant(dense="alibi")).block_m == 64
+    assert fb.config(120, Variant(dense="alibi")).block_m == fb.config(128, Variant()).block_m == 80
     c = fb.config(128)
     assert c.threads("ordered", Variant(True)) == c.threads("staggered", Variant()) == 384
     assert c.threads("atomic", Variant(True)) == 384

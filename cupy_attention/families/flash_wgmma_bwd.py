@@ -226,12 +226,16 @@ def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False
 # (kv_splits decides with the split kernel's 64-query tiles), no dropout; not under a
 # band (FlashAttention-3 keeps 64 there) nor softcap (dV issued after dS^T, LATE_DV,
 # needs P^T unscaled). H100, 2026-11-27: 1.01-1.11x the 64-query tiles at D = 96-128.
+# Not ALiBi past ROWS80_ALIBI_MAX_D: at D = 128 its 80-query tiles spilled 12 bytes
+# and ptxas serialized every wgmma (C7512, both dQ modes, ptxas 12.9).
 ROWS80_MIN_D = 88
+ROWS80_ALIBI_MAX_D = 120
 
 
 def _rows80(vt: Variant | None, head_dim: int) -> bool:
     return (vt is not None and ROWS80_MIN_D <= head_dim <= 128 and not vt.causal
-            and vt.window is None and not vt.ragged and not vt.dropout and not vt.softcap)
+            and vt.window is None and not vt.ragged and not vt.dropout and not vt.softcap
+            and not (vt.dense == "alibi" and head_dim > ROWS80_ALIBI_MAX_D))
 
 
 # Where the dK/dV kernel's dQ goes (kernels/flash_wgmma_bwd.cu: WgmmaBwdDq):
@@ -655,6 +659,7 @@ def ci_specs() -> list[jit.KernelSpec]:
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
+                  (120, Variant(dense="alibi")), (128, Variant(dense="alibi")),
                   (256, Variant(True, softcap=30.0, dense="alibi")),
                   (128, Variant(True, dense="alibi", ragged=True))):
         out.append(dkdv_spec(config(d, vt), "bfloat16", vt, _dq_mode(config(d, vt), vt, False)))
