@@ -773,8 +773,8 @@ __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
   return partial;
 }
 
-// Under a logits transform without dropout: P^T and P^T times d s / d dot of each
-// element in one pass, handed to `out(idx, p, pg)` (elements idx = nt * 4 + 2 r + c,
+// Under a logits transform (the narrow kernel: without dropout): P^T and P^T times
+// d s / d dot of each element in one pass, handed to `out(idx, p, pg)` (elements idx = nt * 4 + 2 r + c,
 // read from s first) and, per column pair, to `pair(nt, r, p0, p1)`. d s / d dot
 // comes from the exp2's own argument (s2 = y + lse2, a computed bias taken back out),
 // not from log2 P as p_times_grad recovers it: one MUFU operation a score fewer. TEST
