@@ -89,36 +89,34 @@ def _alibi_cases(families):
     return out
 
 
-def _two_transform_cases():
-    """Softcap with ALiBi on flash_mma's backward at the head dims whose tiles they
-    narrow (flash_mma_bwd.config's ``two_transforms``: D = 40 and 64 leave the
-    128-query tiles, D = 112 and 120 take 32-query ones), both dQ modes."""
-    out = []
-    for idx, d in enumerate((40, 64, 112, 120)):
-        out.append(pytest.param(dict(
-            family="flash_mma", causal=idx % 2 == 0, window=(-1, -1), softcap=30.0, alibi=True,
-            head_dim=d, shape=SHAPES[idx % len(SHAPES)], dtype=DTYPES[idx % 2],
-            layout=LAYOUTS[idx % 2], heads_kv=HKV[idx % 3], deterministic=idx % 2 == 1),
-            id=f"flash_mma-cap30-alibi-d{d}"))
-    return out
+# Softcap 30 on the backward at head dims and paths the sampled grid does not reach:
+# (family, D, causal, ALiBi, deterministic). flash_mma with ALiBi at the head dims whose
+# tiles the two transforms narrow (flash_mma_bwd.config's ``two_transforms``: D = 40
+# and 64 leave the 128-query tiles, D = 112 and 120 take 32-query ones); flash_wgmma's
+# P^T and gradient factor in one pass (p_grad_from_s) up to D = 112, at D = 120-128
+# over fixed lengths in the atomic mode and in the wide kernel past D = 128, the
+# ordered mode at D = 120 keeping the factor from log2 P (p_times_grad).
+SOFTCAP_BWD_CASES = (
+    ("flash_mma", 40, True, True, False), ("flash_mma", 64, False, True, True),
+    ("flash_mma", 112, True, True, False), ("flash_mma", 120, False, True, True),
+    ("flash_wgmma", 64, False, False, False), ("flash_wgmma", 96, True, True, True),
+    ("flash_wgmma", 112, False, False, False), ("flash_wgmma", 120, True, True, True),
+    ("flash_wgmma", 128, False, True, False), ("flash_wgmma", 160, True, True, False),
+    ("flash_wgmma", 192, False, False, True))
 
 
-def _softcap_grad_cases():
-    """Softcap on flash_wgmma's backward at head dims the sampled grid gives it none:
-    P^T and its gradient factor in one pass (p_grad_from_s) up to D = 112, at
-    D = 120-128 over fixed lengths in the atomic mode and in the wide kernel past
-    D = 128; the ordered mode at D = 120 keeps P^T then the factor from log2 P
-    (p_times_grad)."""
-    out = []
-    for idx, (d, alibi, det) in enumerate(((64, False, False), (96, True, True), (112, False, False),
-                                           (120, True, True), (128, True, False),
-                                           (160, True, False), (192, False, True))):
-        out.append(pytest.param(dict(
-            family="flash_wgmma", causal=idx % 2 == 1, window=(-1, -1), softcap=30.0,
-            alibi=alibi, head_dim=d, shape=SHAPES[idx % len(SHAPES)], dtype=DTYPES[idx % 2],
-            layout=LAYOUTS[idx % 2], heads_kv=HKV[idx % 3], deterministic=det),
-            id=f"flash_wgmma-cap30{'-alibi' if alibi else ''}-d{d}{'-det' if det else ''}"))
-    return out
+def _softcap_bwd_cases():
+    """SOFTCAP_BWD_CASES, shape, dtype, layout and KV heads rotating within a family."""
+    out, seen = [], {}
+    for fam, d, causal, alibi, det in SOFTCAP_BWD_CASES:
+        seen[fam] = idx = seen.get(fam, -1) + 1
+        out.append((fam, d, causal, alibi, det, idx))
+    return [pytest.param(dict(
+        family=fam, causal=causal, window=(-1, -1), softcap=30.0, alibi=alibi, head_dim=d,
+        shape=SHAPES[idx % len(SHAPES)], dtype=DTYPES[idx % 2], layout=LAYOUTS[idx % 2],
+        heads_kv=HKV[idx % 3], deterministic=det),
+        id=f"{fam}-cap30{'-alibi' if alibi else ''}-d{d}{'-det' if det else ''}")
+        for fam, d, causal, alibi, det, idx in out]
 
 
 def _shape(c):
@@ -294,7 +292,7 @@ def test_forward(c, device_cc):
 
 
 @pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES)
-                         + _two_transform_cases() + _softcap_grad_cases())
+                         + _softcap_bwd_cases())
 def test_backward(c, device_cc):
     import cupy
 
