@@ -59,10 +59,10 @@
 //      reduction through dq_accum's tensor map (cp.reduce.async.bulk.tensor .add,
 //      boxes of 32 columns; rows past Sq lie outside the map), and waits for its
 //      read before the barrier two tiles on, when that buffer is staged again.
-//      STAGE_DQ where two sdQ buffers fit (not D = 72..80 with 128-query tiles);
-//      otherwise each thread adds its dQ fragment with fp32 reductions
-//      (red.global.add.v2.f32) at the start of the next tile. Either way the order
-//      of the additions varies from run to run (kDqAtomic), except in the
+//      (STAGE_DQ: the narrow kernel always, two sdQ buffers, one at BLOCK_M = 80; at
+//      D = 72-80 the 128-query tiles left no room for sdQ, and their dQ added from
+//      registers ran 0.94-0.96x the 64-query tiles). The order of the additions
+//      varies from run to run (kDqAtomic), except in the
 //      deterministic mode's kDqOrdered and kDqStaggered (STAGE_DQ, fixed lengths):
 //      there the key blocks that reach a query tile add into it one after another
 //      in a fixed order, each waiting for its turn on the tile's counter
@@ -126,7 +126,7 @@
 //      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: after the wide
 //      kernel, in both modes) or flash_mma_bwd_dq
 //      (flash_mma_bwd.cu: the deterministic mode where the ordered dQ does not run,
-//      packed sequences, D = 72..80 on 128-query tiles).
+//      packed sequences).
 //   4. (SPLIT) flash_bwd_dkdv_convert (flash_bwd.cu): dk, dv from the fp32 sums.
 // Roles: TileScheduler (the block's keys and the query tiles that see them),
 // Producer (the copies into the stage its PipelineState names, and the rows it
@@ -258,8 +258,7 @@ struct WgmmaBwdTraits {
   };
   // The narrow kernel stages a tile's dQ / scale in fp32, two tiles' worth, added into
   // dq_accum by the copy engine (a tensor map's reduction, DQ_BOXES boxes of 32
-  // columns), where that fits beside the tiles (not at D = 72..80, whose 128-query
-  // tiles fill shared memory): STAGE_DQ. Layout: the 128-byte swizzle of 32-column
+  // columns): STAGE_DQ. Layout: the 128-byte swizzle of 32-column
   // (128-byte) blocks, SwizzledTile's bytes: float column c of row r at byte
   // offset(r, c / 4) + 4 (c % 4), so a warp's float2 stores of an accumulator
   // fragment meet no bank twice beyond the two wavefronts they need (rows of D
@@ -273,8 +272,7 @@ struct WgmmaBwdTraits {
     alignas(1024) unsigned char dq[BUFFERS][DqTile::BYTES];
   };
   static constexpr bool TWO_DQ = !WIDE && sizeof(StagedTiles<2>) + SMEM_SLACK <= 227 * 1024;
-  static constexpr bool STAGE_DQ =
-      TWO_DQ || (!WIDE && DQ_TRANSPOSED && sizeof(StagedTiles<1>) + SMEM_SLACK <= 227 * 1024);
+  static constexpr bool STAGE_DQ = !WIDE;
   static constexpr int DQ_BUFFERS = TWO_DQ ? 2 : 1;
   // The 128-query tiles with the producer warpgroup (KV_SS_FITS) keep P^T in a tile
   // of its own, [key][query] as sdS, which dV reads while dS^T goes to sdS: 227 KB
@@ -285,11 +283,10 @@ struct WgmmaBwdTraits {
   using Storage = typename SelectType<
       WIDE, WideTiles,
       typename SelectType<KV_SS_FITS, PtTiles,
-                          typename SelectType<STAGE_DQ, StagedTiles<DQ_BUFFERS>,
-                                              Tiles>::type>::type>::type;
+                          StagedTiles<DQ_BUFFERS>>::type>::type;
   static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
-  // The stages' mbarriers, in the alignment slack (slack_addr: D = 72..80 fill shared
-  // memory to the last 1024 bytes): full[i] completes when stage i's copies landed,
+  // The stages' mbarriers, in the alignment slack (slack_addr: a Storage may fill
+  // shared memory to the last 1024 bytes): full[i] completes when stage i's copies landed,
   // empty[i] when every warp of the block is done with it.
   struct Barriers {
     u64 full[kStages], empty[kStages];
@@ -302,7 +299,9 @@ struct WgmmaBwdTraits {
   static_assert(D % 8 == 0 && D >= 64 && D <= 256, "D a multiple of 8 from 64 to 256");
   static_assert(BLOCK_M == 64 || BLOCK_M == 80 || BLOCK_M == 128,
                 "S^T = K Q^T is one wgmma m64n{BLOCK_M}");
-  static_assert(!DQ_TRANSPOSED || (!WIDE && STAGE_DQ), "dQ^T is staged (one buffer)");
+  static_assert(!DQ_TRANSPOSED || !WIDE, "dQ^T is staged (one buffer)");
+  static_assert(WIDE || TWO_DQ || (DQ_TRANSPOSED && SMEM_BYTES <= 227 * 1024),
+                "the narrow kernel stages dQ: two sdQ buffers beside the tiles (dQ^T: one)");
   static_assert(!WIDE || BLOCK_M == 64, "the wide kernel takes 64-query tiles");
   static_assert(STAT_THREADS <= CONSUMERS, "one consumer thread per lse/delta value");
   static_assert(168 * (CONSUMERS + 128) >= PRODUCER_REGS * 128 + CONSUMER_REGS * CONSUMERS,
@@ -696,8 +695,8 @@ __device__ __forceinline__ float query_lse2(const FwdParams& f, int i, float l) 
 // the warp's 16 keys x the tile are partial (VT::partial: Sk, the band's edges) its
 // per-element test VT::keep, P selected to 0 where it fails. Column pairs outer,
 // rows inner, each column's lse loaded once: Scores<VT>::map<true>, rows outer,
-// keeps more registers live and spills at D = 72-80 (BLOCK_M = 128; ptxas of CUDA
-// 13). Reads lse of the tile's stage: lse2 where LSE2 (staged: lse2_of),
+// kept more registers live and spilled at D = 72-80 on 128-query tiles (ptxas of
+// CUDA 13). Reads lse of the tile's stage: lse2 where LSE2 (staged: lse2_of),
 // else lse.
 // TEST: the variant's per-element test (0: none, 1: every element, 2: where
 // `partial`), or TEST_LINE: none, and the warp's keys x the tile lie on one side
@@ -1046,33 +1045,9 @@ struct Epilogue {
   const BwdSmem<KT> st;
   const Sched& sched;
 
-  // dq_accum += a warpgroup's dQ of tile it (dq_accum holds dQ / scale):
-  // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c;
-  // only columns col0 + [skip, cols) are added. Writes global memory only
-  // (red.global.add: no ordering among blocks). ROWS8: dq_accum's rows in groups of
-  // 8 (common/bwd_tiles.cuh), so that each reduction's 8 rows x 8 columns are two
-  // whole 128-byte lines (row0 and col0 multiples of 8).
-  template <int N, bool ROWS8 = false>
-  __device__ __forceinline__ void add_dq(int h, int m0, const float (&dq)[N / 2], int row0,
-                                         int col0, int skip, int cols, int g, int t) const {
-    const FwdParams& f = p.fwd;
-    float* dq_tile = p.dq_accum + (delta_row(p, sched.b, h) + m0) * KT::D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + 8 * r;
-      if (m0 + row < f.seqlen_q) {
-#pragma unroll
-        for (int dt = 0; dt < N / 8; ++dt)
-          if (8 * dt >= skip && 8 * dt < cols)
-            red_add_f32x2(ROWS8 ? dq_tile + (row - g) * KT::D + (col0 + 8 * dt) * 8 + 8 * g + 2 * t
-                                : dq_tile + row * KT::D + col0 + 8 * dt + 2 * t,
-                          dq[dt * 4 + 2 * r], dq[dt * 4 + 2 * r + 1]);
-      }
-    }
-  }
-
-  // The narrow kernel's dQ path. stage_dq: a warpgroup's dQ fragment (add_dq's
-  // layout and columns) into buffer `buf` of sdQ (StagedTiles' layout); rows past
+  // The narrow kernel's dQ path. stage_dq: a warpgroup's dQ fragment (dq / scale:
+  // dq[dt * 4 + 2 r + c] is query row0 + g + 8 r, column col0 + 8 dt + 2 t + c, of
+  // which columns col0 + [skip, cols)) into buffer `buf` of sdQ (StagedTiles' layout); rows past
   // a packed sequence as zeros (its boxes reach into the next sequence's rows).
   // reduce_dq (one thread, after the block's staging writers fenced and met it at a
   // barrier): sdQ buffer `buf` added into tile it's rows of dq_accum, whose rows
@@ -1349,17 +1324,13 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
 // next tile; the warpgroups meet once a tile, when both halves of sdS are written.
 // kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
 // passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
-// DQ_ROWS8 (the atomic dQ where it is not staged: add_dq; fixed lengths, Sq % 8 == 0):
-// dq_accum's rows in groups of 8, converted by flash_bwd_dq_convert<T, true>.
-template <class KT, class VT, int DQ, bool SPLIT, bool DQ_ROWS8 = false>
+template <class KT, class VT, int DQ, bool SPLIT>
 __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
                          const __grid_constant__ TmaMap dout_map,
                          const __grid_constant__ TmaMap dq_map) {
   static_assert(!KT::WIDE, "D > 128 runs flash_wgmma_bwd_dkdv_wide");
-  static_assert(!DQ_ROWS8 || (DQ == kDqAtomic && !KT::STAGE_DQ && !VT::Seqs::kRagged),
-                "grouped dq_accum rows: the unstaged atomic dQ, fixed lengths");
   constexpr bool ORDERED = DQ >= kDqOrdered, DQ_HERE = DQ != kDqSeparate;
   constexpr bool PWG = BwdLaunch<KT, VT, DQ, SPLIT>::PRODUCER_WG;
   // lse staged as lse2 (lse2_of): by the producer warpgroup's stats warps, or on two
@@ -1452,12 +1423,6 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     const u32 q_tile = st.q(stage), o_tile = st.dout(stage);
     mbarrier_wait(st.full(stage), read.phase());
     producer.fix(it, stage, it == sched.begin);
-    if constexpr (DQ_HERE && !KT::STAGE_DQ) {  // tile it - 1's dQ (fewer registers here)
-      if (it > sched.begin)
-        epi.template add_dq<KT::DQ_N, DQ_ROWS8>(sched.head(it - 1), sched.m0(it - 1), dq, dq_row0, dq_col0, 0,
-                                      dq_cols, g, t);
-    }
-
     wgmma_fence();  // s, dp, dq were read by ordinary code
     issue_transposed<KT>(s, st.k(), 64 * wg, q_tile);
     issue_transposed<KT>(dp, st.v(), 64 * wg, o_tile);
@@ -1603,11 +1568,6 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       }
     }
     if constexpr (DQ_FIRST) retire();
-  }
-  if constexpr (DQ_HERE && !KT::STAGE_DQ) {
-    if (sched.end > sched.begin)
-      epi.template add_dq<KT::DQ_N, DQ_ROWS8>(sched.head(sched.end - 1), sched.m0(sched.end - 1), dq, dq_row0,
-                                    dq_col0, 0, dq_cols, g, t);
   }
   if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG)
     fence_proxy_async();  // the last tile's sdQ

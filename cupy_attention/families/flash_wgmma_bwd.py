@@ -53,20 +53,21 @@ THREADS = 256     # two MMA warpgroups (Config.threads: and a producer warpgroup
 # benchmarks/results/h200-wgmma-backward.json (FA2 = torch SDPA flash), [2]
 # h200-wgmma-backward-head-dims.json (B*S = 16k, H = 2048 // D, S = 4096 then 16384);
 # [3] h200-bf16-backward-wide.json (S = 2k-16k) and [4]
-# h200-wgmma-backward-wide-variants.json.
+# h200-wgmma-backward-wide-variants.json; [5] h200-wgmma-bwd-d72-d80-rows64-ab.json
+# (2026-11-29).
 #   (max head dim, BLOCK_M, reason)
 TILES = (
-    (80, 128, "[1] D=64: S^T, dP^T 64 registers each (246 in all, no spills), dQ split by "
+    (64, 128, "[1] D=64: S^T, dP^T 64 registers each (246 in all, no spills), dQ split by "
               "rows: one m64 tile per warpgroup; 131 KB. S=4096: 299 / 211-218 (FA2 257 / "
               "216); with an earlier schedule 278 / 224 against 249 / 175 at BLOCK_M = 64 "
-              "(dQ split by columns). [2] D=72: 306 / 273, 321 / 318 against 274 / 241, "
-              "287 / 276 at BLOCK_M = 64; D=80: 334 / 287, 343 / 328 against 291 / 253, "
-              "306 / 285 (254-255 registers, no spills; rows of D_K padded to 128 columns: "
-              "227 KB). D=88 spills 104 bytes"),
+              "(dQ split by columns)"),
     (128, 64, "[1] dK, dV take 128 registers, so 64-query tiles (~240 registers, no spills); "
               "146 KB. S=4096: 318-328 / 246-265 (FA2 278 / 239); S=16384: 377 / 361 "
               "(FA2 301 / 301). [2] D=96: 320 / 278, 337 / 312; D=112: 334 / 282, "
-              "354 / 341 (flash_mma_bwd: 206 / 173, 218 / 191 and 209 / 180, 221 / 212)"),
+              "354 / 341 (flash_mma_bwd: 206 / 173, 218 / 191 and 209 / 180, 221 / 212). "
+              "[5] D=80, non-causal: 380 / 413 at S = 2k / 8k against 359 / 397 on 128-query "
+              "tiles, which fill shared memory without sdQ (227 KB), so add dQ from registers "
+              "(ptxas serialized their wgmma: C7520)"),
     (256, 64, "the wide kernel: dK and dV of 64 keys take D registers, past 128 too many "
               "for one warpgroup, so one warpgroup holds each (172-255 registers, no "
               "spills); 64 keys a block, P^T handed over in shared memory (16 KB; 218 KB "
@@ -178,30 +179,18 @@ class Config:
 # the 64-row tiles at every head dim: its draws decide P^T's and dP^T's elements as
 # they are made, which fits 64 rows (with the producer warpgroup: Config.threads) and
 # spilled 400-488 bytes on 128; at D = 64 the 64 rows ran 0.98-1.07x the 128 rows'
-# keep-flag word (H100, benchmarks/results/notes-dropout.md). Past D = 64 the 128-row
-# tiles (D = 72, 80) sit at 254-255 registers with the tensor-map producer: packed
-# sequences and ALiBi with dropout spilled 36-72 bytes (ptxas of CUDA 12.9), and causal
-# ones ran 0.88-0.91x the kernel before it (H100, benchmarks/results/notes-bwd-
-# producer.md), so there only the plain and ALiBi full-band fixed-length variants
-# keep them.
-BANDED_WIDE_ROWS_MAX_D = 64
-# The split kernel (kv_splits) with those 128-row tiles spilled past D = 64 too
-# (ptxas of CUDA 12.9: 12 bytes at D = 72): they run unsplit.
-SPLIT_WIDE_ROWS_MAX_D = 64
+# keep-flag word (H100, benchmarks/results/notes-dropout.md).
 
 
 def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool:
+    """Whether a variant leaves the 128-query tiles (D = 64) for the 64-query ones."""
     if vt is None:
         return False
-    banded = vt.causal or vt.window is not None or vt.ragged
-    # the deterministic mode's ordered dQ on the producer warpgroup (64-query tiles,
-    # fixed lengths, no dropout: Config.threads) against the 128-query tiles' separate
-    # dQ pass (D = 72-80); at D = 64 the 128-query tiles take the producer warpgroup
-    # themselves (dV and dK from shared memory, KV_SS_FITS), except with ALiBi
-    ordered_pwg = (deterministic and not vt.ragged and not vt.dropout
-                   and not (head_dim <= 64 and vt.dense == "none"))
-    return (bool(vt.softcap) or vt.dropout or (banded and head_dim > BANDED_WIDE_ROWS_MAX_D)
-            or ordered_pwg)
+    # the deterministic mode's ordered dQ: the 128-query tiles take the producer
+    # warpgroup themselves (dV and dK from shared memory, KV_SS_FITS), except with
+    # ALiBi, which takes the 64-query tiles' (fixed lengths, no dropout: Config.threads)
+    ordered_pwg = (deterministic and not vt.ragged and not vt.dropout and vt.dense != "none")
+    return bool(vt.softcap) or vt.dropout or ordered_pwg
 
 
 def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,
@@ -255,29 +244,19 @@ STAGGERED_MIN_BLOCKS_PER_SM = 8
 
 
 def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
-              split: bool = False, dq_rows8: bool = False) -> jit.KernelSpec:
+              split: bool = False) -> jit.KernelSpec:
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = (f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}"
-            f"{', true' if dq_rows8 else ''}>")
+    expr = f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}>"
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if dq == 'separate' else f',{dq}-dq'}"
-            f"{',rows8' if dq_rows8 else ''}{',split' if split else ''}]")
+            f"{',split' if split else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
-
-
-def rows8(c: Config, vt: Variant, deterministic: bool, seqlen_q: int) -> bool:
-    """Whether a launch on tiles ``c`` keeps dq_accum's rows in groups of 8
-    (flash_mma_bwd.rows8's order): the atomic dQ where the narrow kernel adds it from
-    registers (not staged: D = 72-80 on 128-query tiles), fixed lengths, Sq % 8 == 0."""
-    return (not deterministic and not c.wide and not c.stage_dq and not vt.ragged
-            and seqlen_q % 8 == 0)
 
 
 def _ordered(c: Config, vt: Variant) -> bool:
     """The deterministic mode's dQ in the dK/dV kernel in a fixed order of key blocks:
-    the narrow kernel where it stages dQ (not D = 72-80 on 128-query tiles), over
-    fixed-length sequences (the turn counters are per batch entry and query tile)."""
+    the narrow kernel (which stages dQ), over fixed-length sequences (the turn counters are per batch entry and query tile)."""
     return not c.wide and c.stage_dq and not vt.ragged
 
 
@@ -368,15 +347,11 @@ def dq_turns(p: Problem) -> int:
 
 
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
-          split: bool = False, staggered: bool = False,
-          dq_rows8: bool = False) -> list[jit.KernelSpec]:
+          split: bool = False, staggered: bool = False) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order (``split``: the
     split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
-    ordered dQ's staggered turns, where the variant has an upper bound; ``dq_rows8``:
-    :func:`rows8`)."""
+    ordered dQ's staggered turns, where the variant has an upper bound)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
-    assert not dq_rows8 or (mode == "atomic" and not c.stage_dq and not c.wide
-                            and not vt.ragged), (c, vt)
     if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
                dq_spec(c.head_dim, dtype, vt)]
@@ -384,9 +359,8 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(_mma_dq_config(c.head_dim, vt), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
-    convert = (convert_spec(c, dtype, vt) if counted(mode)
-               else flash_bwd.convert_spec(dtype, dq_rows8))
-    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split, dq_rows8), convert]
+    convert = convert_spec(c, dtype, vt) if counted(mode) else flash_bwd.convert_spec(dtype)
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split), convert]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
 
@@ -438,8 +412,6 @@ def kv_splits(p: Problem, sms: int, deterministic: bool) -> int:
     c = config(p.head_dim, p.variant, split=True)
     if deterministic or p.varlen or c is None:
         return 1
-    if c.block_m == 128 and p.head_dim > SPLIT_WIDE_ROWS_MAX_D:
-        return 1
     blocks = -(-p.seqlen_k // c.block_n) * p.heads_kv * p.batch
     tiles = p.group * -(-p.seqlen_q // c.block_m)   # query tiles of a key block, at most
     if p.causal and p.window is None:
@@ -475,13 +447,10 @@ def _mma_dq_config(head_dim: int, vt: Variant) -> flash_mma_bwd.Config:
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
-          staggered: bool = False, seqlen_q: int = 1):
-    """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized
-    (``seqlen_q``: only whether it is a multiple of 8 matters, for :func:`rows8`)."""
+          staggered: bool = False):
+    """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim, vt, deterministic, split)
-    return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split,
-                                                    staggered,
-                                                    rows8(c, vt, deterministic, seqlen_q))
+    return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split, staggered)
 
 
 def takes_dq_accum(p: Problem, deterministic: bool) -> bool:
@@ -529,8 +498,7 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     from ..device import multiprocessor_count
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered,
-                          8 if p.seqlen_q % 8 == 0 else 1)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
@@ -633,9 +601,6 @@ def ci_specs() -> list[jit.KernelSpec]:
                 for deterministic in (False, True):
                     c = config(d, vt, deterministic)
                     out.append(dkdv_spec(c, dtype, vt, _dq_mode(c, vt, deterministic)))
-                c = config(d, vt)
-                if rows8(c, vt, False, 8):   # dq_accum's rows in groups of 8
-                    out.append(dkdv_spec(c, dtype, vt, "atomic", dq_rows8=True))
     for d, causal in ((64, True), (128, True), (128, False), (256, True)):
         vt = Variant(causal, ragged=True)
         for deterministic in (False, True):
@@ -671,9 +636,6 @@ def ci_specs() -> list[jit.KernelSpec]:
                              _dq_mode(config(d, vt, split=True), vt, False), True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
-    # (the split kernel runs 128-query tiles up to SPLIT_WIDE_ROWS_MAX_D only: kv_splits)
-    vt = Variant(dense="alibi")
-    out.append(dkdv_spec(config(72, vt), "bfloat16", vt, "atomic", dq_rows8=True))
     # flash_wgmma_bwd_dq (own_dq): every wide head dim, dtype and causal rotating, and
     # the variants, on their key tiles (dq_block_n)
     for i, d in enumerate(range(136, TILES[-1][0] + 1, 8)):
