@@ -23,8 +23,8 @@ from helpers import nvrtc_probe
 
 SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
                  key=lambda c: c.head_dim)
-# and the deterministic mode's (64-query tiles where the default takes 128: D = 72, 80,
-# and D = 64 with ALiBi)
+# and the deterministic mode's (64-query tiles where the default takes 128: D = 64 with
+# ALiBi)
 SHIPPED_ALL = sorted({fb.config(d, vt, det) for d in range(64, fb.TILES[-1][0] + 1, 8)
                       for det in (False, True) for vt in (Variant(), Variant(dense="alibi"))},
                      key=lambda c: (c.head_dim, c.block_m))
@@ -128,8 +128,9 @@ def test_threads_probe_catches_a_wrong_count():
 
 
 def test_where_the_producer_warpgroup_runs():
-    # D = 64 (ALiBi), 72, 80 on 64-query tiles; D = 128 with ALiBi on 64 (not 80)
-    assert len(SHIPPED_ALL) == len(SHIPPED) + 4
+    # beyond SHIPPED's tiles (config(d) knows no variant): the deterministic D = 64 with
+    # ALiBi on 64-query tiles, and 80-query tiles at D = 88-128 in place of 64 at 88-120
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 2
     assert fb.config(128, Variant(dense="alibi")).block_m == 64
     assert fb.config(120, Variant(dense="alibi")).block_m == fb.config(128, Variant()).block_m == 80
     c = fb.config(128)
@@ -148,15 +149,18 @@ def test_where_the_producer_warpgroup_runs():
     assert c.threads("ordered", Variant(True, softcap=30.0, dense="alibi")) == 384
     assert c.threads("separate", Variant()) == 256
     # 128-query tiles: at D = 64 in the ordered modes, with dV and dK from shared
-    # memory (KV_SS_FITS), not with ALiBi or dropout; never for the atomic dQ; not at
-    # D = 72, 80
+    # memory (KV_SS_FITS), not with ALiBi or dropout; never for the atomic dQ. D = 72-80
+    # take 64-query tiles, on the producer warpgroup in both modes
     wide_rows = fb.config(64)
     assert wide_rows.block_m == 128
     assert wide_rows.threads("ordered", Variant()) == wide_rows.threads("staggered", Variant(True)) == 384
     assert wide_rows.threads("ordered", Variant(True, dense="alibi")) == 256
     assert wide_rows.threads("ordered", Variant(True, dropout=True)) == 256
     assert wide_rows.threads("atomic", Variant()) == wide_rows.threads("atomic", Variant(True)) == 256
-    assert fb.config(80).block_m == 128 and fb.config(80).threads("ordered", Variant()) == 256
+    for d in (72, 80):
+        assert fb.config(d, Variant()).block_m == 64
+        assert fb.config(d).threads("ordered", Variant()) == 384
+        assert fb.config(d).threads("atomic", Variant()) == 384
     assert fb.config(256).threads("ordered", Variant()) == 256     # the wide kernel
 
 
