@@ -50,7 +50,7 @@ BWD_FIELDS = [
     ("dk_batch_stride", _I64), ("dk_head_stride", _I64), ("dk_row_stride", _I64),
     ("dv_batch_stride", _I64), ("dv_head_stride", _I64), ("dv_row_stride", _I64),
     ("delta_batch_stride", _I64), ("delta_head_stride", _I64),
-    ("kv_splits", _I32), ("dq_turn_rows", _I32), ("dq_store_first", _I32),
+    ("kv_splits", _I32), ("dq_turn_rows", _I32), ("dq_store_first", _I32), ("dq_rotate", _I32),
 ]
 
 BWD_DTYPE = np.dtype(BWD_FIELDS, align=True)

@@ -445,6 +445,15 @@ struct BwdSmem {
 //                  the blocks in its own order. A block waits for its predecessor's
 //                  addition of the same iteration, so it hands its turn on as soon
 //                  as its own addition completed.
+//       rotated (p.dq_rotate: no band, N key blocks <= T query tiles, and a head's N
+//                  blocks fit the GPU at once): block n's walk starts n tiles further
+//                  on and wraps, so at each iteration the blocks of a head sit on
+//                  different tiles; tile q's turns go in the order the blocks reach
+//                  it (block n at iteration j, by rotated_turn), each on an addition
+//                  made an iteration or more before. Its predecessors include
+//                  higher-numbered blocks, hence the residency condition (the host's
+//                  rotated_turns): the earliest unfinished head then always gets
+//                  its remaining blocks onto the GPU.
 template <class KT, class VT_, bool ORDERED = false, bool STAGGERED_ = false>
 struct TileScheduler {
   using VT = VT_;
@@ -459,12 +468,13 @@ struct TileScheduler {
   const int n_block, n0, h_kv, b;
   const Walk walk;
   const int begin, end;
+  const bool rotated;  // ORDERED lockstep: the rotated walk (p.dq_rotate)
 
   __device__ __forceinline__ TileScheduler(const FwdParams& f_, int n_block_, int h_kv_, int b_,
-                                           int split = 0, int splits = 1)
+                                           int split = 0, int splits = 1, bool rotate = false)
       : f(f_), n_block(n_block_), n0(n_block_ * KT::BLOCK_N), h_kv(h_kv_), b(b_),
         walk(f_, n_block_ * KT::BLOCK_N), begin(walk.iters * split / splits),
-        end(walk.iters * (split + 1) / splits) {}
+        end(walk.iters * (split + 1) / splits), rotated(ORDERED && !STAGGERED && rotate) {}
   // SPLIT's block: blockIdx.x = ((n_block * Hkv + h_kv) * B + b) * kv_splits + split.
   __device__ __forceinline__ static void locate(const BwdParams& p, int& n_block, int& h_kv,
                                                 int& b, int& split) {
@@ -474,13 +484,26 @@ struct TileScheduler {
     h_kv = x % p.fwd.heads_kv, n_block = x / p.fwd.heads_kv;
   }
   __device__ __forceinline__ int head(int it) const { return walk.head(it, h_kv, f.group); }
-  __device__ __forceinline__ int m0(int it) const { return walk.m0(it, f.group); }
+  __device__ __forceinline__ int m0(int it) const {
+    if (!rotated) return walk.m0(it, f.group);
+    int q = walk.tiles - 1 - walk.by.div(it) - n_block;  // the walk's tile, n_block on
+    if (q < 0) q += walk.tiles;
+    return (walk.first + q) * KT::BLOCK_M;
+  }
+  // The rotated walk's turn of block n on the tile it reaches at iteration j (N key
+  // blocks, T tiles, N <= T): the blocks that reach that tile earlier are n + 1 ..
+  // n + j modulo T, those below N counted.
+  __device__ __forceinline__ static int rotated_turn(int n, int j, int N, int T) {
+    return n + j < T ? cmin(j, N - 1 - n) : N - 1 - n + cmin(n + j - T + 1, N);
+  }
   // ORDERED: the key block the grid's block x of a (KV head, batch) runs.
   __device__ __forceinline__ static int ordered_block(const FwdParams& f, int x) {
     return STAGGERED ? ceil_div(f.seqlen_k, KT::BLOCK_N) - 1 - x : x;
   }
   // ORDERED: how many key blocks add into tile it's dQ before this one.
   __device__ __forceinline__ int turn(int it) const {
+    if (rotated)
+      return rotated_turn(n_block, walk.by.div(it), ceil_div(f.seqlen_k, KT::BLOCK_N), walk.tiles);
     const int m0_ = m0(it);
     return STAGGERED ? Walk::highest_block(f, m0_) - n_block
                      : n_block - Walk::lowest_block(f, m0_);
@@ -1367,7 +1390,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const BwdSmem<KT> st(storage_base(wgmma_bwd_smem));
   using Sched = TileScheduler<KT, VT, ORDERED, DQ == kDqStaggered>;
   if constexpr (ORDERED) n_block = Sched::ordered_block(f, n_block);
-  const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1);
+  const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1,
+                    p.dq_rotate != 0);
   Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
   const Epilogue<KT, Sched> epi{p, st, sched};
   // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma

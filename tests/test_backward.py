@@ -1365,9 +1365,42 @@ def test_ordered_dq_stores_first_only_where_every_tile_has_a_key_block():
     for problem, det, want in ((prob(True, 1000, 1000), True, 1),
                                (prob(True, 1000, 1000), False, 0),
                                (prob(True, 1200, 1000), True, 0)):
-        got = flash_wgmma_bwd._with_turns(problem, tensors(problem), det)
+        got = flash_wgmma_bwd._with_turns(problem, tensors(problem), det, 132)
         assert got.dq_store_first == want, (problem, det)
         assert (got.dq_turn_rows > 0) == det
+        assert got.dq_rotate == 0, "causal: staggered or lockstep turns"
+    got = flash_wgmma_bwd._with_turns(prob(False, 1000, 1000), tensors(prob(False, 1000, 1000)),
+                                      True, 132)
+    assert got.dq_rotate == 1 and got.dq_store_first == 1
+
+
+def test_rotated_turns_only_without_a_band_and_within_one_wave():
+    """The ordered dQ's rotated walk (TileScheduler::rotated_turn): no band, no more key
+    blocks than query tiles, and a head's key blocks all on the GPU at once; the turns
+    it gives each query tile are 0 .. N - 1 in the order the blocks reach the tile."""
+    from cupy_attention.problem import Problem
+
+    def prob(sq, sk, d=128, causal=False, window=None, **kw):
+        return Problem(2, 8, 2, sq, sk, d, "bfloat16", "bhsd", causal, "none", 0.1, 0,
+                       window=window, **kw)
+
+    rot = flash_wgmma_bwd.rotated_turns
+    assert rot(prob(2048, 2048), 132) and rot(prob(2048, 2048, d=64), 132)
+    assert rot(prob(2048, 1024), 132), "fewer key blocks than query tiles"
+    assert not rot(prob(1024, 2048, d=64), 132), "more key blocks than query tiles"
+    assert not rot(prob(32768, 32768), 132), "256 key blocks a head: not one wave"
+    assert not rot(prob(2048, 2048, causal=True), 132)
+    assert not rot(prob(2048, 2048, window=(256, 256)), 132)
+    assert not rot(prob(2048, 2048, varlen=True, max_seqlen_q=2048, max_seqlen_k=2048), 132)
+
+    def turn(n, j, big_n, t):   # the kernel's rotated_turn, mirrored
+        return min(j, big_n - 1 - n) if n + j < t else big_n - 1 - n + min(n + j - t + 1, big_n)
+
+    for t in range(1, 24):
+        for big_n in range(1, t + 1):
+            for q in range(t):   # block n reaches tile q at iteration j = (t - 1 - q - n) mod t
+                order = sorted(range(big_n), key=lambda n: (t - 1 - q - n) % t)
+                assert [turn(n, (t - 1 - q - n) % t, big_n, t) for n in order] == list(range(big_n))
 
 
 @pytest.mark.gpu

@@ -145,6 +145,8 @@ class BwdTensors:
     # the ordered dQ's first key block of each query tile stores its dQ (1), so
     # flash_bwd_delta zeroes only the turn counters behind dq_accum's floats
     dq_store_first: int = 0
+    # the ordered dQ's lockstep walk rotated per key block (flash_wgmma_bwd.rotated_turns)
+    dq_rotate: int = 0
 
 
 def bwd_params(p: Problem, t: BwdTensors) -> object:
@@ -157,6 +159,7 @@ def bwd_params(p: Problem, t: BwdTensors) -> object:
     values["kv_splits"] = t.kv_splits
     values["dq_turn_rows"] = t.dq_turn_rows
     values["dq_store_first"] = t.dq_store_first
+    values["dq_rotate"] = t.dq_rotate
     for name in ("dout", "dq", "dk", "dv"):
         s = bhs_strides(getattr(t, name), p.layout)
         values.update({f"{name}_batch_stride": s[0], f"{name}_head_stride": s[1],

@@ -331,6 +331,24 @@ def staggered_turns(p: Problem, sms: int) -> bool:
     return p.variant.band_flags[1] and blocks >= STAGGERED_MIN_BLOCKS_PER_SM * sms
 
 
+# The lockstep turns without a band: every key block reaches every query tile on the
+# same iteration, so each waits for its predecessor's addition of that tile (a chain).
+# With the waits removed the deterministic mode ran 1.03-1.13x at D = 64 and 128,
+# S = 2k-8k, and the causal grids (staggered) 1.00x (H200, 2026-11-29,
+# benchmarks/results/notes-deterministic-dq.md). The rotated walk (TileScheduler in
+# kernels/flash_wgmma_bwd.cu) starts block n's walk n tiles on, so a head's blocks
+# sit on different tiles; a block may then wait for a higher-numbered one, so it runs
+# only where a head's key blocks fit the GPU at once (one block an SM).
+def rotated_turns(p: Problem, sms: int) -> bool:
+    """Whether the ordered dQ of ``p`` takes the rotated walk: lockstep turns (no
+    band), no more key blocks than query tiles, and no more than ``sms``."""
+    if not ordered_dq(p) or p.causal or p.window is not None or staggered_turns(p, sms):
+        return False
+    c = config(p.head_dim, p.variant, deterministic=True)
+    blocks = -(-p.seqlen_k // c.block_n)
+    return blocks <= -(-p.seqlen_q // c.block_m) and blocks <= sms
+
+
 def ordered_dq(p: Problem) -> bool:
     """Whether the deterministic backward of ``p`` takes the ordered dQ (one kernel
     fewer than the separate dQ pass, which recomputes P and dS)."""
@@ -546,17 +564,19 @@ def dq_section(p: Problem) -> int:
     return 1 if p.dropout_p else section(p, p.heads_q)
 
 
-def _with_turns(p: Problem, t: flash_bwd.BwdTensors,
-                deterministic: bool) -> flash_bwd.BwdTensors:
+def _with_turns(p: Problem, t: flash_bwd.BwdTensors, deterministic: bool,
+                sms: int) -> flash_bwd.BwdTensors:
     """``t`` with the ordered dQ's rows per turn counter where it runs (the caller
-    handed in a dq_accum of dq_turns(p) more elements: dispatch.BackwardFamily), and
-    its first additions stored where every query tile has a key block (store_first)."""
+    handed in a dq_accum of dq_turns(p) more elements: dispatch.BackwardFamily), its
+    first additions stored where every query tile has a key block (store_first), and
+    its walk rotated where :func:`rotated_turns` holds on a GPU of ``sms`` SMs."""
     if not (deterministic and ordered_dq(p)):
         return t
     if t.dq_accum is None or t.dq_accum.size < t.delta.size * p.head_dim + dq_turns(p):
         raise ValueError("the ordered dQ needs dq_accum with room for its turn counters")
     return dataclasses.replace(t, dq_turn_rows=config(p.head_dim, p.variant, True).block_m,
-                               dq_store_first=int(store_first(p)))
+                               dq_store_first=int(store_first(p)),
+                               dq_rotate=int(rotated_turns(p, sms)))
 
 
 def _rows16(p: Problem, dq) -> bool:
@@ -577,15 +597,19 @@ def store_first(p: Problem) -> bool:
 
 def launch(p: Problem, t: flash_bwd.BwdTensors, stream, device_id: int, arch: str,
            deterministic: bool) -> None:
-    flash_bwd.launch_from(passes, p, _with_turns(p, t, deterministic), stream, device_id, arch,
-                          deterministic)
+    from ..device import multiprocessor_count
+
+    t = _with_turns(p, t, deterministic, multiprocessor_count(device_id))
+    flash_bwd.launch_from(passes, p, t, stream, device_id, arch, deterministic)
 
 
 def prepare(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
             deterministic: bool) -> flash_bwd.HotBackward | None:
     """The hot path's launches (aligned arrays only, as flash_mma_bwd.prepare)."""
-    return flash_mma_bwd.prepare(p, _with_turns(p, t, deterministic), device_id, arch,
-                                 deterministic, passes)
+    from ..device import multiprocessor_count
+
+    t = _with_turns(p, t, deterministic, multiprocessor_count(device_id))
+    return flash_mma_bwd.prepare(p, t, device_id, arch, deterministic, passes)
 
 
 def ci_specs() -> list[jit.KernelSpec]:

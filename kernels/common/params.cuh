@@ -102,6 +102,7 @@ struct BwdParams {
   int kv_splits;     // blocks per block of keys (1: one block owns it)
   int dq_turn_rows;  // query rows per turn counter (0: none; fixed-length sequences)
   int dq_store_first;  // the ordered dQ's first addition per tile stores: dq_accum unzeroed
+  int dq_rotate;       // the ordered dQ's lockstep walk rotated per key block (full band)
 };
 
 // The turn counters behind dq_accum (dq_turn_rows > 0).
