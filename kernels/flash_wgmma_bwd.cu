@@ -51,7 +51,7 @@
 //                                   head-dim rows of sK's block w, N = 80, staged
 //                                   transposed into one sdQ buffer; dV is issued
 //                                   after dS^T is computed (LATE_DV)
-//        wait for everything; release the stage; (STAGE_DQ) dQ / scale into sdQ
+//        wait for everything; release the stage; dQ / scale into sdQ
 //      buffer it % 2 (fp32, the 128-byte swizzle of 32-column blocks: no bank
 //      conflicts beyond the two wavefronts of a warp's float2 stores); after the
 //      next tile's kBarDs barrier (which every staging thread reached past its
@@ -59,11 +59,11 @@
 //      reduction through dq_accum's tensor map (cp.reduce.async.bulk.tensor .add,
 //      boxes of 32 columns; rows past Sq lie outside the map), and waits for its
 //      read before the barrier two tiles on, when that buffer is staged again.
-//      (STAGE_DQ: the narrow kernel always, two sdQ buffers, one at BLOCK_M = 80; at
-//      D = 72-80 the 128-query tiles left no room for sdQ, and their dQ added from
-//      registers ran 0.94-0.96x the 64-query tiles). The order of the additions
+//      (two sdQ buffers, one at BLOCK_M = 80; at D = 72-80 the 128-query tiles left
+//      no room for sdQ, and their dQ added from registers ran 0.94-0.96x the
+//      64-query tiles). The order of the additions
 //      varies from run to run (kDqAtomic), except in the
-//      deterministic mode's kDqOrdered and kDqStaggered (STAGE_DQ, fixed lengths):
+//      deterministic mode's kDqOrdered and kDqStaggered (fixed lengths):
 //      there the key blocks that reach a query tile add into it one after another
 //      in a fixed order, each waiting for its turn on the tile's counter
 //      (Epilogue::wait_turn, pass_turn; the orders and why they cannot deadlock:
@@ -258,7 +258,7 @@ struct WgmmaBwdTraits {
   };
   // The narrow kernel stages a tile's dQ / scale in fp32, two tiles' worth, added into
   // dq_accum by the copy engine (a tensor map's reduction, DQ_BOXES boxes of 32
-  // columns): STAGE_DQ. Layout: the 128-byte swizzle of 32-column
+  // columns). Layout: the 128-byte swizzle of 32-column
   // (128-byte) blocks, SwizzledTile's bytes: float column c of row r at byte
   // offset(r, c / 4) + 4 (c % 4), so a warp's float2 stores of an accumulator
   // fragment meet no bank twice beyond the two wavefronts they need (rows of D
@@ -272,7 +272,6 @@ struct WgmmaBwdTraits {
     alignas(1024) unsigned char dq[BUFFERS][DqTile::BYTES];
   };
   static constexpr bool TWO_DQ = !WIDE && sizeof(StagedTiles<2>) + SMEM_SLACK <= 227 * 1024;
-  static constexpr bool STAGE_DQ = !WIDE;
   static constexpr int DQ_BUFFERS = TWO_DQ ? 2 : 1;
   // The 128-query tiles with the producer warpgroup (KV_SS_FITS) keep P^T in a tile
   // of its own, [key][query] as sdS, which dV reads while dS^T goes to sdS: 227 KB
@@ -330,7 +329,7 @@ enum WgmmaBwdDq : int {
   kDqSeparate = 0,  // nowhere: flash_mma_bwd_dq computes it (deterministic mode)
   kDqAtomic = 1,    // added into dq_accum in whatever order the blocks get there
   kDqOrdered = 2,   // added into dq_accum in a fixed order of key blocks (deterministic
-                    // mode; narrow kernel, fixed lengths, STAGE_DQ): TileScheduler's
+                    // mode; narrow kernel, fixed lengths): TileScheduler's
   kDqStaggered = 3, // turns, in its lockstep order or (an upper bound) its staggered one
 };
 
@@ -354,7 +353,7 @@ struct BwdLaunch {
   static constexpr bool KV_SS_OK = !KT::KV_SS_FITS || (DQ >= kDqOrdered && !VT::Dense::enabled);
   static constexpr bool DROP_FITS =
       KT::BLOCK_M == 64 && DQ == kDqAtomic && !VT::Logits::kTransform && !VT::Band::kLo;
-  static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS && KT::STAGE_DQ &&
+  static constexpr bool PRODUCER_WG = KT::PRODUCER_WG_FITS &&
                                       (!VT::Drop::enabled || DROP_FITS) && KV_SS_OK &&
                                       (DQ >= kDqOrdered || (DQ == kDqAtomic && ATOMIC_FITS));
   static constexpr int THREADS = PRODUCER_WG ? KT::CONSUMERS + 128 : KT::CONSUMERS;
@@ -1376,8 +1375,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   // is waited for; dV issued later): 64-query tiles only (on 128, with every block's
   // draw unrolled, ptxas spilled 400-488 bytes; the host's _narrow_rows)
   static_assert(!VT::Drop::enabled || KT::BLOCK_M == 64, "dropout: 64-query tiles");
-  static_assert(!ORDERED || (KT::STAGE_DQ && !SPLIT && !VT::Seqs::kRagged),
-                "ordered dQ: staged, fixed lengths, one block per key block");
+  static_assert(!ORDERED || (!SPLIT && !VT::Seqs::kRagged),
+                "ordered dQ: fixed lengths, one block per key block");
   // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
   // may start on the SMs it leaves (it waits on each tile's turn count)
   if constexpr (DQ >= kDqOrdered) launch_dependents();
@@ -1410,7 +1409,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       // (the reducer waited for its last reduction), and the consumers meet at
       // kBarMmaDone among themselves (one __syncthreads in both roles would be two
       // barrier instructions, which bar.sync's .aligned semantics forbid).
-      produce<KT, ORDERED, DQ_HERE && KT::STAGE_DQ>(producer, epi, st, dq_map, sched);
+      produce<KT, ORDERED, DQ_HERE>(producer, epi, st, dq_map, sched);
       return;
     }
     setmaxnreg_inc<KT::CONSUMER_REGS>();
@@ -1535,7 +1534,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (KV_SS) store_ds<KT>(st.ds(), dp, key0, g, t);
       else store_ds<KT>(st.ds(), da, key0, g, t);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
-      if (KT::STAGE_DQ && !PWG && threadIdx.x == 0)
+      if (!PWG && threadIdx.x == 0)
         bulk_wait_read<0>();  // tile it - 2's sdQ read
       // sdS complete; sdQ of tile it - 1 too (PWG: the stats warps join: produce)
       if constexpr (PWG) role_barrier_sync(kBarDs, KT::DS_MEETING);
@@ -1545,7 +1544,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       else issue_dq<KT>(dq, dq_a, dq_b);
       if constexpr (KV_SS) issue_accumulate_ss<KT>(dk, st.ds(), 64 * wg, q_tile);
       else if constexpr (DQ_FIRST) issue_accumulate<KT>(dk, da, q_tile);
-      if constexpr (KT::STAGE_DQ && !PWG) {
+      if constexpr (!PWG) {
         if (threadIdx.x == 0 && it > sched.begin) {
           if constexpr (ORDERED) epi.wait_turn(it - 1);
           epi.reduce_dq(dq_map, it - 1, (it - 1) & 1);
@@ -1574,7 +1573,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     if constexpr (DQ_HERE) {
       fence_regs(dq);
       if (it + 1 < sched.end) named_barrier_arrive(kBarDsFree0 + 1 - wg, KT::CONSUMERS);
-      if constexpr (KT::STAGE_DQ && PWG) {
+      if constexpr (PWG) {
         // sdQ buffer `buf` once the reduction DQ_BUFFERS tiles back has read it;
         // then handed to the producer's reducer (dq_full)
         constexpr int B = KT::DQ_BUFFERS;
@@ -1587,18 +1586,18 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbarrier_arrive(st.dq_full(buf));
-      } else if constexpr (KT::STAGE_DQ) {
+      } else {
         epi.template stage_dq<KT::DQ_N>(dq, it, it & 1, dq_row0, dq_col0, 0, dq_cols, g, t);
       }
     }
     if constexpr (DQ_FIRST) retire();
   }
-  if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG)
+  if constexpr (DQ_HERE && !PWG)
     fence_proxy_async();  // the last tile's sdQ
   // every warpgroup's MMAs on sK and sV are done
   if constexpr (PWG) named_barrier_sync(kBarMmaDone, KT::CONSUMERS);
   else __syncthreads();
-  if constexpr (DQ_HERE && KT::STAGE_DQ && !PWG) {
+  if constexpr (DQ_HERE && !PWG) {
     if (sched.end > sched.begin && threadIdx.x == 0) {
       if constexpr (ORDERED) {
         if (Sched::STAGGERED && sched.end - 2 >= sched.begin)

@@ -100,7 +100,7 @@ class Config:
                            or self.kv_ss)
         modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
         fits = self.block_m in (64, 80) or (self.kv_ss and vt.dense == "none")
-        producer = (dq in modes and not self.wide and fits and self.stage_dq
+        producer = (dq in modes and not self.wide and fits
                     and (not vt.dropout or self._drop_fits(dq, vt)))
         return THREADS + 128 if producer else THREADS
 
@@ -127,18 +127,19 @@ class Config:
         """``WgmmaBwdTraits::SMEM_BYTES``: sK, sV, two buffers of sQ and sdO, sdS
         (16-bit; rows of whole 64-column blocks; not in the wide kernel), two buffers
         of lse and delta (fp32), 1 KB for the alignment, then sP (wide: fp32) or sdQ
-        (narrow, where it fits: the tile's dQ in fp32 rows of D), and at KV_SS_FITS
+        (narrow: the tile's dQ in fp32 rows of D), and at KV_SS_FITS
         P^T (16-bit, as sdS)."""
         if self.wide:   # no sdS (no dQ in that kernel)
             return self._tiles - self._sds + self.block_n * self.block_m * 4
         pt = self.block_n * self.block_m * 2 if self.kv_ss else 0
-        return (self._staged_tiles + self._sdq if self.stage_dq else self._tiles) + pt
+        return self._staged_tiles + self._sdq + pt
 
     @property
     def stage_dq(self) -> bool:
-        """``WgmmaBwdTraits::STAGE_DQ``: the narrow kernel's dQ through sdQ and bulk
-        reductions, where sdQ fits in 227 KB beside the tiles: two buffers, or one
-        for 80-query tiles (dQ^T, the producer warpgroup's handshake only)."""
+        """Whether sdQ fits in 227 KB beside the narrow kernel's tiles (two buffers, or
+        one for 80-query tiles: dQ^T, the producer warpgroup's handshake only), as
+        ``WgmmaBwdTraits`` asserts for every tile it takes: the narrow kernel always
+        stages its dQ and adds it by bulk reductions."""
         return self._dq_buffers > 0
 
     @property
@@ -256,8 +257,9 @@ def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
 
 def _ordered(c: Config, vt: Variant) -> bool:
     """The deterministic mode's dQ in the dK/dV kernel in a fixed order of key blocks:
-    the narrow kernel (which stages dQ), over fixed-length sequences (the turn counters are per batch entry and query tile)."""
-    return not c.wide and c.stage_dq and not vt.ragged
+    the narrow kernel, over fixed-length sequences (the turn counters are per batch
+    entry and query tile)."""
+    return not c.wide and not vt.ragged
 
 
 def _dq_mode(c: Config, vt: Variant, deterministic: bool, staggered: bool = False) -> str:
