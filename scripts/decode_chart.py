@@ -17,8 +17,10 @@ import json
 import sys
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def chart_inputs(doc: str):
+    """The command line of a chart script (a JSON in, a PNG out): (report, png path,
+    matplotlib.pyplot with the Agg backend). scripts/peers_chart.py shares it."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("json")
     ap.add_argument("png")
     a = ap.parse_args()
@@ -27,9 +29,13 @@ def main() -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    report = json.load(open(a.json))
+    return json.load(open(a.json)), a.png, plt
+
+
+def main() -> int:
+    report, png, plt = chart_inputs(__doc__)
     if "results" in report:
-        return grid_chart(report, a.png, plt)
+        return grid_chart(report, png, plt)
     shapes, series = [], {}
     for r in report["rows"]:
         if "tbps" not in r:
@@ -59,7 +65,7 @@ def main() -> int:
     ax.legend(fontsize=7, ncol=3)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(a.png, dpi=120)
+    fig.savefig(png, dpi=120)
     return 0
 
 

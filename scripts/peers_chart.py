@@ -9,9 +9,9 @@ beside each peer the run timed.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
+
+from decode_chart import chart_inputs  # scripts/ is sys.path[0]
 
 LABELS = {"ours": "ours", "ours_det": "ours, deterministic", "ours_mma": "ours, flash_mma",
           "cudnn": "torch cuDNN", "flash2": "torch FA2", "fa4": "FA4"}
@@ -19,16 +19,7 @@ COLORS = dict(zip(LABELS, ("C0", "C9", "C4", "C1", "C2", "C3")))
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("json")
-    ap.add_argument("png")
-    a = ap.parse_args()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    report = json.load(open(a.json))
+    report, png, plt = chart_inputs(__doc__)
     rows = [r for r in report["rows"] if "error" not in r]
     dims = sorted({r["D"] for r in rows})
     impls = [i for i in LABELS if any(r["impl"] == i for r in rows)]
@@ -60,7 +51,7 @@ def main() -> int:
                  f"{report['date'][:10]}, tree {report.get('tree', report['commit'])[:7]}",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(a.png, dpi=110)
+    fig.savefig(png, dpi=110)
     return 0
 
 
