@@ -121,6 +121,29 @@ def test_decode_grid_covers_issue_35():
     assert len(set(grid)) == len(grid)
 
 
+def test_decode_grid_times_decode_beside_two_torch_backends():
+    """The grid's policy (Runner._policy_skip, on a stand-in for the Runner's state):
+    other families and backends skipped on decode cases unless named; the forward
+    grid's cases and the anchor set (--decode without --decode-grid) untouched."""
+    from types import SimpleNamespace
+
+    from cupy_attention.bench.runner import Runner
+
+    skip = Runner._policy_skip
+    decode = bench.decode_cases(grid=True)[0]
+    fwd = bench.grid_case(1024, 64, "bfloat16", False)
+    on = SimpleNamespace(decode_grid=True, named=set(), quadratic_max=4096)
+    for name in bench.DECODE_GRID_TIMED:
+        assert skip(on, name, False, decode) is None
+    for name in ("flash_wgmma", "flash", "torch:efficient"):
+        assert "decode grid" in skip(on, name, False, decode)
+        assert skip(on, name, False, fwd) is None
+    assert skip(SimpleNamespace(**{**on.__dict__, "named": {"flash_wgmma"}}), "flash_wgmma",
+                False, decode) is None
+    assert skip(SimpleNamespace(**{**on.__dict__, "decode_grid": False}), "flash", False,
+                decode) is None
+
+
 def test_paged_rows_compare_with_contiguous_torch():
     c = bench.decode_cases()[0]
     paged = bench.Case(**{**c.__dict__, "page": 16})

@@ -45,6 +45,10 @@ DECODE_GRID = dict(batch=(1, 8, 64, 256), seqlen_k=(1024, 8192, 32768),
                    heads=((32, 8), (32, 32)), head_dim=(64, 128, 256), seqlen_q=(1, 4, 16),
                    pages=(0, 1, 16, 64))
 DECODE_MAX_BYTES = 8 << 30
+# What the grid times unless --kernels / --torch-backends name more: the decode family
+# beside torch's two fastest backends (every family and backend on its 756 cases took
+# about three times as long on an H200, 2026-11-29: tiled, naive and flash at Sq <= 16).
+DECODE_GRID_TIMED = ("decode", "torch:cudnn", "torch:flash")
 
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
 ANCHORS = ("torch:flash", "torch:cudnn")
@@ -270,7 +274,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--decode-grid", action="store_true",
                       help="add the full decode grid: B 1,8,64,256 x Sk 1k,8k,32k (+128k at "
                            "B=1) x Hq/Hkv 32/8, 32/32 x D 64,128,256 x Sq 1,4,16 x "
-                           "contiguous and pages of 1, 16, 64 (long)")
+                           "contiguous and pages of 1, 16, 64 (long); the decode kernel "
+                           "beside torch's cudnn and flash unless --kernels/--torch-backends "
+                           "name others")
     grid.add_argument("--backward", action="store_true",
                       help="add backward timing: our backward kernels beside torch SDPA's "
                            "(needs cupy_attention.attention_backward)")

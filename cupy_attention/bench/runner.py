@@ -12,7 +12,7 @@ from .. import dispatch
 from ..arrays import host64
 from ..errors import UnsupportedError
 from ..reference import attention_reference
-from .cases import Case, ERR_ROWS, make_row
+from .cases import Case, DECODE_GRID_TIMED, ERR_ROWS, make_row
 from .overhead import OverheadProbe
 from .peers import TorchPeers
 from .timing import Timing, Unsupported, _finite, first_line
@@ -23,6 +23,10 @@ class Runner(TorchPeers, OverheadProbe, Timing):
 
     # -- one case ----------------------------------------------------------
     def _policy_skip(self, name: str, quadratic: bool, case: Case) -> str | None:
+        if (self.decode_grid and case.kind == "decode" and name not in DECODE_GRID_TIMED
+                and name not in self.named):
+            return ("the decode grid times decode beside torch's cudnn and flash (name "
+                    "others in --kernels/--torch-backends to run them)")
         if quadratic and name not in self.named and \
                 case.seqlen_q * case.seqlen_k > self.quadratic_max ** 2:
             return (f"O(S^2) baseline skipped above S={self.quadratic_max} "

@@ -116,6 +116,7 @@ class Timing:
         self.backends = (args.torch_backends or TORCH_BACKENDS) if torch_mod else ()
         self.named = set(args.kernels or ()) | {f"torch:{b}" for b in args.torch_backends or ()}
         self.quadratic_max = args.quadratic_max_seqlen
+        self.decode_grid = bool(getattr(args, "decode_grid", False))
         props = self.cupy.cuda.runtime.getDeviceProperties(self.device_id)
         self.l2_bytes = int(props["l2CacheSize"])
         if torch_mod:
