@@ -46,8 +46,9 @@ DECODE_GRID = dict(batch=(1, 8, 64, 256), seqlen_k=(1024, 8192, 32768),
                    pages=(0, 1, 16, 64))
 DECODE_MAX_BYTES = 8 << 30
 # What the grid times unless --kernels / --torch-backends name more: the decode family
-# beside torch's two fastest backends (every family and backend on its 756 cases took
-# about three times as long on an H200, 2026-11-29: tiled, naive and flash at Sq <= 16).
+# beside torch's two fastest backends. H200, 2026-11-29: the grid's D = 64 third with
+# every family (tiled, naive and flash included) took 317 s, its D = 128 and 256 thirds
+# with these alone 66 and 97 s.
 DECODE_GRID_TIMED = ("decode", "torch:cudnn", "torch:flash")
 
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
