@@ -48,7 +48,7 @@ DECODE_MAX_BYTES = 8 << 30
 # What the grid times unless --kernels / --torch-backends name more: the decode family
 # beside torch's two fastest backends. H200, 2026-11-29: the grid's D = 64 third with
 # every family (tiled, naive and flash included) took 317 s, its D = 128 and 256 thirds
-# with these alone and --reps 20 66 and 97 s.
+# with these alone (--reps 20) 66 and 97 s.
 DECODE_GRID_TIMED = ("decode", "torch:cudnn", "torch:flash")
 
 TORCH_BACKENDS = ("flash", "cudnn", "efficient", "math")
