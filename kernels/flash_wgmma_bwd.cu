@@ -768,6 +768,17 @@ __device__ __forceinline__ void p_from_s_tile(float (&s)[KT::BLOCK_M / 2], const
     }
   }
 }
+// The per-element test of a warp's keys x the tile, as p_from_s_tile's TEST:
+// `step(Int<TEST>{})` with 2 (one copy, the test where `partial`) without SPLIT_P,
+// else 1 where partial and 0 elsewhere (warp-uniform: tiles that need no test run
+// code without it).
+template <int N> struct Int { static constexpr int value = N; };
+template <class KT, class Step>
+__device__ __forceinline__ void with_test(bool partial, Step&& step) {
+  if constexpr (!KT::SPLIT_P) step(Int<2>{});
+  else if (partial) step(Int<1>{});
+  else step(Int<0>{});
+}
 // Returns whether the warp's keys x the tile are partial (warp-uniform).
 template <class KT, class VT, bool LSE2 = false>
 __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdParams& f,
@@ -784,13 +795,9 @@ __device__ __forceinline__ bool p_from_s(float (&s)[KT::BLOCK_M / 2], const FwdP
       return false;
     }
   }
-  if constexpr (!KT::SPLIT_P) {
-    p_from_s_tile<KT, VT, 2, LSE2>(s, f, s_lse, hd, m0, j0, g, t, partial);
-  } else if (partial) {  // warp-uniform: other tiles run code without the test
-    p_from_s_tile<KT, VT, 1, LSE2>(s, f, s_lse, hd, m0, j0, g, t, true);
-  } else {
-    p_from_s_tile<KT, VT, 0, LSE2>(s, f, s_lse, hd, m0, j0, g, t, false);
-  }
+  with_test<KT>(partial, [&](auto test) {
+    p_from_s_tile<KT, VT, decltype(test)::value, LSE2>(s, f, s_lse, hd, m0, j0, g, t, partial);
+  });
   return partial;
 }
 
@@ -838,13 +845,10 @@ __device__ __forceinline__ bool p_grad_from_s(const float (&s)[KT::BLOCK_M / 2],
   static_assert(VT::Logits::kTransform && !VT::kLinearBias, "a transform, no line bias");
   const int g = lane / 4, t = lane % 4;
   const bool partial = VT::partial(f, m0, m0 + KT::BLOCK_M - 1, j0, j0 + 15);
-  if constexpr (!KT::SPLIT_P) {
-    p_grad_from_s_tile<KT, VT, 2, LSE2>(s, f, s_lse, hd, m0, j0, g, t, partial, out, pair);
-  } else if (partial) {  // warp-uniform
-    p_grad_from_s_tile<KT, VT, 1, LSE2>(s, f, s_lse, hd, m0, j0, g, t, true, out, pair);
-  } else {
-    p_grad_from_s_tile<KT, VT, 0, LSE2>(s, f, s_lse, hd, m0, j0, g, t, false, out, pair);
-  }
+  with_test<KT>(partial, [&](auto test) {
+    p_grad_from_s_tile<KT, VT, decltype(test)::value, LSE2>(s, f, s_lse, hd, m0, j0, g, t,
+                                                            partial, out, pair);
+  });
   return partial;
 }
 
