@@ -183,7 +183,7 @@ class Config:
 # keep-flag word (H100, benchmarks/results/notes-dropout.md).
 
 
-def _narrow_rows(vt: Variant | None, head_dim: int, deterministic: bool) -> bool:
+def _narrow_rows(vt: Variant | None, deterministic: bool) -> bool:
     """Whether a variant leaves the 128-query tiles (D = 64) for the 64-query ones."""
     if vt is None:
         return False
@@ -202,7 +202,7 @@ def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False
         return None
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
-            narrow = bm == 128 and _narrow_rows(vt, head_dim, deterministic)
+            narrow = bm == 128 and _narrow_rows(vt, deterministic)
             if bm == 64 and bound == 128 and not split and _rows80(vt, head_dim):
                 return Config(head_dim, 80)
             return Config(head_dim, 64 if narrow else bm)
@@ -344,7 +344,7 @@ def staggered_turns(p: Problem, sms: int) -> bool:
 def rotated_turns(p: Problem, sms: int) -> bool:
     """Whether the ordered dQ of ``p`` takes the rotated walk: lockstep turns (no
     band), no more key blocks than query tiles, and no more than ``sms``."""
-    if not ordered_dq(p) or p.causal or p.window is not None or staggered_turns(p, sms):
+    if not ordered_dq(p) or p.causal or p.window is not None:   # (no band: never staggered)
         return False
     c = config(p.head_dim, p.variant, deterministic=True)
     blocks = -(-p.seqlen_k // c.block_n)
