@@ -620,6 +620,31 @@ def test_one_block_plans_of_64_rows_take_twice_the_key_warps():
     assert fam.plan(shape(B=8, Sq=4, cap=8192), True, 132, tma=True).tile.key_warps == 4
 
 
+def test_past_one_wave_64_row_plans_take_two_blocks_per_sm():
+    """Grids of more 64-row blocks than SMs take the two-block tiles (BLOCK_SMEM),
+    except the warpgroup tile past D = 64, which keeps its one-block tile."""
+    for d, wgmma in ((64, True), (256, False)):
+        for B, one_wave in ((2, True), (256, False)):   # 16 / 2048 blocks of 64 rows
+            p = fam.plan(shape(B=B, Sq=16, cap=1024, D=d), True, 132, tma=True, wgmma=wgmma)
+            assert (p.smem > fam.BLOCK_SMEM) == one_wave, (d, B)
+            assert p.tile.key_warps == (2 if one_wave else 1), (d, B)
+    d128 = fam.plan(shape(B=256, Sq=16, cap=1024), True, 132, tma=True, wgmma=True)
+    assert d128.tile.key_warps == 2 and d128.smem > fam.BLOCK_SMEM
+
+
+def test_warpgroup_split_count_at_head_dim_64():
+    """The D <= 64 warpgroup tile splits for one block per SM from
+    SPLIT_WGMMA_NARROW_MIN_KEYS keys on, for half of one past D = 64 or below them."""
+    def splits(B, cap, d):
+        return fam.plan(shape(B=B, Sq=16, cap=cap, D=d), True, 132, tma=True,
+                        wgmma=True).num_splits
+    assert fam.SPLIT_WGMMA_NARROW_MIN_KEYS == 4096
+    assert (splits(8, 8192, 64), splits(8, 4096, 64), splits(8, 2048, 64)) == (2, 2, 1)
+    assert (splits(1, 32768, 64), splits(1, 32768, 128)) == (16, 8)
+    assert (splits(8, 8192, 128), splits(8, 8192, 96)) == (1, 1)
+    assert splits(64, 8192, 64) == 1
+
+
 def test_decode_launch_passes_the_maps_of_its_pointers(monkeypatch):
     """DecodeLaunch.run hands the kernel DecodeParams with the call's pointers and,
     after it, the K and V tensor maps of those pointers (zeros without tensor maps),

@@ -73,6 +73,13 @@ SPLIT_BLOCKS_PER_SM_TMA = 1
 # one): B = 8, Sk = 8k, D = 128 2.82 / 2.66, D = 64 2.39 / 2.33; B = 1, Sk = 32k, 8
 # / 16 splits 2.38 / 2.31 (notes-decode.md).
 SPLIT_BLOCKS_PER_SM_WGMMA = 0.5
+# ... except at D <= 64, whose tiles spend twice the softmax per byte read: from
+# SPLIT_WGMMA_NARROW_MIN_KEYS keys on, one block per SM. H200 (2026-11-29), bf16,
+# Hq/Hkv 32/8, Sq = 16, us at 1 / 2 splits: B = 8, Sk = 2k 19.6 / 20.6, 4k 32.0 / 27.0,
+# 8k 56.2 / 43.2, 32k 199 / 136; B = 1, 8 / 16 splits: Sk = 32k 34.3 / 27.0, 128k 106 /
+# 73.4 (D = 128: within 4% either way; H100, B = 8, Sk = 8k, D = 64: 2.39 / 2.33 TB/s).
+SPLIT_BLOCKS_PER_SM_WGMMA_NARROW = 1
+SPLIT_WGMMA_NARROW_MIN_KEYS = 4096
 MIN_SPLIT_KEYS = 256
 # Packed rows above this take the warpgroup tile on sm_90a (use_wgmma): 64 rows as one
 # wgmma m64 stream where four m16 warps read each K and V tile four times. Warpgroups
@@ -305,16 +312,25 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # 2026-11-27, Sq = 16, page 16, TB/s two-block plan / one-block: B = 1, Sk = 32k 2.19
     # / 2.28; B = 8, Sk = 8k 2.53 / 2.56, D = 64 2.20 / 2.24; with the grid full without
     # splits it loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs).
-    paged_wide = wgmma and s.paged and -(-rows_total // 64) * s.heads_kv * s.batch <= sms
+    one_wave = -(-rows_total // 64) * s.heads_kv * s.batch <= sms
+    paged_wide = wgmma and s.paged and one_wave
     one_block = tma and (not s.paged or paged_wide)
-    wide = one_block and (rows_total > 32 or wgmma)   # KEY_WARPS_WIDE, KEY_WARPS_WGMMA
+    # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
+    # wave (which the split count fills); past it two blocks an SM overlap one block's
+    # ring fill with the other's stream, except the D = 128 warpgroup tile's. H200
+    # (2026-11-29), bf16, Hq/Hkv 32/8, Sq = 16, TB/s one-block / two-block tiles: B = 64,
+    # Sk = 1k, D = 64 2.22 / 3.04, D = 256 3.18 / 3.48; Sk = 4k, D = 256 4.05 / 4.23; Sk =
+    # 8k within 1%, D = 256 4.25 / 4.36; D = 128 B = 256, Sk = 1k 3.61 / 3.37.
+    wide = one_block and (rows_total > 32 or wgmma) and (
+        one_wave or (wgmma and s.head_dim > 64))
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         if not one_block:
             per_sm = SPLIT_BLOCKS_PER_SM
         elif t.wgmma and not s.paged:
-            per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
+            narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
+            per_sm = SPLIT_BLOCKS_PER_SM_WGMMA_NARROW if narrow else SPLIT_BLOCKS_PER_SM_WGMMA
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
@@ -625,14 +641,16 @@ class Decode(Family):
             out.append(spec(d, "bfloat16", tile(16, d, True, 99 * 1024), Variant(causal=True),
                             True, True))
             # through tensor maps (use_tma): packed rows 4, 16, 64, contiguous and paged;
-            # 64 rows in the warpgroup tile (use_wgmma) where D allows it
+            # 64 rows in the warpgroup tile (use_wgmma) where D allows it, contiguous
+            # ones in the one-block and the two-block tiles
             for rows in (4, 16, 64):
                 for paged in (False, True):
-                    wide = not paged and rows > 32
-                    for wgmma in (False, True) if rows > WGMMA_MIN_ROWS and d <= 128 else (False,):
-                        out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
-                                                       wgmma=wgmma),
-                                        Variant(causal=True), paged, True, True))
+                    for wide in (True, False) if not paged and rows > 32 else (False,):
+                        for wgmma in ((False, True) if rows > WGMMA_MIN_ROWS and d <= 128
+                                      else (False,)):
+                            out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
+                                                           wgmma=wgmma),
+                                            Variant(causal=True), paged, True, True))
                     if paged and rows > WGMMA_MIN_ROWS and d <= 128:   # the one-block paged plan
                         out.append(spec(d, dtype, tile(rows, d, True, tma=True, wide=True,
                                                        wgmma=True),
