@@ -632,6 +632,20 @@ def test_past_one_wave_64_row_plans_take_two_blocks_per_sm():
     assert d128.tile.key_warps == 2 and d128.smem > fam.BLOCK_SMEM
 
 
+def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():
+    """Paged one-wave warpgroup plans: the one-block tile past D = 64; at D = 64 the
+    two-block tile with twice the splits (SPLIT_BLOCKS_PER_SM)."""
+    def plan(B, d):
+        return fam.plan(shape(B=B, Sq=16, cap=8192, D=d, paged=True), True, 132, tma=True,
+                        wgmma=True)
+    for B, splits in ((8, 4), (1, 32)):
+        p = plan(B, 64)
+        assert p.tile.key_warps == 1 and p.smem <= fam.BLOCK_SMEM and p.num_splits == splits
+        q = plan(B, 128)
+        assert q.tile.key_warps == 2 and q.smem > fam.BLOCK_SMEM
+        assert q.num_splits == splits // 2
+
+
 def test_warpgroup_split_count_at_head_dim_64():
     """The D <= 64 warpgroup tile splits for one block per SM from
     SPLIT_WGMMA_NARROW_MIN_KEYS keys on, for half of one past D = 64 or below them."""

@@ -307,13 +307,16 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
     tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers)."""
     rows_total = s.group * s.seqlen_q
-    # Paged caches take the one-block warpgroup tile where the two-block plan would split
-    # the keys, i.e. where its 64-row blocks fill at most one block per SM (H100,
-    # 2026-11-27, Sq = 16, page 16, TB/s two-block plan / one-block: B = 1, Sk = 32k 2.19
-    # / 2.28; B = 8, Sk = 8k 2.53 / 2.56, D = 64 2.20 / 2.24; with the grid full without
-    # splits it loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs).
+    # Paged caches take the one-block warpgroup tile past D = 64 where the two-block plan
+    # would split the keys, i.e. where its 64-row blocks fill at most one block per SM
+    # (H100, 2026-11-27, Sq = 16, page 16, TB/s two-block plan / one-block: B = 1, Sk =
+    # 32k 2.19 / 2.28; B = 8, Sk = 8k 2.53 / 2.56; with the grid full without splits it
+    # loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs). At D = 64 the
+    # two-block plan wins on the H200 (2026-11-29, B = 8, Sk = 8k / 32k 2.93 / 3.81
+    # against 2.31 / 2.79; B = 1, Sk = 32k 2.34 against 1.95; D = 128: 3.33 / 4.02 against
+    # 3.40 / 3.98, B = 1 2.78 against 2.94).
     one_wave = -(-rows_total // 64) * s.heads_kv * s.batch <= sms
-    paged_wide = wgmma and s.paged and one_wave
+    paged_wide = wgmma and s.paged and one_wave and s.head_dim > 64
     one_block = tma and (not s.paged or paged_wide)
     # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
     # wave (which the split count fills); past it two blocks an SM overlap one block's
@@ -651,7 +654,7 @@ class Decode(Family):
                             out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
                                                            wgmma=wgmma),
                                             Variant(causal=True), paged, True, True))
-                    if paged and rows > WGMMA_MIN_ROWS and d <= 128:   # the one-block paged plan
+                    if paged and rows > WGMMA_MIN_ROWS and 64 < d <= 128:   # one-block paged
                         out.append(spec(d, dtype, tile(rows, d, True, tma=True, wide=True,
                                                        wgmma=True),
                                         Variant(causal=True), True, True, True))
