@@ -30,14 +30,17 @@
 //      sm_90, with TMA traits (the host's use_tma: contiguous caches, and paged ones
 //      whose pages hold a multiple of 16 rows), one thread's tensor-map copies, boxes
 //      of 64 columns, into the swizzled layout of wgmma.cuh's SwizzledTile (ldmatrix
-//      reads it through kv_at); otherwise paged rows of 256 bytes or more by one bulk
-//      copy each. Both complete on a stage's mbarrier.
+//      reads it through kv_at); GATHER traits fill the same layout by cp.async (caches
+//      without tensor maps under the warpgroup tile); otherwise paged rows of 256
+//      bytes or more by one bulk copy each. Maps and bulk copies complete on a stage's
+//      mbarrier.
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
 //      bits as A fragments, acc += P V (ldmatrix.trans + mma). WGMMA traits (sm_90a,
-//      64 packed rows, TMA traits, D <= 128): a warpgroup per key warp, whose S = Q K^T
-//      and acc += P V are wgmma m64 over its keys; the softmax is the warps' own.
+//      64 packed rows, the swizzled ring, D <= 128): a warpgroup per key warp, whose
+//      S = Q K^T and acc += P V are wgmma m64 over its keys; the softmax is the warps'
+//      own.
 //   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and
 //      merge; o = acc / l_i and lse, or the split's partials.
 //   Launches (sm_90+, common/pdl.cuh): the decode is the programmatic dependent of
@@ -66,7 +69,7 @@
 #include "common/wgmma.cuh"
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
-          bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false>
+          bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false, bool GATHER_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -93,8 +96,12 @@ struct DecodeTraits {
   // blocks of 128-byte rows, the 128-byte swizzle), loaded by tensor-map boxes of 64
   // columns x BOX_ROWS rows: the whole tile's rows (contiguous caches) or 16 (paged
   // caches: pages of a multiple of 16 rows, tiles starting on a multiple of 16, so a
-  // box never straddles pages); otherwise rows of SROW elements.
+  // box never straddles pages); otherwise rows of SROW elements. GATHER: the same
+  // swizzled tiles filled by every thread's cp.async instead (load_kv: caches that have
+  // no tensor map, such as pages of one row), for the warpgroup tile on sm_90a.
   static constexpr bool TMA = TMA_;
+  static constexpr bool GATHER = GATHER_;
+  static constexpr bool MAPS = TMA_ && !GATHER_;   // tensor-map copies on sm_90
   using KVTile = SwizzledTile<BLOCK_N, D_PAD>;
   static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
@@ -158,6 +165,7 @@ struct DecodeTraits {
   static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
                 "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
+  static_assert(!GATHER || TMA, "gather: cp.async into the swizzled ring");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -577,7 +585,7 @@ template <class KT, class VT>
 __device__ __forceinline__ void key_range(const DecodeParams& dp, const FwdParams& p, int split,
                                           int seqlen, int i_first, int i_last, int& kv_lo,
                                           int& kv_hi) {
-  constexpr int KV_ALIGN = KT::TMA && KT::Pages::kPaged ? 16 : 1;
+  constexpr int KV_ALIGN = KT::MAPS && KT::Pages::kPaged ? 16 : 1;
   kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys) / KV_ALIGN * KV_ALIGN;
   const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
   kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);
@@ -671,8 +679,8 @@ __global__ void __launch_bounds__(KT::THREADS)
   // 16, TB/s: D = 256 2.16 -> 2.59, D = 128 2.48 -> 2.52; contiguous caches gained
   // nothing and 64-row tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
 #if __CUDA_ARCH__ >= 900
-  constexpr bool TMA = KT::TMA;
-  constexpr bool BULK = !TMA && KT::VEC && Pages::kPaged &&
+  constexpr bool TMA = KT::MAPS;
+  constexpr bool BULK = !KT::TMA && KT::VEC && Pages::kPaged &&
                         KT::D * sizeof(typename KT::T) >= 256 &&
                         BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
 #else
@@ -742,6 +750,8 @@ __global__ void __launch_bounds__(KT::THREADS)
     cp_async_wait<STAGES - 2>();
     if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
     if constexpr (TMA) zero_v_tail<KT>(st, t % STAGES, kv_hi - (kv_lo + t * BLOCK_N));
+    // gathered tiles: this thread's cp.async writes (generic proxy) before wgmma's reads
+    if constexpr (KT::USE_WGMMA && !TMA) fence_proxy_async();
     __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
     issue(t + STAGES - 1);
     if constexpr (KT::Q_IN_REGS) {

@@ -620,6 +620,27 @@ def test_one_block_plans_of_64_rows_take_twice_the_key_warps():
     assert fam.plan(shape(B=8, Sq=4, cap=8192), True, 132, tma=True).tile.key_warps == 4
 
 
+def test_warpgroup_tile_gathers_caches_without_tensor_maps():
+    """sm_90a, 64 packed rows, no tensor maps (pages of one row, say), 16-byte aligned,
+    64 <= D <= 128: the warpgroup tile over the swizzled ring filled by cp.async
+    (GATHER traits), two blocks per SM; not without alignment, below D = 64 or on
+    sm_80, and not for 16 packed rows."""
+    s = shape(B=8, Sq=16, cap=8192, D=64, paged=True)
+    assert fam.use_wgmma(s, False, "sm_90a", True)
+    assert not fam.use_wgmma(s, False, "sm_90a", False)
+    assert not fam.use_wgmma(s, False, "sm_80", True)
+    assert not fam.use_wgmma(shape(B=8, Sq=16, cap=8192, D=48, paged=True), False, "sm_90a", True)
+    assert not fam.use_wgmma(shape(B=8, Sq=4, cap=8192, D=64, paged=True), False, "sm_90a", True)
+    p = fam.plan(s, True, 132, None, fam.DEFAULT_SMEM_LIMIT, False, True)
+    assert not p.tma and p.tile.wgmma and p.tile.key_warps == 1 and p.smem <= fam.BLOCK_SMEM
+    assert p.spec.name.endswith(",gather,wgmma]") and p.num_splits == 4
+    assert p.spec.expr.startswith("decode_fwd<DecodeTraits<64, 4, 1, 128, 3, bf16, true, true, "
+                                  "true, true, true>")
+    assert p.smem == fam.smem_bytes(64, p.tile, True, True)
+    maps = fam.plan(s, True, 132, None, fam.DEFAULT_SMEM_LIMIT, True, True)
+    assert maps.tma and ",tma,wgmma]" in maps.spec.name
+
+
 def test_past_one_wave_64_row_plans_take_two_blocks_per_sm():
     """Grids of more 64-row blocks than SMs take the two-block tiles (BLOCK_SMEM),
     except the warpgroup tile past D = 64, which keeps its one-block tile."""

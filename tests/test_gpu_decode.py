@@ -354,6 +354,46 @@ def test_warpgroup_tile(case):
     assert _wgmma_ran(case["D"]) in (None, True)
 
 
+# Caches without tensor maps (pages of 1, 8 and 40 rows) under the warpgroup tile: its
+# swizzled ring gathered by cp.async (GATHER traits).
+GATHER_CASES = [
+    dict(page=1, Hq=32, Hkv=8, Sq=16, D=64, dtype="float16", lengths=(0, 700, 3000), splits=3),
+    dict(page=1, Hq=32, Hkv=8, Sq=16, D=128, dtype="bfloat16", lengths=(16, 1500, 77)),
+    dict(page=8, Hq=16, Hkv=2, Sq=8, D=96, dtype="bfloat16", lengths=(7, 100, 2000),
+         causal=False),
+    dict(page=40, Hq=32, Hkv=8, Sq=12, D=72, dtype="float16", lengths=(12, 300, 2500),
+         window=(100, 0), softcap=30.0),
+]
+
+
+def _gather_ran(D):
+    """On sm_90a: whether a gathered warpgroup-tile decode of head dim D was loaded."""
+    import cupy
+
+    from cupy_attention import device, jit
+
+    if device.device_arch(cupy.cuda.runtime.getDevice()) != "sm_90a":
+        return None
+    return any(",gather,wgmma]" in spec.name and f"[D={D}," in spec.name
+               for spec, _, _ in jit._loaded)
+
+
+@pytest.mark.parametrize("case", GATHER_CASES,
+                         ids=[f"page{c['page']}-{c['Hq']}/{c['Hkv']}-Sq{c['Sq']}-D{c['D']}"
+                              for c in GATHER_CASES])
+def test_warpgroup_tile_gathered(case):
+    run_case(seed_for("gather", tuple(sorted(case.items()))), **{"B": 3, **case})
+    assert _gather_ran(case["D"]) in (None, True)
+
+
+def test_warpgroup_tile_gathered_from_a_contiguous_cache(monkeypatch):
+    """A contiguous cache denied its tensor maps takes the gathered tile too."""
+    monkeypatch.setattr(fam, "use_tma", lambda *args: False)
+    run_case(seed_for("gather-contig"), B=2, Hq=32, Hkv=8, Sq=16, D=128, page=None,
+             dtype="bfloat16", lengths=(900, 4000), splits=2)
+    assert _gather_ran(128) in (None, True)
+
+
 @pytest.mark.parametrize("scale", [2.0, 50.0])
 @pytest.mark.parametrize("page", [None, 16])
 def test_warpgroup_tile_scores_that_rise(scale, page):

@@ -246,15 +246,21 @@ class Plan:
 
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
-         vec: bool, tma: bool = False) -> jit.KernelSpec:
-    assert not t.wgmma or tma, "the wgmma tile reads the tensor maps' swizzled ring"
+         vec: bool, tma: bool = False, gather: bool = False) -> jit.KernelSpec:
+    """``tma``: the swizzled ring (DecodeTraits' TMA), filled through tensor maps or,
+    with ``gather``, by cp.async (GATHER)."""
+    assert not t.wgmma or tma, "the wgmma tile reads the swizzled ring"
+    assert not gather or (tma and vec), "gathered tiles: 16-byte copies into the swizzled ring"
+    flags = ["true" if vec else "false", "true" if paged else "false"]
+    if tma:
+        flags += ["true"] + (["true" if t.wgmma else "false", "true"] if gather
+                             else ["true"] if t.wgmma else [])
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
-              f"{t.stages}, {CPP_DTYPE[dtype]}, {'true' if vec else 'false'}, "
-              f"{'true' if paged else 'false'}{', true' if tma else ''}"
-              f"{', true' if t.wgmma else ''}>")
+              f"{t.stages}, {CPP_DTYPE[dtype]}, {', '.join(flags)}>")
+    copy = ",gather" if gather else ",tma" if tma else ""
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
-            f"{'' if vec else ',unaligned'}{',tma' if tma else ''}{',wgmma' if t.wgmma else ''}]")
+            f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -293,11 +299,13 @@ def use_tma(s: DecodeShape, vec: bool, arch: str, kv_dims, k_strides, v_strides)
     return True
 
 
-def use_wgmma(s: DecodeShape, tma: bool, arch: str) -> bool:
+def use_wgmma(s: DecodeShape, tma: bool, arch: str, vec: bool = False) -> bool:
     """Whether more than WGMMA_MIN_ROWS packed rows take the warpgroup tile (sm_90a:
-    wgmma m64 over the tensor maps' ring, Q in registers: D <= 128)."""
-    return (tma and arch == "sm_90a" and s.head_dim <= 128
-            and s.group * s.seqlen_q > WGMMA_MIN_ROWS)
+    wgmma m64 over the swizzled ring, Q in registers: D <= 128), its tiles loaded through
+    the tensor maps (``tma``) or, for 16-byte aligned caches without them (pages of a
+    row, for instance; D >= 64), gathered by cp.async (``plan``'s GATHER traits)."""
+    return (arch == "sm_90a" and s.head_dim <= 128 and s.group * s.seqlen_q > WGMMA_MIN_ROWS
+            and (tma or (vec and s.head_dim >= 64)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,8 +313,11 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
          smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wgmma: bool = False) -> Plan:
     """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
-    tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers)."""
+    tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers; the
+    warpgroup tile without tensor maps gathers its tiles)."""
     rows_total = s.group * s.seqlen_q
+    gather = wgmma and not tma
+    swizzled = tma or gather
     # Paged caches take the one-block warpgroup tile past D = 64 where the two-block plan
     # would split the keys, i.e. where its 64-row blocks fill at most one block per SM
     # (H100, 2026-11-27, Sq = 16, page 16, TB/s two-block plan / one-block: B = 1, Sk =
@@ -326,7 +337,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # 8k within 1%, D = 256 4.25 / 4.36; D = 128 B = 256, Sk = 1k 3.61 / 3.37.
     wide = one_block and (rows_total > 32 or wgmma) and (
         one_wave or (wgmma and s.head_dim > 64))
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, tma, wide=wide, wgmma=wgmma)
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         if not one_block:
@@ -339,8 +350,9 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
-    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, tma), t, row_blocks,
-                num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, tma), tma)
+    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather), t,
+                row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, swizzled),
+                tma)
 
 
 def _ptr(x) -> int:
@@ -619,7 +631,7 @@ class Decode(Family):
         def make(vec: bool) -> DecodeLaunch:
             dims = (p.batch, p.seqlen_k)
             tma = use_tma(s, vec, arch, dims, strides["k_strides"], strides["v_strides"])
-            pl = plan(s, vec, sms, None, smem_limit, tma, use_wgmma(s, tma, arch))
+            pl = plan(s, vec, sms, None, smem_limit, tma, use_wgmma(s, tma, arch, vec))
             return DecodeLaunch(s, p.scale, pl, o_strides,
                                 lse_strides, device_id, arch, dims, q=None, k=None, v=None,
                                 **strides)
@@ -666,6 +678,13 @@ class Decode(Family):
         out.append(spec(128, "bfloat16", tile(1, 128, False), Variant(), False, True))
         out.append(spec(128, "bfloat16", tile(8, 128, True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), True, True))
+        for d in (64, 96, 128):   # the warpgroup tile gathering pages of a row (and such)
+            for dtype in ("float16", "bfloat16"):
+                out.append(spec(d, dtype, tile(64, d, True, tma=True, wgmma=True),
+                                Variant(causal=True), True, True, True, gather=True))
+        out.append(spec(128, "bfloat16", tile(64, 128, False, tma=True, wgmma=True),
+                        Variant(causal=True, window=(64, 0), softcap=30.0), False, True, True,
+                        gather=True))
         for d, paged in ((72, True), (128, False)):   # the warpgroup tile's variants
             out.append(spec(d, "bfloat16", tile(64, d, paged, tma=True, wide=not paged,
                                                 wgmma=True),
