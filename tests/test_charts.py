@@ -14,7 +14,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 @pytest.mark.parametrize("script, result", [
     ("peers_chart.py", "h200-peers-train-grid-bf16-ab53dcf.json"),   # peer_bench.py rows
-    ("decode_chart.py", "h200-decode-grid-da1e963.json"),            # bench --decode-grid
+    ("decode_chart.py", "h200-decode-grid-2f3e939.json"),            # bench --decode-grid
     ("decode_chart.py", "h100-decode-mma.json"),                     # decode_bench.py rows
 ])
 def test_chart_scripts_draw_the_committed_results(script, result, tmp_path):
