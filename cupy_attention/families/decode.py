@@ -74,11 +74,10 @@ SPLIT_BLOCKS_PER_SM_TMA = 1
 # / 16 splits 2.38 / 2.31 (notes-decode.md).
 SPLIT_BLOCKS_PER_SM_WGMMA = 0.5
 # ... except at D <= 64, whose tiles spend twice the softmax per byte read: from
-# SPLIT_WGMMA_NARROW_MIN_KEYS keys on, one block per SM. H200 (2026-11-29), bf16,
+# SPLIT_WGMMA_NARROW_MIN_KEYS keys on, SPLIT_BLOCKS_PER_SM_TMA's one block per SM. H200 (2026-11-29), bf16,
 # Hq/Hkv 32/8, Sq = 16, us at 1 / 2 splits: B = 8, Sk = 2k 19.6 / 20.6, 4k 32.0 / 27.0,
 # 8k 56.2 / 43.2, 32k 199 / 136; B = 1, 8 / 16 splits: Sk = 32k 34.3 / 27.0, 128k 106 /
 # 73.4 (D = 128: within 4% either way; H100, B = 8, Sk = 8k, D = 64: 2.39 / 2.33 TB/s).
-SPLIT_BLOCKS_PER_SM_WGMMA_NARROW = 1
 SPLIT_WGMMA_NARROW_MIN_KEYS = 4096
 MIN_SPLIT_KEYS = 256
 # Packed rows above this take the warpgroup tile on sm_90a (use_wgmma): 64 rows as one
@@ -251,10 +250,12 @@ def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
     with ``gather``, by cp.async (GATHER)."""
     assert not t.wgmma or tma, "the wgmma tile reads the swizzled ring"
     assert not gather or (tma and vec), "gathered tiles: 16-byte copies into the swizzled ring"
-    flags = ["true" if vec else "false", "true" if paged else "false"]
-    if tma:
-        flags += ["true"] + (["true" if t.wgmma else "false", "true"] if gather
-                             else ["true"] if t.wgmma else [])
+    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER, the trailing false ones left
+    # to their defaults
+    flags = [vec, paged, tma, t.wgmma, gather]
+    while len(flags) > 2 and not flags[-1]:
+        flags.pop()
+    flags = ["true" if x else "false" for x in flags]
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {', '.join(flags)}>")
     copy = ",gather" if gather else ",tma" if tma else ""
@@ -340,11 +341,11 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
+        narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
         if not one_block:
             per_sm = SPLIT_BLOCKS_PER_SM
-        elif t.wgmma and not s.paged:
-            narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
-            per_sm = SPLIT_BLOCKS_PER_SM_WGMMA_NARROW if narrow else SPLIT_BLOCKS_PER_SM_WGMMA
+        elif t.wgmma and not s.paged and not narrow:
+            per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
         num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
