@@ -88,7 +88,7 @@ struct DecodeTraits {
   static constexpr int D_TILES = D_PAD / 8;             // n8 tiles of O per warp
   static constexpr int QK_STEPS = D_PAD / 16;
   static constexpr int PV_STEPS = WARP_KEYS / 16;
-  static constexpr bool Q_IN_REGS = D_PAD <= 128;       // else re-read per tile
+  static constexpr bool Q_IN_REGS = D_PAD <= 128 || WGMMA_;   // else re-read per tile
   static constexpr bool VEC = VEC_;
   using Pages = PageRing<PAGED_, BLOCK_N, STAGES>;
   static constexpr int MROW = D_PAD + 4;                // merge row stride (floats)

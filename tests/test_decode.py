@@ -156,7 +156,7 @@ def test_use_wgmma():
     assert fam.use_wgmma(s(Sq=9), True, "sm_90a")                # 36 rows
     assert not fam.use_wgmma(s(Sq=8), True, "sm_90a")            # 32 rows: two m16 warps
     assert not fam.use_wgmma(s(), False, "sm_90a")               # no tensor maps
-    assert not fam.use_wgmma(s(D=256), True, "sm_90a")           # Q does not fit registers
+    assert fam.use_wgmma(s(D=256), True, "sm_90a")               # Q in 64 registers a thread
     for arch in ("sm_80", "sm_89", "sm_100a", "sm_120"):
         assert not fam.use_wgmma(s(), True, arch)
     p = fam.plan(s(), True, 132, None, 227 * 1024, True, True)
@@ -651,6 +651,23 @@ def test_past_one_wave_64_row_plans_take_two_blocks_per_sm():
             assert p.tile.key_warps == (2 if one_wave else 1), (d, B)
     d128 = fam.plan(shape(B=256, Sq=16, cap=1024), True, 132, tma=True, wgmma=True)
     assert d128.tile.key_warps == 2 and d128.smem > fam.BLOCK_SMEM
+
+
+def test_warpgroup_tile_past_head_dim_128():
+    """D = 160-256 take the warpgroup tile too (Q in registers): one block per SM in one
+    wave of contiguous blocks with the one-block split rule (SPLIT_BLOCKS_PER_SM_TMA),
+    two blocks per SM past it and on paged caches."""
+    def plan(B, d, paged=False, cap=8192):
+        return fam.plan(shape(B=B, Sq=16, cap=cap, D=d, paged=paged), True, 132, None,
+                        fam.DEFAULT_SMEM_LIMIT, True, True)
+    one = plan(8, 256)
+    assert one.tile.wgmma and one.tile.key_warps == 2 and one.num_splits == 2
+    assert one.spec.name == "decode[D=256,M=64,W=4x2,N=64,ST=3,bf16,causal,tma,wgmma]"
+    many = plan(64, 256)
+    assert many.tile.key_warps == 1 and many.smem <= fam.BLOCK_SMEM and many.num_splits == 1
+    paged = plan(8, 256, paged=True)
+    assert paged.tile.key_warps == 1 and paged.num_splits == 4
+    assert plan(8, 192).tile.wgmma
 
 
 def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():

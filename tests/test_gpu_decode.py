@@ -329,6 +329,12 @@ WGMMA_CASES = [
     dict(page=None, Hq=8, Hkv=1, Sq=16, D=64, dtype="float16", lengths=(1, 5000, 64), splits=5),
     dict(page=None, Hq=32, Hkv=4, Sq=8, D=80, dtype="bfloat16", lengths=(8, 1500, 333),
          window=(300, 20), causal=False),
+    # past D = 128 (Q in 64 registers a thread at D = 256)
+    dict(page=None, Hq=32, Hkv=8, Sq=16, D=256, dtype="bfloat16", lengths=(16, 700, 3000),
+         splits=2),
+    dict(page=16, Hq=16, Hkv=2, Sq=16, D=160, dtype="float16", lengths=(0, 900, 2100)),
+    dict(page=64, Hq=32, Hkv=8, Sq=16, D=256, dtype="bfloat16", lengths=(15, 1000, 129),
+         window=(300, 0), softcap=30.0),
     # 160 blocks of 64 rows: more than an SM each, so paged caches keep the two-block tile
     dict(page=16, Hq=16, Hkv=4, Sq=16, D=128, dtype="bfloat16", B=40,
          lengths=tuple(range(5, 40 * 41, 41))),
@@ -363,6 +369,7 @@ GATHER_CASES = [
          causal=False),
     dict(page=40, Hq=32, Hkv=8, Sq=12, D=72, dtype="float16", lengths=(12, 300, 2500),
          window=(100, 0), softcap=30.0),
+    dict(page=1, Hq=32, Hkv=8, Sq=16, D=256, dtype="bfloat16", lengths=(16, 1500, 77)),
 ]
 
 

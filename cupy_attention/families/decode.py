@@ -302,10 +302,10 @@ def use_tma(s: DecodeShape, vec: bool, arch: str, kv_dims, k_strides, v_strides)
 
 def use_wgmma(s: DecodeShape, tma: bool, arch: str, vec: bool = False) -> bool:
     """Whether more than WGMMA_MIN_ROWS packed rows take the warpgroup tile (sm_90a:
-    wgmma m64 over the swizzled ring, Q in registers: D <= 128), its tiles loaded through
-    the tensor maps (``tma``) or, for 16-byte aligned caches without them (pages of a
-    row, for instance; D >= 64), gathered by cp.async (``plan``'s GATHER traits)."""
-    return (arch == "sm_90a" and s.head_dim <= 128 and s.group * s.seqlen_q > WGMMA_MIN_ROWS
+    wgmma m64 over the swizzled ring, Q in registers), its tiles loaded through the
+    tensor maps (``tma``) or, for 16-byte aligned caches without them (pages of a row,
+    for instance; D >= 64), gathered by cp.async (``plan``'s GATHER traits)."""
+    return (arch == "sm_90a" and s.group * s.seqlen_q > WGMMA_MIN_ROWS
             and (tma or (vec and s.head_dim >= 64)))
 
 
@@ -328,7 +328,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # against 2.31 / 2.79; B = 1, Sk = 32k 2.34 against 1.95; D = 128: 3.33 / 4.02 against
     # 3.40 / 3.98, B = 1 2.78 against 2.94).
     one_wave = -(-rows_total // 64) * s.heads_kv * s.batch <= sms
-    paged_wide = wgmma and s.paged and one_wave and s.head_dim > 64
+    paged_wide = wgmma and s.paged and one_wave and 64 < s.head_dim <= 128
     one_block = tma and (not s.paged or paged_wide)
     # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
     # wave (which the split count fills); past it two blocks an SM overlap one block's
@@ -337,14 +337,14 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # Sk = 1k, D = 64 2.22 / 3.04, D = 256 3.18 / 3.48; Sk = 4k, D = 256 4.05 / 4.23; Sk =
     # 8k within 1%, D = 256 4.25 / 4.36; D = 128 B = 256, Sk = 1k 3.61 / 3.37.
     wide = one_block and (rows_total > 32 or wgmma) and (
-        one_wave or (wgmma and s.head_dim > 64))
+        one_wave or (wgmma and 64 < s.head_dim <= 128))
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
         if not one_block:
             per_sm = SPLIT_BLOCKS_PER_SM
-        elif t.wgmma and not s.paged and not narrow:
+        elif t.wgmma and not s.paged and s.head_dim <= 128 and not narrow:
             per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
@@ -662,7 +662,7 @@ class Decode(Family):
             for rows in (4, 16, 64):
                 for paged in (False, True):
                     for wide in (True, False) if not paged and rows > 32 else (False,):
-                        for wgmma in ((False, True) if rows > WGMMA_MIN_ROWS and d <= 128
+                        for wgmma in ((False, True) if rows > WGMMA_MIN_ROWS
                                       else (False,)):
                             out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
                                                            wgmma=wgmma),
@@ -679,14 +679,17 @@ class Decode(Family):
         out.append(spec(128, "bfloat16", tile(1, 128, False), Variant(), False, True))
         out.append(spec(128, "bfloat16", tile(8, 128, True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), True, True))
-        for d in (64, 96, 128):   # the warpgroup tile gathering pages of a row (and such)
+        for d in (64, 96, 128, 256):   # the warpgroup tile gathering pages of a row (and such)
             for dtype in ("float16", "bfloat16"):
                 out.append(spec(d, dtype, tile(64, d, True, tma=True, wgmma=True),
                                 Variant(causal=True), True, True, True, gather=True))
         out.append(spec(128, "bfloat16", tile(64, 128, False, tma=True, wgmma=True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), False, True, True,
                         gather=True))
-        for d, paged in ((72, True), (128, False)):   # the warpgroup tile's variants
+        for d in (160, 192):   # past D = 128, head dims that are not a power of two
+            out.append(spec(d, "bfloat16", tile(64, d, True, tma=True, wgmma=True),
+                            Variant(causal=True), True, True, True))
+        for d, paged in ((72, True), (128, False), (256, True)):   # the warpgroup tile's variants
             out.append(spec(d, "bfloat16", tile(64, d, paged, tma=True, wide=not paged,
                                                 wgmma=True),
                             Variant(causal=True, window=(64, 0), softcap=30.0), paged, True, True))
