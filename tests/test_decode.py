@@ -252,8 +252,9 @@ def test_split_plan_covers_every_key_once(B, cap):
     assert 1 <= p.num_splits <= fam.MAX_SPLITS
     assert p.num_splits * p.split_keys >= cap
     assert (p.num_splits - 1) * p.split_keys < max(cap, 1)    # no split is empty by plan
-    if p.num_splits > 1:
-        assert p.split_keys >= fam.MIN_SPLIT_KEYS or cap < 2 * fam.MIN_SPLIT_KEYS
+    if p.num_splits > 1:   # MIN_SPLIT_KEYS a split, or SHORT_SPLIT_KEYS while they are few
+        assert (p.split_keys >= fam.MIN_SPLIT_KEYS or p.num_splits <= fam.SHORT_SPLITS
+                and p.split_keys >= fam.SHORT_SPLIT_KEYS or cap < 2 * fam.SHORT_SPLIT_KEYS)
 
 
 def test_split_heuristic():
@@ -695,6 +696,36 @@ def test_warpgroup_split_count_at_head_dim_64():
     assert (splits(1, 32768, 64), splits(1, 32768, 128)) == (16, 8)
     assert (splits(8, 8192, 128), splits(8, 8192, 96)) == (1, 1)
     assert splits(64, 8192, 64) == 1
+
+
+def test_short_sequences_split_into_at_most_eight_128_key_splits():
+    """SHORT_SPLIT_KEYS keys a split while there are at most SHORT_SPLITS, else
+    MIN_SPLIT_KEYS: B = 1 at Sk = 512, 1k, 2k, 4k takes 4, 8, 8, 16 splits."""
+    def splits(cap, **kw):
+        return fam.plan(shape(B=1, Sq=1, cap=cap, **kw), True, 132, tma=True).num_splits
+    assert [splits(c) for c in (512, 1024, 2048, 4096)] == [4, 8, 8, 16]
+    assert splits(1024, paged=True, D=256) == 8
+    assert fam.split_count(8, 1024, 132, 1) == 8 and fam.split_count(8, 2048, 132, 1) == 8
+
+
+def test_four_block_tiles_past_two_waves_at_head_dim_64():
+    """D <= 64 on tensor-map tiles takes BLOCK_SMEM_NARROW's four blocks an SM where its
+    64-row blocks exceed two an SM: the warpgroup tile at any length, paged tiles below
+    FOUR_BLOCK_MAX_KEYS keys; not contiguous mma.sync tiles, cp.async tiles, D > 64, nor
+    grids within two waves."""
+    def plan(B, cap, Sq=1, D=64, paged=False, tma=True, Hkv=8):
+        s = shape(B=B, Hkv=Hkv, Sq=Sq, cap=cap, D=D, paged=paged)
+        return fam.plan(s, True, 132, tma=tma, wgmma=fam.use_wgmma(s, tma, "sm_90a", True))
+    four = plan(64, 1024, paged=True)                        # 512 blocks of 64 rows
+    assert fam.BLOCK_SMEM_NARROW >= four.smem and 4 * (four.smem + 1024) <= 228 * 1024
+    assert four.tile.block_n == 64
+    assert plan(64, 32768, Sq=16).smem <= fam.BLOCK_SMEM_NARROW   # the warpgroup tile
+    assert plan(64, 1024, Sq=16, paged=True).smem <= fam.BLOCK_SMEM_NARROW
+    for other in (plan(64, 1024), plan(64, 8192, paged=True), plan(64, 1024, D=128, paged=True),
+                  plan(64, 1024, paged=True, tma=False), plan(8, 1024, Hkv=32, paged=True),
+                  plan(33, 1024, paged=True)):              # 256 and 264 blocks: two waves
+        assert other.smem > fam.BLOCK_SMEM_NARROW, other.spec.name
+    assert plan(34, 1024, paged=True).smem <= fam.BLOCK_SMEM_NARROW   # 272 blocks
 
 
 def test_decode_launch_passes_the_maps_of_its_pointers(monkeypatch):

@@ -401,6 +401,23 @@ def test_warpgroup_tile_gathered_from_a_contiguous_cache(monkeypatch):
     assert _gather_ran(128) in (None, True)
 
 
+@pytest.mark.parametrize("Sq", [1, 16])
+@pytest.mark.parametrize("page", [None, 16])
+def test_four_block_tiles(Sq, page):
+    """More 64-row blocks than two an SM holds, at D = 64 (320 of them): the tiles of
+    BLOCK_SMEM_NARROW (64-key tiles, four blocks an SM); lengths of every residue."""
+    import cupy
+
+    from cupy_attention import device, jit
+
+    lengths = tuple((37 * b) % 1100 for b in range(80))
+    run_case(seed_for("four-block", Sq, page), B=80, Hq=16, Hkv=4, D=64, Sq=Sq, page=page,
+             dtype="bfloat16", lengths=lengths, causal=Sq > 1)
+    if device.device_arch(cupy.cuda.runtime.getDevice()) == "sm_90a":
+        assert any("[D=64," in spec.name and ",N=64," in spec.name and "tma" in spec.name
+                   for spec, _, _ in jit._loaded)
+
+
 @pytest.mark.parametrize("scale", [2.0, 50.0])
 @pytest.mark.parametrize("page", [None, 16])
 def test_warpgroup_tile_scores_that_rise(scale, page):

@@ -52,6 +52,18 @@ MHA_MAX_PAIRS = 64
 # fewer key warps. On sm_90 caches load through tensor maps where they can (use_tma):
 # the ring's rows then take whole 64-column blocks and 1 KB of alignment slack.
 BLOCK_SMEM = 113 * 1024
+# ... and at D <= 64 past one wave of two blocks an SM, four blocks an SM on the
+# warpgroup tile and on paged tensor-map tiles below FOUR_BLOCK_MAX_KEYS keys: their
+# smaller rings hide each other's ring fills and epilogues, which short sequences pay
+# often. H200 (2026-11-29), bf16, Hq/Hkv 32/8 unless named, us two / four blocks an SM:
+# Sk = 1k, Sq = 16, B = 64 43.7 / 40.0 (page 16 47.7 / 42.9), B = 256 page 16 178 / 157;
+# Sk = 8k, B = 256, Sq = 16 1023 / 961; Sq = 1, page 16, B = 64 38.5 / 36.3, Hkv 32
+# 135 / 128; B = 34 (272 blocks) 32.4 / 27.0. Not kept: the contiguous mma.sync tiles
+# (B = 34, Sq = 1 23.5 / 26.4; B = 64, 256 0.99-1.02x), pages of one row (cp.async;
+# 0.71-0.95x at long sequences or within one wave), D = 128 and 256 (up to 20% lost;
+# notes-decode.md, section 24).
+BLOCK_SMEM_NARROW = 56 * 1024
+FOUR_BLOCK_MAX_KEYS = 4095
 MAX_STAGES = 6
 # Keys per warp and tile: 64 left ptxas at 128 registers with spills (sm_90a, D = 64,
 # two row warps, paged); 32 costs only more barriers per key.
@@ -80,6 +92,13 @@ SPLIT_BLOCKS_PER_SM_WGMMA = 0.5
 # 73.4 (D = 128: within 4% either way; H100, B = 8, Sk = 8k, D = 64: 2.39 / 2.33 TB/s).
 SPLIT_WGMMA_NARROW_MIN_KEYS = 4096
 MIN_SPLIT_KEYS = 256
+# ... or SHORT_SPLIT_KEYS while there are at most SHORT_SPLITS splits (the merge reads
+# few partials): H200 (2026-11-29), bf16, Hq/Hkv 32/8, B = 1, Sk = 1k, us at 4 / 8
+# splits: D = 64 6.6 / 6.1, D = 128 8.2 / 7.4, D = 256 13.7 / 11.3 (page 16 18.1 /
+# 13.4), Sq = 16, D = 256 16.4 / 15.7; Sk = 2k at 8 / 16 splits: D = 128 9.2 / 9.8,
+# Sq = 16, D = 256 18.4 / 22.1 (notes-decode.md, section 24).
+SHORT_SPLIT_KEYS = 128
+SHORT_SPLITS = 8
 # Packed rows above this take the warpgroup tile on sm_90a (use_wgmma): 64 rows as one
 # wgmma m64 stream where four m16 warps read each K and V tile four times. Warpgroups
 # a block, each over its share of the key tile: two on the one-block-per-SM plans of
@@ -161,14 +180,15 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
          smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wide: bool = False,
-         wgmma: bool = False) -> Tile:
+         wgmma: bool = False, block_smem: int = BLOCK_SMEM) -> Tile:
     """The tile for group * Sq packed rows (see BLOCK_SMEM): the first shape, in the
     order (all key warps, BLOCK_N keys), then fewer keys per warp, then fewer key
     warps, whose ring of two or more stages fits BLOCK_SMEM, with as many stages as
     fit; failing that, the first whose two stages fit the device. ``wide``: one block
     per SM (KEY_WARPS_WIDE, 128-key tiles, the device's whole per-block budget).
     ``wgmma`` (use_wgmma): one warpgroup over 64 rows and the whole key tile (its S is
-    BLOCK_N / 2 registers a thread, not a warp's MAX_WARP_KEYS)."""
+    BLOCK_N / 2 registers a thread, not a warp's MAX_WARP_KEYS). ``block_smem``: the
+    budget in place of BLOCK_SMEM (BLOCK_SMEM_NARROW)."""
     rw = 4 if wgmma else 1 if rows_total <= 16 else 2 if rows_total <= 32 else 4
     block_n = 128 if head_dim <= 64 or wide else 64
     shapes = []
@@ -179,7 +199,7 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
             shapes.append((kw, wk))
             wk //= 2
         kw //= 2
-    for budget in ((smem_limit,) if wide else (min(BLOCK_SMEM, smem_limit), smem_limit)):
+    for budget in ((smem_limit,) if wide else (min(block_smem, smem_limit), smem_limit)):
         for kw, wk in shapes:
             fits = [st for st in range(2, MAX_STAGES + 1)
                     if smem_bytes(head_dim, Tile(rw, kw, wk, st), paged, tma) <= budget]
@@ -197,7 +217,7 @@ def split_count(blocks: int, capacity: int, sms: int,
     mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots on an
     H100)."""
     want = int(per_sm * sms) // max(blocks, 1)
-    most = max(1, capacity // MIN_SPLIT_KEYS)
+    most = max(1, capacity // MIN_SPLIT_KEYS, min(SHORT_SPLITS, capacity // SHORT_SPLIT_KEYS))
     return max(1, min(want, most, MAX_SPLITS))
 
 
@@ -327,7 +347,8 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # two-block plan wins on the H200 (2026-11-29, B = 8, Sk = 8k / 32k 2.93 / 3.81
     # against 2.31 / 2.79; B = 1, Sk = 32k 2.34 against 1.95; D = 128: 3.33 / 4.02 against
     # 3.40 / 3.98, B = 1 2.78 against 2.94).
-    one_wave = -(-rows_total // 64) * s.heads_kv * s.batch <= sms
+    blocks64 = -(-rows_total // 64) * s.heads_kv * s.batch   # of 64-row tiles
+    one_wave = blocks64 <= sms
     paged_wide = wgmma and s.paged and one_wave and 64 < s.head_dim <= 128
     one_block = tma and (not s.paged or paged_wide)
     # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
@@ -338,7 +359,11 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # 8k within 1%, D = 256 4.25 / 4.36; D = 128 B = 256, Sk = 1k 3.61 / 3.37.
     wide = one_block and (rows_total > 32 or wgmma) and (
         one_wave or (wgmma and 64 < s.head_dim <= 128))
-    t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma)
+    four_block = (s.head_dim <= 64 and tma and blocks64 > 2 * sms
+                  and (wgmma or s.paged and s.capacity <= FOUR_BLOCK_MAX_KEYS))
+    block_smem = BLOCK_SMEM_NARROW if four_block else BLOCK_SMEM
+    t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma,
+             block_smem=block_smem)
     row_blocks = -(-rows_total // t.rows)
     if num_splits is None:
         narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
