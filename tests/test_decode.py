@@ -685,6 +685,17 @@ def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():
         assert q.num_splits == splits // 2
 
 
+def test_paged_one_block_warpgroup_tile_past_head_dim_128_on_short_waves():
+    """Past D = 128 the paged one-wave warpgroup plans take the one-block tile only while
+    the wave holds at most PAGED_WIDE_KEYS_PER_SM keys an SM."""
+    def kw(B, cap, d=256):
+        return fam.plan(shape(B=B, Sq=16, cap=cap, D=d, paged=True), True, 132, tma=True,
+                        wgmma=True).tile.key_warps
+    assert (kw(1, 1024), kw(1, 8192), kw(8, 1024)) == (2, 2, 2)   # 8 x 8k keys: 496 an SM
+    assert (kw(1, 32768), kw(8, 8192), kw(8, 8192, 192)) == (1, 1, 1)
+    assert kw(8, 8192, 128) == 2
+
+
 def test_warpgroup_split_count_at_head_dim_64():
     """The D <= 64 warpgroup tile splits for one block per SM from
     SPLIT_WGMMA_NARROW_MIN_KEYS keys on, for half of one past D = 64 or below them."""

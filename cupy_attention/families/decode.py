@@ -106,6 +106,9 @@ SHORT_SPLITS = 8
 # warpgroup's 2.77, D = 64 2.39 against 1.88), one on paged caches (two blocks per SM:
 # 2.51 against 2.13).
 WGMMA_MIN_ROWS = 32
+# Paged one-wave warpgroup plans past D = 128 take the one-block tile while the wave
+# holds at most this many keys an SM (plan()).
+PAGED_WIDE_KEYS_PER_SM = 512
 KEY_WARPS_WGMMA = {False: 1, True: 2}   # by `wide`
 MAX_SPLITS = 64
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
@@ -346,10 +349,15 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # loses: B = 64 2.89 / 2.86, chunked prefill 296 / 241 TFLOPs). At D = 64 the
     # two-block plan wins on the H200 (2026-11-29, B = 8, Sk = 8k / 32k 2.93 / 3.81
     # against 2.31 / 2.79; B = 1, Sk = 32k 2.34 against 1.95; D = 128: 3.33 / 4.02 against
-    # 3.40 / 3.98, B = 1 2.78 against 2.94).
+    # 3.40 / 3.98, B = 1 2.78 against 2.94). Past D = 128 (two stages of 64 keys) only
+    # while the wave holds at most PAGED_WIDE_KEYS_PER_SM keys an SM (H200, 2026-11-29,
+    # D = 256, Sq = 16, page 16, us two-block / one-block: B = 1, Sk = 1k 21.1 / 16.2,
+    # 8k 45.4 / 38.0, 32k 92.6 / 91.0, 128k 276 / 315; B = 8, Sk = 1k 39.3 / 35.6, 8k
+    # 148 / 164; D = 192, B = 8, Sk = 8k 114 / 121; notes-decode.md section 28).
     blocks64 = -(-rows_total // 64) * s.heads_kv * s.batch   # of 64-row tiles
     one_wave = blocks64 <= sms
-    paged_wide = wgmma and s.paged and one_wave and 64 < s.head_dim <= 128
+    paged_wide = wgmma and s.paged and one_wave and 64 < s.head_dim and (
+        s.head_dim <= 128 or s.capacity * blocks64 <= PAGED_WIDE_KEYS_PER_SM * sms)
     one_block = tma and (not s.paged or paged_wide)
     # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
     # wave (which the split count fills); past it two blocks an SM overlap one block's
@@ -692,7 +700,7 @@ class Decode(Family):
                             out.append(spec(d, dtype, tile(rows, d, paged, tma=True, wide=wide,
                                                            wgmma=wgmma),
                                             Variant(causal=True), paged, True, True))
-                    if paged and rows > WGMMA_MIN_ROWS and 64 < d <= 128:   # one-block paged
+                    if paged and rows > WGMMA_MIN_ROWS and 64 < d:   # one-block paged
                         out.append(spec(d, dtype, tile(rows, d, True, tma=True, wide=True,
                                                        wgmma=True),
                                         Variant(causal=True), True, True, True))
