@@ -341,15 +341,20 @@ WGMMA_CASES = [
 ]
 
 
-def _wgmma_ran(D):
-    """On sm_90a: whether a warpgroup-tile decode of head dim D was loaded (None elsewhere)."""
+def _loaded_on_sm90a(pred):
+    """On sm_90a: whether a loaded kernel's name satisfies ``pred`` (None elsewhere)."""
     import cupy
 
     from cupy_attention import device, jit
 
     if device.device_arch(cupy.cuda.runtime.getDevice()) != "sm_90a":
         return None
-    return any(",wgmma]" in spec.name and f"[D={D}," in spec.name for spec, _, _ in jit._loaded)
+    return any(pred(spec.name) for spec, _, _ in jit._loaded)
+
+
+def _wgmma_ran(D):
+    """On sm_90a: whether a warpgroup-tile decode of head dim D was loaded (None elsewhere)."""
+    return _loaded_on_sm90a(lambda name: ",wgmma]" in name and f"[D={D}," in name)
 
 
 @pytest.mark.parametrize("case", WGMMA_CASES,
@@ -375,14 +380,7 @@ GATHER_CASES = [
 
 def _gather_ran(D):
     """On sm_90a: whether a gathered warpgroup-tile decode of head dim D was loaded."""
-    import cupy
-
-    from cupy_attention import device, jit
-
-    if device.device_arch(cupy.cuda.runtime.getDevice()) != "sm_90a":
-        return None
-    return any(",gather,wgmma]" in spec.name and f"[D={D}," in spec.name
-               for spec, _, _ in jit._loaded)
+    return _loaded_on_sm90a(lambda name: ",gather,wgmma]" in name and f"[D={D}," in name)
 
 
 @pytest.mark.parametrize("case", GATHER_CASES,
@@ -406,16 +404,11 @@ def test_warpgroup_tile_gathered_from_a_contiguous_cache(monkeypatch):
 def test_four_block_tiles(Sq, page):
     """More 64-row blocks than two an SM holds, at D = 64 (320 of them): the tiles of
     BLOCK_SMEM_NARROW (64-key tiles, four blocks an SM); lengths of every residue."""
-    import cupy
-
-    from cupy_attention import device, jit
-
     lengths = tuple((37 * b) % 1100 for b in range(80))
     run_case(seed_for("four-block", Sq, page), B=80, Hq=16, Hkv=4, D=64, Sq=Sq, page=page,
              dtype="bfloat16", lengths=lengths, causal=Sq > 1)
-    if device.device_arch(cupy.cuda.runtime.getDevice()) == "sm_90a":
-        assert any("[D=64," in spec.name and ",N=64," in spec.name and "tma" in spec.name
-                   for spec, _, _ in jit._loaded)
+    assert _loaded_on_sm90a(lambda name: "[D=64," in name and ",N=64," in name
+                            and "tma" in name) in (None, True)
 
 
 @pytest.mark.parametrize("scale", [2.0, 50.0])
