@@ -38,7 +38,7 @@
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
 //      bits as A fragments, acc += P V (ldmatrix.trans + mma). WGMMA traits (sm_90a,
-//      64 packed rows, the swizzled ring, D <= 128): a warpgroup per key warp, whose
+//      64 packed rows, the swizzled ring, Q in registers): a warpgroup per key warp, whose
 //      S = Q K^T and acc += P V are wgmma m64 over its keys; the softmax is the warps'
 //      own.
 //   4. the key warps' (m_i, l_i, acc) meet in shared memory (the ring's space) and

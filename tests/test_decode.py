@@ -722,7 +722,7 @@ def test_short_sequences_split_into_at_most_eight_128_key_splits():
 def test_four_block_tiles_past_two_waves_at_head_dim_64():
     """D <= 64 on tensor-map tiles takes BLOCK_SMEM_NARROW's four blocks an SM where its
     64-row blocks exceed two an SM: the warpgroup tile at any length, paged tiles below
-    FOUR_BLOCK_MAX_KEYS keys; not contiguous mma.sync tiles, cp.async tiles, D > 64, nor
+    FOUR_BLOCK_KEYS keys; not contiguous mma.sync tiles, cp.async tiles, D > 64, nor
     grids within two waves."""
     def plan(B, cap, Sq=1, D=64, paged=False, tma=True, Hkv=8):
         s = shape(B=B, Hkv=Hkv, Sq=Sq, cap=cap, D=D, paged=paged)

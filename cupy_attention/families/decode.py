@@ -53,7 +53,7 @@ MHA_MAX_PAIRS = 64
 # the ring's rows then take whole 64-column blocks and 1 KB of alignment slack.
 BLOCK_SMEM = 113 * 1024
 # ... and at D <= 64 past one wave of two blocks an SM, four blocks an SM on the
-# warpgroup tile and on paged tensor-map tiles below FOUR_BLOCK_MAX_KEYS keys: their
+# warpgroup tile and on paged tensor-map tiles below FOUR_BLOCK_KEYS keys: their
 # smaller rings hide each other's ring fills and epilogues, which short sequences pay
 # often. H200 (2026-11-29), bf16, Hq/Hkv 32/8 unless named, us two / four blocks an SM:
 # Sk = 1k, Sq = 16, B = 64 43.7 / 40.0 (page 16 47.7 / 42.9), B = 256 page 16 178 / 157;
@@ -63,7 +63,7 @@ BLOCK_SMEM = 113 * 1024
 # 0.71-0.95x at long sequences or within one wave), D = 128 and 256 (up to 20% lost;
 # notes-decode.md, section 24).
 BLOCK_SMEM_NARROW = 56 * 1024
-FOUR_BLOCK_MAX_KEYS = 4095
+FOUR_BLOCK_KEYS = 4096
 MAX_STAGES = 6
 # Keys per warp and tile: 64 left ptxas at 128 registers with spills (sm_90a, D = 64,
 # two row warps, paged); 32 costs only more barriers per key.
@@ -368,7 +368,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     wide = one_block and (rows_total > 32 or wgmma) and (
         one_wave or (wgmma and 64 < s.head_dim <= 128))
     four_block = (s.head_dim <= 64 and tma and blocks64 > 2 * sms
-                  and (wgmma or s.paged and s.capacity <= FOUR_BLOCK_MAX_KEYS))
+                  and (wgmma or s.paged and s.capacity < FOUR_BLOCK_KEYS))
     block_smem = BLOCK_SMEM_NARROW if four_block else BLOCK_SMEM
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma,
              block_smem=block_smem)
