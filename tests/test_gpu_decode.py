@@ -341,13 +341,19 @@ WGMMA_CASES = [
 ]
 
 
-def _loaded_on_sm90a(pred):
-    """On sm_90a: whether a loaded kernel's name satisfies ``pred`` (None elsewhere)."""
+def _on_sm90a() -> bool:
     import cupy
 
-    from cupy_attention import device, jit
+    from cupy_attention import device
 
-    if device.device_arch(cupy.cuda.runtime.getDevice()) != "sm_90a":
+    return device.device_arch(cupy.cuda.runtime.getDevice()) == "sm_90a"
+
+
+def _loaded_on_sm90a(pred):
+    """On sm_90a: whether a loaded kernel's name satisfies ``pred`` (None elsewhere)."""
+    from cupy_attention import jit
+
+    if not _on_sm90a():
         return None
     return any(pred(spec.name) for spec, _, _ in jit._loaded)
 
@@ -399,16 +405,26 @@ def test_warpgroup_tile_gathered_from_a_contiguous_cache(monkeypatch):
     assert _gather_ran(128) in (None, True)
 
 
-@pytest.mark.parametrize("Sq", [1, 16])
-@pytest.mark.parametrize("page", [None, 16])
-def test_four_block_tiles(Sq, page):
-    """More 64-row blocks than two an SM holds, at D = 64 (320 of them): the tiles of
-    BLOCK_SMEM_NARROW (64-key tiles, four blocks an SM); lengths of every residue."""
+@pytest.mark.parametrize("Sq,page,four", [(1, 16, True), (16, 16, True), (16, None, True),
+                                          (1, None, False)])
+def test_four_block_tiles(Sq, page, four, monkeypatch):
+    """More 64-row blocks than two an SM holds, at D = 64 (320 of them): on sm_90a the
+    warpgroup tile and paged tensor-map tiles take BLOCK_SMEM_NARROW's rings (four blocks
+    an SM), contiguous mma.sync tiles (Sq = 1) keep two; lengths of every residue."""
+    plans = []
+    launch = fam.launch_decode
+
+    def recorded(s, scale, p, *args, **kw):
+        plans.append(p)
+        return launch(s, scale, p, *args, **kw)
+
+    monkeypatch.setattr(fam, "launch_decode", recorded)
     lengths = tuple((37 * b) % 1100 for b in range(80))
     run_case(seed_for("four-block", Sq, page), B=80, Hq=16, Hkv=4, D=64, Sq=Sq, page=page,
              dtype="bfloat16", lengths=lengths, causal=Sq > 1)
-    assert _loaded_on_sm90a(lambda name: "[D=64," in name and ",N=64," in name
-                            and "tma" in name) in (None, True)
+    assert len(plans) == 1
+    if _on_sm90a():
+        assert (plans[0].smem <= fam.BLOCK_SMEM_NARROW) == four, plans[0].spec.name
 
 
 @pytest.mark.parametrize("scale", [2.0, 50.0])
