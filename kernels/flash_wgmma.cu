@@ -30,7 +30,9 @@
 //                    (dropout: the dropped halves cleared, VT::Drop::fragment_packed)
 //                  One named "turn" barrier per consumer keeps them in a round robin
 //                  (FA3's ping-pong, generalized): a softmax runs while the other
-//                  warpgroups' MMAs keep the tensor cores busy.
+//                  warpgroups' MMAs keep the tensor cores busy. Under a band a
+//                  consumer computes only the key tiles its own 64 rows see
+//                  (own_keys) and idles through the other turns (idle_turn).
 //   Epilogue       acc / l_i (times 1 / (1 - p) under dropout) stored from registers
 //                  (16 bytes a thread after a transpose in the quad), and the LSE.
 // Buffers change hands through mbarriers (Storage): full_k[i] completes when a K
@@ -833,35 +835,68 @@ struct Consumer {
     rescale_and_pack(j);
   }
 
+  // Turn j of a work tile (n_blocks + 1 turns: turn j reads K_j, j < n_blocks, and
+  // V_{j-1}, j > 0) in which this consumer computes nothing: it takes the turn and
+  // hands each buffer back once it has landed (a release before that would count
+  // toward the buffer's previous use).
+  __device__ __forceinline__ void idle_turn(int j) {
+    if (j < n_blocks) {
+      k_ready();
+      release_k();
+    }
+    if (j > 0) {
+      v_ready();
+      release_v();
+    }
+    my_turn();
+    pass_turn();
+    if (j < n_blocks) advance();
+  }
+
   // A work tile none of whose 64 rows of this consumer lie in [0, Sq) (a partial
-  // block): nothing to compute or store. It still takes its turns, and hands each
-  // buffer back once it has landed (a release before that would count toward the
-  // buffer's previous use).
+  // block): nothing to compute or store, every turn idle.
   __device__ __forceinline__ void skip_tile() {
-    for (int j = 0; n_blocks > 0 && j <= n_blocks; ++j) {  // n_blocks + 1 turns, as run_tile
-      if (j < n_blocks) {
-        k_ready();
-        release_k();
-      }
-      if (j > 0) {
-        v_ready();
-        release_v();
-      }
-      my_turn();
-      pass_turn();
-      if (j < n_blocks) advance();
+    for (int j = 0; n_blocks > 0 && j <= n_blocks; ++j) idle_turn(j);
+  }
+
+  // kOwnKeys: a band whose edges cross the work tile leaves some key tiles masked for
+  // every row of one consumer's 64 (the causal diagonal past its last row, a window's
+  // lower edge below its first): the consumer computes only the key tiles [lo, hi) of
+  // [0, n_blocks) its own rows see, and idles through the other turns, which hands
+  // the tensor cores to the other consumers. Where BLOCK_M > BLOCK_N these are whole
+  // tiles of every causal work tile's diagonal (BLOCK_M = 192 against BLOCK_N = 128:
+  // 1.5 tiles of 3 n_blocks, 10% of the work at S = 1k) and of a window's lower edge.
+  // Tiles of BLOCK_M <= BLOCK_N (D = 128 under the causal mask) save none at Sq = Sk
+  // nor under windows of 2^k - 1 keys, so they keep the loop as it was. Not under
+  // kDiagonalFirst (its walk is not in key order).
+  static constexpr bool kOwnKeys = (VT::Band::kLo || VT::Band::kHi) &&
+                                   KT::BLOCK_M > KT::BLOCK_N && !VT::kDiagonalFirst;
+  __device__ __forceinline__ void own_keys(int& lo, int& hi) const {
+    lo = 0, hi = n_blocks;
+    if constexpr (kOwnKeys) {
+      const int first = cmax(q0 + 64 * c, 0), last = cmin(q0 + 64 * c + 63, p.seqlen_q - 1);
+      const int a = cmax(VT::kv_begin(p, first) / KT::BLOCK_N - n_begin, 0);
+      const int e = cmin(ceil_div(VT::kv_end(p, last), KT::BLOCK_N) - n_begin, n_blocks);
+      if (a < e) lo = a, hi = e;  // rows that see no key keep the whole range, as before
     }
   }
 
-  // The key loop of one work tile; Q's rows go back to the producer once no softmax
-  // will read them again (scores_from_global), so the next tile's Q lands while this
-  // one finishes.
-  __device__ __forceinline__ void run_tile() {
+  // The key loop of one work tile over its key tiles [lo, hi) (own_keys; the other
+  // turns idle); Q's rows go back to the producer once no softmax will read them
+  // again (scores_from_global), so the next tile's Q lands while this one finishes.
+  __device__ __forceinline__ void run_tile(int lo, int hi) {
 #pragma unroll
     for (int i = 0; i < KT::D_TILES * 4; ++i) acc[i] = 0.f;
     sm.init();
     if (n_blocks > 0) {
+      if constexpr (kOwnKeys) {
+        for (int j = 0; j < lo; ++j) idle_turn(j);
+      }
       k_ready();
+      if (kOwnKeys && lo > 0) {  // V_{lo-1}: no P V of this consumer's reads it
+        v_ready();
+        release_v();
+      }
       my_turn();
       wgmma_fence();
       issue_qk();
@@ -869,10 +904,10 @@ struct Consumer {
       wgmma_wait<0>();
       fence_regs(s);
       release_k();
-      softmax(0, false);
-      rescale_and_pack(0);
+      softmax(lo, false);
+      rescale_and_pack(lo);
       advance();
-      for (int j = 1; j < n_blocks; ++j) {
+      for (int j = lo + 1; j < hi; ++j) {
         step(j);
         advance();
       }
@@ -880,6 +915,11 @@ struct Consumer {
     if (lane == 0) mbarrier_arrive(st.q_empty(c));
     if (n_blocks > 0) {
       v_ready();
+      const bool more = kOwnKeys && hi < n_blocks;  // K_hi: no Q K^T of this consumer's reads it
+      if (more) {
+        k_ready();
+        release_k();
+      }
       my_turn();
       wgmma_fence();
       issue_pv();
@@ -887,6 +927,10 @@ struct Consumer {
       wgmma_wait<0>();
       fence_regs(acc);
       release_v();
+      if (more) advance();
+      if constexpr (kOwnKeys) {
+        for (int j = hi + 1; j <= n_blocks; ++j) idle_turn(j);
+      }
     }
   }
 
@@ -953,7 +997,9 @@ struct Consumer {
         if (lane == 0) mbarrier_arrive(st.q_empty(c));
         continue;
       }
-      run_tile();
+      int lo, hi;
+      own_keys(lo, hi);
+      run_tile(lo, hi);
       store();
     }
     if (c == 0) my_turn();  // consumes the last consumer's last pass_turn: the counts balance

@@ -89,6 +89,28 @@ def _alibi_cases(families):
     return out
 
 
+def _own_keys_cases():
+    """flash_wgmma's consumers each compute only the key tiles their own 64 rows see
+    (Consumer::own_keys): bands whose edges fall inside a work tile at head dims of
+    each tile shape (64: three consumers, BLOCK_N = 128; 80: 112; 160: 64; 256: two
+    consumers, 64), long enough that a lower edge leaves whole key tiles below some
+    consumers' rows and a causal diagonal whole tiles past others', Sq < Sk and
+    Sq > Sk (rows before the diagonal see nothing)."""
+    bands = ((True, (127, 0)), (False, (200, 0)), (True, (1023, 0)), (False, (70, 190)))
+    shapes = ((1400, 1400), (700, 1100), (1100, 700))
+    out = []
+    for idx, d in enumerate((64, 80, 160, 256)):
+        for jdx, (causal, window) in enumerate(bands):
+            k = idx + jdx
+            out.append(pytest.param(dict(
+                family="flash_wgmma", causal=causal, window=window, softcap=30.0 if k % 4 == 3
+                else None, alibi=False, head_dim=d, shape=shapes[k % 3], dtype=DTYPES[k % 2],
+                layout=LAYOUTS[jdx % 2], heads_kv=HKV[k % 3], deterministic=False),
+                id=f"flash_wgmma-own-keys-d{d}-{'causal-' if causal else ''}"
+                   f"w{window[0]}_{window[1]}"))
+    return out
+
+
 # Softcap 30 on the backward at head dims and paths the sampled grid does not reach:
 # (family, D, causal, ALiBi, deterministic). flash_mma with ALiBi at the head dims whose
 # tiles the two transforms narrow (flash_mma_bwd.config's ``two_transforms``: D = 40
@@ -239,7 +261,7 @@ def _compile_in_parallel():
 
     def calls():
         for param in (_cases(FWD_FAMILIES) + _cases(BWD_FAMILIES) + _alibi_cases(FWD_FAMILIES)
-                      + _alibi_cases(BWD_FAMILIES)):
+                      + _alibi_cases(BWD_FAMILIES) + _own_keys_cases()):
             c = param.values[0]
             q, k, v, _ = make_qkv(cupy, 0, values=False, **_shape(c))
             out_b, lse_b = make_out(cupy, batch=c.get("batch", 1), heads_q=HEADS_Q,
@@ -260,7 +282,8 @@ def _compile_in_parallel():
     prewarm_calls(calls)
 
 
-@pytest.mark.parametrize("c", _cases(FWD_FAMILIES) + _alibi_cases(FWD_FAMILIES))
+@pytest.mark.parametrize("c", _cases(FWD_FAMILIES) + _alibi_cases(FWD_FAMILIES)
+                         + _own_keys_cases())
 def test_forward(c, device_cc):
     import cupy
 
