@@ -9,7 +9,9 @@ cache; each call's keys and values are counted once (B x cache_seqlens x Hkv x D
 2 bytes x 2); CUDA events around ``--reps`` back-to-back calls on one stream, two
 rounds: reported is the time per call of the faster round and the spread
 |round1 - round2| / min in percent (a difference smaller than the spread is noise).
-Paged caches hold each sequence's pages in shuffled order. torch's SDPA runs with
+Paged caches hold each sequence's pages in shuffled order (``--page-order ordered``:
+page i of sequence b at page b x pages_per_seq + i, memory in the contiguous cache's
+order, to tell the cost of scattered pages from that of the page lookups). torch's SDPA runs with
 ``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
 mask would be aligned top-left, so the row is a timing anchor only) on head-major
 [B, Hkv, Sk, D] caches; ours read [B, Sk, Hkv, D] (``--layouts hnd`` adds head-major
@@ -97,8 +99,18 @@ def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
         k, v = cache(), cache()
     if page == 0:
         return q, k, v, None, lens
-    table = rng.permutation(b * per).astype(np.int32).reshape(b, per)
-    return q, k, v, cupy.asarray(table), lens
+    table = (np.arange(b * per) if ORDERED_PAGES else rng.permutation(b * per))
+    return q, k, v, cupy.asarray(table.astype(np.int32).reshape(b, per)), lens
+
+
+ORDERED_PAGES = False   # --page-order ordered
+
+
+def _torch_pages(torch, n):
+    """The peers' page ids: shuffled, or in order under --page-order ordered."""
+    if ORDERED_PAGES:
+        return torch.arange(n, device="cuda", dtype=torch.int32)
+    return torch.randperm(n, device="cuda", dtype=torch.int64).to(torch.int32)
 
 
 def _randn(cupy, shape, dtype, dt):
@@ -198,7 +210,7 @@ def _peer_set(torch, shape, page, tdt):
         return (q, torch.randn(b, sk, hkv, d, device="cuda", dtype=tdt),
                 torch.randn(b, sk, hkv, d, device="cuda", dtype=tdt), None, lens)
     per = -(-sk // page)
-    table = torch.randperm(b * per, device="cuda", dtype=torch.int64).to(torch.int32)
+    table = _torch_pages(torch, b * per)
     return (q, torch.randn(b * per, page, hkv, d, device="cuda", dtype=tdt),
             torch.randn(b * per, page, hkv, d, device="cuda", dtype=tdt),
             table.reshape(b, per), lens)
@@ -236,7 +248,7 @@ def bench_flashinfer(torch, shape, page, dtype, reps, l2):
     tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
     per = -(-sk // page)
-    table = torch.randperm(b * per, device="cuda", dtype=torch.int64).to(torch.int32)
+    table = _torch_pages(torch, b * per)
     sets = [(torch.randn(b, hq, d, device="cuda", dtype=tdt),
              torch.randn(b * per, 2, page, hkv, d, device="cuda", dtype=tdt))
             for _ in range(n_sets(per_set, l2))]
@@ -273,6 +285,8 @@ def main() -> int:
                     help="cache memory layouts of ours: nhd ([.., Sk, Hkv, D]), hnd "
                          "(head-major views, torch SDPA's own layout), kv (K and V of a "
                          "page side by side, FlashInfer's paged layout)")
+    ap.add_argument("--page-order", default="shuffled", choices=("shuffled", "ordered"),
+                    help="pages of a sequence in shuffled order (default) or in memory order")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--splits", type=int, default=None, help="force the split count")
@@ -295,6 +309,8 @@ def main() -> int:
                          "module docstring)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    global ORDERED_PAGES
+    ORDERED_PAGES = a.page_order == "ordered"
 
     from cupy_attention import jit
     from cupy_attention.families import decode as decode_family
@@ -327,6 +343,7 @@ def main() -> int:
     report = {"device": device.device_name(dev), "date": datetime.datetime.now(
         datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
         "dtype": a.dtype, "reps": a.reps, "l2_bytes": l2, "pdl": not a.no_pdl,
+        "page_order": a.page_order,
         "tma": not a.no_tma, "wide": not a.no_wide, "wgmma": not a.no_wgmma,
         "method": "CUDA events around reps back-to-back calls, faster of two rounds; "
                   "K+V bytes read once per call; rotating input sets > 2x L2",
