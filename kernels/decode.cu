@@ -106,6 +106,12 @@ struct DecodeTraits {
   static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
   static constexpr int BOX_ROWS = PAGED_ ? 16 : BLOCK_N;
+  // The threads that issue a tile's tensor copies and arrive on its full barrier:
+  // lane 0 of every warp for the warpgroup tile over paged caches past D = 64
+  // (load_kv_tma), thread 0 elsewhere: the mma.sync tiles run two blocks an SM (four
+  // issuers there measured 0.99x at B = 64-256, Sq = 1), and the D = 64 warpgroup
+  // tile's tiles have half the boxes (0.96-1.02x; notes-decode.md section 30).
+  static constexpr int ISSUERS = PAGED_ && WGMMA_ && D_PAD > 64 ? THREADS / 32 : 1;
   // WGMMA (TMA traits, four row warps): a warpgroup per key warp, warp w the row warp
   // w % 4 of key warp w / 4. On sm_90a each warpgroup computes S = Q K^T and acc +=
   // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
@@ -341,20 +347,25 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
   }
 }
 
-// Producer on sm_90 (thread 0): the keys [j0, j0 + BLOCK_N) of K and V of (batch b,
-// KV head hk) by the copy engine through the caches' tensor maps, completing on
-// mbarrier `bar`: D_BOXES boxes of 64 columns per BOX_ROWS rows. Contiguous: maps over
-// [B, Hkv, Sk_max, D], one box row range per tile. Paged: maps over the page pool
-// [pages, Hkv, page_size, D], a box per 16 keys at (page id from ring slot `slot`, row
-// in the page), only those with a key below kv_hi. Rows past a map's extent and
-// columns past D arrive as zeros; other rows from kv_hi on as the cache holds them
-// (the caller zeroes V's there).
+// Producer on sm_90: the keys [j0, j0 + BLOCK_N) of K and V of (batch b, KV head hk)
+// by the copy engine through the caches' tensor maps, completing on mbarrier `bar`:
+// D_BOXES boxes of 64 columns per BOX_ROWS rows. Contiguous: maps over [B, Hkv,
+// Sk_max, D], one box row range per tile, from thread 0. Paged: maps over the page
+// pool [pages, Hkv, page_size, D], a box per 16 keys at (page id from ring slot `slot`,
+// row in the page), only those with a key below kv_hi, dealt to KT::ISSUERS threads
+// (`issuer`: the boxes issuer, issuer + ISSUERS, ...), each announcing its own bytes.
+// Every issue of a tensor copy is a loop over the distinct values of its operands in
+// the warp (ptxas: ELECT, BRA.U.ANY), about 20 instructions a box beside a page id's
+// load; from one thread they held every other warp at the tile's barrier
+// (notes-decode.md sections 29, 30). Rows past a map's extent and columns past D
+// arrive as zeros; other rows from kv_hi on as the cache holds them (the caller zeroes
+// V's there).
 template <class KT>
 __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& k_map,
                                             const TmaMap& v_map,
                                             const typename KT::Pages::Ids& ids,
                                             const CacheParams& cache, int b, int hk, int slot,
-                                            int j0, int kv_hi, u32 bar) {
+                                            int j0, int kv_hi, u32 bar, int issuer = 0) {
   constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES, BOX = KT::BOX_ROWS * 128;
   if constexpr (!KT::Pages::kPaged) {
     mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);
@@ -365,9 +376,12 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
     }
   } else {
     const int boxes = ceil_div(cmin(KT::BLOCK_N, kv_hi - j0), KT::BOX_ROWS);
-    mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * boxes * BOX);
+    const int mine =
+        KT::ISSUERS == 1 ? boxes : boxes > issuer ? ceil_div(boxes - issuer, KT::ISSUERS) : 0;
+    mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * mine * BOX);
     const Divisor pages = cache.pages();
-    for (int x = 0; x < boxes * KT::BOX_ROWS; x += KT::BOX_ROWS) {
+    for (int x = issuer * KT::BOX_ROWS; x < boxes * KT::BOX_ROWS;
+         x += KT::ISSUERS * KT::BOX_ROWS) {
       const int page = ids.id[slot * KT::BLOCK_N + x], row = pages.mod(j0 + x);
 #pragma unroll
       for (int c = 0; c < KT::D_BOXES; ++c) {
@@ -637,8 +651,8 @@ __device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
       reinterpret_cast<uint4*>(&st.ring.k[0][0])[(row * KT::SROW) / 8 + c] = make_uint4(0, 0, 0, 0);
     }
   }
-  if constexpr (BULK || TMA) {
-    if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * threadIdx.x, 1);
+  if constexpr (BULK || TMA) {   // (BULK: thread 0 announces the bytes)
+    if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * threadIdx.x, TMA ? KT::ISSUERS : 1);
   }
 }
 
@@ -725,12 +739,15 @@ __global__ void __launch_bounds__(KT::THREADS)
   auto issue = [&](int t) {
     if (t < n_tiles) {
       if constexpr (TMA) {
-        if (threadIdx.x == 0) {
+        // (the warp index through a shuffle, so that ptxas keeps the copies' coordinates
+        // in uniform registers)
+        const int issuer = KT::ISSUERS == 1 ? 0 : __shfl_sync(0xffffffffu, warp, 0);
+        if (KT::ISSUERS == 1 ? threadIdx.x == 0 : lane == 0) {
           fence_proxy_async();   // this thread's reads of the buffer come first
           load_kv_tma<KT>(smem_addr(&st.ring.k[0][0]) + (t % STAGES) * STAGE_BYTES,
                           smem_addr(&st.ring.v[0][0]) + (t % STAGES) * STAGE_BYTES, k_map, v_map,
                           st.ids, dp.cache, b, hk, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi,
-                          full + 8 * (t % STAGES));
+                          full + 8 * (t % STAGES), issuer);
         }
       } else if constexpr (BULK)
         load_kv_bulk<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS,
