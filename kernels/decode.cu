@@ -28,7 +28,8 @@
 //      were copied into shared memory (one 4-byte cp.async per key) in the commit
 //      group STAGES - 1 tiles earlier, so no copy waits on a block-table load. On
 //      sm_90, with TMA traits (the host's use_tma: contiguous caches, and paged ones
-//      whose pages hold a multiple of 16 rows), one thread's tensor-map copies, boxes
+//      whose pages hold a multiple of 16 rows), tensor-map copies (thread 0's, or under
+//      the paged warpgroup tile past D = 64 every warp's lane 0's: ISSUERS), boxes
 //      of 64 columns, into the swizzled layout of wgmma.cuh's SwizzledTile (ldmatrix
 //      reads it through kv_at); GATHER traits fill the same layout by cp.async (caches
 //      without tensor maps under the warpgroup tile); otherwise paged rows of 256
