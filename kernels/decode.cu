@@ -366,7 +366,7 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
                                             const TmaMap& v_map,
                                             const typename KT::Pages::Ids& ids,
                                             const CacheParams& cache, int b, int hk, int slot,
-                                            int j0, int kv_hi, u32 bar, int issuer = 0) {
+                                            int j0, int kv_hi, u32 bar, int issuer) {
   constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES, BOX = KT::BOX_ROWS * 128;
   if constexpr (!KT::Pages::kPaged) {
     mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);

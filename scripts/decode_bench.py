@@ -11,8 +11,8 @@ rounds: reported is the time per call of the faster round and the spread
 |round1 - round2| / min in percent (a difference smaller than the spread is noise).
 Paged caches hold each sequence's pages in shuffled order (``--page-order ordered``:
 page i of sequence b at page b x pages_per_seq + i, memory in the contiguous cache's
-order, to tell the cost of scattered pages from that of the page lookups). torch's SDPA runs with
-``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
+order, to tell the cost of scattered pages from that of the page lookups). torch's
+SDPA runs with ``enable_gqa`` and ``is_causal=False`` (Sq = 1 needs no mask; at Sq > 1 its causal
 mask would be aligned top-left, so the row is a timing anchor only) on head-major
 [B, Hkv, Sk, D] caches; ours read [B, Sk, Hkv, D] (``--layouts hnd`` adds head-major
 views of the same shapes: H100, 2026-11-25, within 3% of the token-major figures;
@@ -70,6 +70,9 @@ def grid_shapes():
     return out
 
 
+ORDERED_PAGES = False   # --page-order ordered: every paged table in memory order
+
+
 def kv_bytes(b, hkv, sk, d) -> int:
     return b * sk * hkv * d * 2 * 2
 
@@ -99,11 +102,8 @@ def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
         k, v = cache(), cache()
     if page == 0:
         return q, k, v, None, lens
-    table = (np.arange(b * per) if ORDERED_PAGES else rng.permutation(b * per))
+    table = np.arange(b * per) if ORDERED_PAGES else rng.permutation(b * per)
     return q, k, v, cupy.asarray(table.astype(np.int32).reshape(b, per)), lens
-
-
-ORDERED_PAGES = False   # --page-order ordered
 
 
 def _torch_pages(torch, n):

@@ -6,7 +6,7 @@ TB/s against the bytes of K and V, query rows per sequence (Sq) as the marker.
 
     python scripts/decode_chart.py benchmarks/results/h100-decode-mma.json \\
         benchmarks/results/plots/decode-h100.png
-    python scripts/decode_chart.py benchmarks/results/h200-decode-grid-2f3e939.json \\
+    python scripts/decode_chart.py benchmarks/results/h200-decode-grid-40264e6.json \\
         benchmarks/results/plots/decode-grid-h200.png
 """
 
