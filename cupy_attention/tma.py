@@ -32,9 +32,6 @@ _SWIZZLE_128B = 3  # CU_TENSOR_MAP_SWIZZLE_128B: SwizzledTile's layout
 # (same-run A/B, median 1.000 on the H200 and the H100; benchmarks/results/notes-decode.md
 # section 14).
 _L2_128B = 2
-_Dims = ctypes.c_uint64 * 4
-_Strides = ctypes.c_uint64 * 3
-_Box = ctypes.c_uint32 * 4
 
 _encode = None
 
@@ -106,7 +103,8 @@ def tileable(batch: int, heads: int, rows: int, strides) -> bool:
             and (b_stride >= 0 or batch == 1))
 
 
-def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_rows: int):
+def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_rows: int,
+                 column_blocks: bool = False):
     """(dims, byte strides, box) of the rank-4 map over a 16-bit [B, H, S, D] view
     (:func:`tileable`, 16-byte aligned strides) with (batch, head, row) ``strides``
     in elements, boxes of 64 columns x ``box_rows`` rows.
@@ -114,6 +112,11 @@ def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_
     Dimension order is (D, S, H, B). A head or batch axis that has stride 0 (a
     broadcast view) or size 1 becomes a map axis of size 1, which the kernel
     addresses at coordinate 0; an axis of size 1 takes any valid stride.
+
+    ``column_blocks`` (D a multiple of 64): the rank-5 map (64, S, D / 64, H, B), D
+    split into its 64-column blocks as an axis of its own after the rows, whose box
+    (64, box_rows, D / 64, 1, 1) lands as the blocks one after another, each of
+    ``box_rows`` rows: a chunk of kernels/common/wgmma.cuh's chunked SwizzledTile.
     """
     b_stride, h_stride, r_stride = (2 * s for s in strides)
     if rows == 1:
@@ -121,6 +124,10 @@ def map_geometry(batch: int, heads: int, rows: int, head_dim: int, strides, box_
     spare = r_stride * rows  # a valid stride (a multiple of 16) for an axis of size 1
     h_dim, h_stride = (heads, h_stride) if heads > 1 and h_stride else (1, spare)
     b_dim, b_stride = (batch, b_stride) if batch > 1 and b_stride else (1, spare)
+    if column_blocks:
+        assert head_dim % 64 == 0, head_dim
+        return ((64, rows, head_dim // 64, h_dim, b_dim), (r_stride, 128, h_stride, b_stride),
+                (64, box_rows, head_dim // 64, 1, 1))
     return (head_dim, rows, h_dim, b_dim), (r_stride, h_stride, b_stride), (64, box_rows, 1, 1)
 
 
@@ -158,7 +165,10 @@ class TileMaps:
 
     def __init__(self, geometry, keep: int = MAPS_KEPT, dtype: int = _U16):
         dims, strides, box = geometry
-        self._args = (_Dims(*dims), _Strides(*strides), _Box(*box), _Box(1, 1, 1, 1))
+        rank = len(dims)
+        self._rank = rank
+        self._args = ((ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
+                      (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*[1] * rank))
         self._maps: dict = {}
         self._keep = keep
         self._dtype = dtype
@@ -173,7 +183,7 @@ class TileMaps:
         # the map on a 64-byte boundary.
         buf = (ctypes.c_uint64 * 24)()
         addr = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
-        rc = _encoder()(addr, self._dtype, 4, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
+        rc = _encoder()(addr, self._dtype, self._rank, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
                         ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_128B, 0)
         if rc != 0:
             raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones),

@@ -29,12 +29,15 @@
 //      group STAGES - 1 tiles earlier, so no copy waits on a block-table load. On
 //      sm_90, with TMA traits (the host's use_tma: contiguous caches, and paged ones
 //      whose pages hold a multiple of 16 rows), tensor-map copies (thread 0's, or under
-//      the paged warpgroup tile past D = 64 every warp's lane 0's: ISSUERS), boxes
-//      of 64 columns, into the swizzled layout of wgmma.cuh's SwizzledTile (ldmatrix
-//      reads it through kv_at); GATHER traits fill the same layout by cp.async (caches
-//      without tensor maps under the warpgroup tile); otherwise paged rows of 256
-//      bytes or more by one bulk copy each. Maps and bulk copies complete on a stage's
-//      mbarrier.
+//      the paged warpgroup tiles past D = 64 every warp's lane 0's: ISSUERS), boxes
+//      of 64 columns (paged mma.sync tiles at D = 128, 192, 256: one box of all of them
+//      per 16 keys, FUSED_BOXES), into the swizzled layout of wgmma.cuh's SwizzledTile
+//      (ldmatrix reads it through kv_at); GATHER traits fill the same layout by
+//      cp.async (caches without tensor maps under the warpgroup tile); otherwise paged
+//      rows of 256 bytes or more by one bulk copy each. Maps and bulk copies complete
+//      on a stage's mbarrier. PRODUCER traits (the one-block paged warpgroup tile at
+//      64 < D <= 128) leave the copies and page lookups to a producer warpgroup of
+//      their own (produce_paged), the consumers releasing buffers on mbarriers.
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
@@ -103,16 +106,47 @@ struct DecodeTraits {
   static constexpr bool TMA = TMA_;
   static constexpr bool GATHER = GATHER_;
   static constexpr bool MAPS = TMA_ && !GATHER_;   // tensor-map copies on sm_90
-  using KVTile = SwizzledTile<BLOCK_N, D_PAD>;
-  static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
   static constexpr int BOX_ROWS = PAGED_ ? 16 : BLOCK_N;
-  // The threads that issue a tile's tensor copies and arrive on its full barrier:
-  // lane 0 of every warp for the warpgroup tile over paged caches past D = 64
-  // (load_kv_tma), thread 0 elsewhere: the mma.sync tiles run two blocks an SM (four
-  // issuers there measured 0.99x at B = 64-256, Sq = 1), and the D = 64 warpgroup
+  // FUSED_BOXES: the mma.sync tiles over paged maps past D = 64, D a multiple of 64,
+  // keep the ring's tiles in chunks of BOX_ROWS rows, each with all D_BOXES column
+  // blocks of its rows (SwizzledTile's chunks), so that one rank-5 box (column, row,
+  // column block, head, page) fills a chunk: a copy per 16 keys where there were
+  // D_BOXES (H200, 2026-11-29, B = 8, Sk = 8k, D = 128, Sq = 1, page 16: 1.72 -> 2.04
+  // TB/s at one split, 1.011-1.013x under the plans). Not the warpgroup tile: its
+  // K-major S = Q K^T then takes a wgmma of N = 16 per chunk (rows 1024 bytes apart in
+  // eights, which chunks break), which cost more than the boxes saved (notes-decode.md
+  // section 31).
+  static constexpr bool FUSED_BOXES = MAPS && PAGED_ && !WGMMA_ && D_PAD > 64 && D_ % 64 == 0;
+  static constexpr int KV_CHUNK = FUSED_BOXES ? BOX_ROWS : BLOCK_N;
+  using KVTile = SwizzledTile<BLOCK_N, D_PAD, KV_CHUNK>;
+  static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
+  // PRODUCER: the one-block warpgroup tile (two consumer warpgroups, one block an SM)
+  // over paged maps at 64 < D <= 128 takes a warpgroup of its own (the block's last)
+  // that looks up the pages and issues the boxes a ring ahead, the consumers releasing
+  // each buffer on an `empty` mbarrier, so no consumer issues copies and no barrier
+  // joins them per tile (produce_paged; notes-decode.md section 31). A whole
+  // warpgroup, so that it can hand its registers to the consumers (setmaxnreg; with
+  // one warp more, three warps on a scheduler capped every thread at 168 and the
+  // consumers spilled); past D = 128 the consumers' 250 or so registers leave none.
+  static constexpr bool PRODUCER =
+      MAPS && PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128;
+  static constexpr int BLOCK_THREADS = THREADS + (PRODUCER ? 128 : 0);
+  static constexpr int LAUNCH_REGS = 65536 / BLOCK_THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGS = 40;
+  static constexpr int PRODUCER_WARPS = 4;   // each issues a share of a tile's boxes
+  static constexpr int CONSUMER_REGS =
+      cmin((LAUNCH_REGS * BLOCK_THREADS - 128 * PRODUCER_REGS) / THREADS / 8 * 8, 240);
+  // The threads that issue a tile's tensor copies and arrive on its full barrier
+  // otherwise: lane 0 of every warp for the other warpgroup tiles over paged caches
+  // past D = 64 (load_kv_tma), thread 0 elsewhere: the mma.sync tiles run two blocks an SM
+  // (four issuers there measured 0.99x at B = 64-256, Sq = 1), and the D = 64 warpgroup
   // tile's tiles have half the boxes (0.96-1.02x; notes-decode.md section 30).
-  static constexpr int ISSUERS = PAGED_ && WGMMA_ && D_PAD > 64 ? THREADS / 32 : 1;
+  static constexpr int ISSUERS = PAGED_ && WGMMA_ && D_PAD > 64 && !PRODUCER ? THREADS / 32 : 1;
+  // full[STAGES] (tile landed), then under PRODUCER's tile shapes empty[STAGES] (every
+  // consumer warp done with the buffer; unused by the gathered tiles of those shapes)
+  static constexpr int BARRIERS =
+      (PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 ? 2 : 1) * STAGES;
   // WGMMA (TMA traits, four row warps): a warpgroup per key warp, warp w the row warp
   // w % 4 of key warp w / 4. On sm_90a each warpgroup computes S = Q K^T and acc +=
   // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
@@ -131,16 +165,16 @@ struct DecodeTraits {
     return (r * SROW + c * 8) * 2;
   }
   // A lane's ldmatrix rows: row r0 + x, chunk c0 + y of a tile (c0 < 2; x a multiple of
-  // 8 and y even, both compile-time in the loops) is at kv_at(lane, kv_key(r0, c0), x,
-  // y), lane the address of (r0, c0) (TMA: of (r0, 0)): padded rows are linear in x and
-  // y; the swizzle XORs the chunk within its 64-column block with the row's low three
-  // bits, which x keeps.
+  // 16 and y even, both compile-time in the loops; r0 % 16 + 15 rows stay in one of the
+  // KV_CHUNK chunks) is at kv_at(lane, kv_key(r0, c0), x, y), lane the address of (r0,
+  // c0) (TMA: of (r0, 0)): padded rows are linear in x and y; the swizzle XORs the
+  // chunk within its 64-column block with the row's low three bits, which x keeps.
   __device__ __forceinline__ static u32 kv_key(int r0, int c0) {
     return TMA ? u32((c0 ^ (r0 % 8)) << 4) : 0u;
   }
   __device__ __forceinline__ static u32 kv_at(u32 lane, u32 key, int x, int y) {
     if constexpr (TMA)
-      return lane + x * 128 + (y / 8) * KVTile::BLOCK_BYTES + (key ^ ((y % 8) << 4));
+      return lane + KVTile::row_offset(x) + (y / 8) * KVTile::BLOCK_BYTES + (key ^ ((y % 8) << 4));
     return lane + (x * SROW + y * 8) * 2;
   }
 
@@ -158,7 +192,7 @@ struct DecodeTraits {
     };
     T q[ROWS * SROW];
     typename Pages::Ids ids;
-    alignas(8) u64 full[STAGES];   // sm_90 bulk copies: tile landed (one phase per use)
+    alignas(8) u64 full[BARRIERS];   // sm_90 bulk copies: tile landed (one phase per use)
   };
   // TMA: Storage is placed at the first 1024-byte boundary (storage.cuh).
   static constexpr int SMEM_BYTES = sizeof(Storage) + (TMA ? SMEM_SLACK : 0);
@@ -384,13 +418,85 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
     for (int x = issuer * KT::BOX_ROWS; x < boxes * KT::BOX_ROWS;
          x += KT::ISSUERS * KT::BOX_ROWS) {
       const int page = ids.id[slot * KT::BLOCK_N + x], row = pages.mod(j0 + x);
+      const u32 at = KT::KVTile::row_offset(x);
+      if constexpr (KT::FUSED_BOXES) {
+        tma_load_5d(k_dst + at, k_map, 0, row, 0, hk, page, bar);
+        tma_load_5d(v_dst + at, v_map, 0, row, 0, hk, page, bar);
+      } else {
 #pragma unroll
-      for (int c = 0; c < KT::D_BOXES; ++c) {
-        tma_load_4d(k_dst + c * BLOCK + x * 128, k_map, 64 * c, row, hk, page, bar);
-        tma_load_4d(v_dst + c * BLOCK + x * 128, v_map, 64 * c, row, hk, page, bar);
+        for (int c = 0; c < KT::D_BOXES; ++c) {
+          tma_load_4d(k_dst + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
+          tma_load_4d(v_dst + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
+        }
       }
     }
   }
+}
+
+// Producer warp pw (0..3) of PRODUCER traits' warpgroup: tiles 0 .. n_tiles - 1 of
+// keys [kv_lo, kv_hi) of (batch b, KV head hk) through the paged maps, tile t into ring
+// buffer t % STAGES once every consumer warp released the tile before it there (empty
+// barrier), on the buffer's full barrier, where each producer warp announces its own
+// bytes. The tile's box rows (16 keys) are dealt round the four warps: lane x of warp
+// pw owns rows 16 (pw + 4x).., reads their page id from the block table two tiles
+// ahead (the loads' latency under two tiles' issue, as the other tiles' cp.async ids)
+// and issues their boxes. Four warps, because ptxas issues a box once per lane that
+// has one (section 29): from one warp, a tile's 32 boxes at D = 128 went out one after
+// another, and long sequences lost 1-2.4% (notes-decode.md section 31).
+template <class KT>
+__device__ __forceinline__ void produce_paged(typename KT::Storage& st, const TmaMap& k_map,
+                                              const TmaMap& v_map, const CacheParams& cache,
+                                              int b, int hk, int kv_lo, int kv_hi, int n_tiles,
+                                              u32 full, int pw, int lane) {
+  constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N, ROWS = KT::BOX_ROWS;
+  constexpr int WARPS = KT::PRODUCER_WARPS;
+  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2, BLOCK = KT::KVTile::BLOCK_BYTES;
+  static_assert(BLOCK_N / ROWS <= 32 * WARPS && KT::KV_CHUNK == BLOCK_N,
+                "a lane per box row, plain tiles");
+  const i32* table = cache.block_table + b * cache.block_table_stride;
+  const Divisor pages = cache.pages();
+  const u32 k_ring = smem_addr(&st.ring.k[0][0]), v_ring = smem_addr(&st.ring.v[0][0]);
+  const int x = pw + WARPS * lane;   // this lane's box row of a tile
+  auto page_of = [&](int t) {        // this lane's page in tile t (0 where it has no keys)
+    const int j = kv_lo + t * BLOCK_N + ROWS * x;
+    return x < BLOCK_N / ROWS && t < n_tiles && j < kv_hi ? table[pages.div(j)] : 0;
+  };
+  int page = page_of(0), next = page_of(1);
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % STAGES;
+    if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
+    const int after = page_of(t + 2);
+    const int j0 = kv_lo + t * BLOCK_N;
+    const int boxes = ceil_div(cmin(BLOCK_N, kv_hi - j0), ROWS);
+    const int mine = boxes > pw ? ceil_div(boxes - pw, WARPS) : 0;
+    const u32 bar = full + 8 * stage;
+    if (lane == 0) {
+      fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
+      mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * mine * ROWS * 128);
+    }
+    __syncwarp();
+    if (lane < mine) {
+      const int row = pages.mod(j0 + ROWS * x);
+      const u32 at = stage * STAGE_BYTES + ROWS * x * 128;
+#pragma unroll
+      for (int c = 0; c < KT::D_BOXES; ++c) {
+        tma_load_4d(k_ring + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
+        tma_load_4d(v_ring + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
+      }
+    }
+    page = next;
+    next = after;
+  }
+}
+
+// The consumers' barrier: the block's, or theirs alone beside a producer warpgroup
+// (which meets them at the start only).
+template <class KT>
+__device__ __forceinline__ void consumers_sync() {
+  if constexpr (KT::PRODUCER)
+    named_barrier_sync(1, KT::THREADS);
+  else
+    __syncthreads();
 }
 
 // Consumer step of one warp: its WARP_KEYS keys (first key k0) of the tile in ring
@@ -549,7 +655,7 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
       st.merge.l[kw][row] = sm.row[r].l_i;
     }
   }
-  __syncthreads();
+  consumers_sync<KT>();
   // Each row's merge once, by one thread: in place of the warps' m, their weights
   // exp2(m_w - m) / l (l = sum of the weighted l_w), and the row's LSE in place of
   // the first warp's l (a row's slots are read and written by its thread alone).
@@ -573,7 +679,7 @@ __device__ __forceinline__ void store(typename KT::Storage& st, const DecodePara
     for (int w = 0; w < KEY_WARPS; ++w) st.merge.m[w][r] = wt[w] * inv_l;
     st.merge.l[0][r] = row.lse();
   }
-  __syncthreads();
+  consumers_sync<KT>();
 
   // COLS consecutive columns a thread (four where the aligned path's 16-byte strides and
   // D allow: o_part rows are D floats, out's rows aligned to 16 bytes)
@@ -653,7 +759,12 @@ __device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
     }
   }
   if constexpr (BULK || TMA) {   // (BULK: thread 0 announces the bytes)
-    if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * threadIdx.x, TMA ? KT::ISSUERS : 1);
+    if (threadIdx.x < KT::STAGES)
+      mbarrier_init(full + 8 * threadIdx.x,
+                    !TMA ? 1 : KT::PRODUCER ? KT::PRODUCER_WARPS : KT::ISSUERS);
+    if constexpr (KT::PRODUCER) {   // empty: one arrival per consumer warp
+      if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * (KT::STAGES + threadIdx.x), KT::WARPS);
+    }
   }
 }
 
@@ -677,7 +788,7 @@ __device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage,
 // x % num_splits; x / num_splits is the row block.
 // k_map, v_map: the caches' tensor maps (KT::TMA; ignored otherwise).
 template <class KT, class VT>
-__global__ void __launch_bounds__(KT::THREADS)
+__global__ void __launch_bounds__(KT::BLOCK_THREADS)
     decode_fwd(const DecodeParams dp, const __grid_constant__ TmaMap k_map,
                const __grid_constant__ TmaMap v_map) {
   constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N;
@@ -720,7 +831,7 @@ __global__ void __launch_bounds__(KT::THREADS)
   // commit group of tile t also carries the ids of tile t + STAGES - 1 (empty groups
   // past the end keep the count uniform). Paged: the first STAGES - 1 tiles' ids first.
   auto ids_of = [&](int t) {
-    if (t < n_tiles) Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
+    if (!KT::PRODUCER && t < n_tiles) Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
   };
   // Without TMA traits, paged caches on sm_90 copy aligned rows of 256 bytes or more
   // with the copy engine (load_kv_bulk) where cp.async would take each thread 16 copies
@@ -761,7 +872,7 @@ __global__ void __launch_bounds__(KT::THREADS)
     cp_async_commit();
   };
   init_ring<KT, BULK, TMA>(st, full);
-  if constexpr (Pages::kPaged) {
+  if constexpr (Pages::kPaged && !KT::PRODUCER) {
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) ids_of(t);
     cp_async_commit();
@@ -770,8 +881,20 @@ __global__ void __launch_bounds__(KT::THREADS)
     cp_async_wait<0>();
     __syncthreads();   // the first tiles' page ids are in; the mbarriers are initialized
   }
+  if constexpr (KT::PRODUCER) {
+    // (warp-uniform; through a shuffle so that the compiler knows it too)
+    const int uwarp = __shfl_sync(0xffffffffu, warp, 0);
+    if (uwarp >= KT::WARPS) {   // the producer warpgroup
+      setmaxnreg_dec<KT::PRODUCER_REGS>();
+      produce_paged<KT>(st, k_map, v_map, dp.cache, b, hk, kv_lo, kv_hi, n_tiles, full,
+                        uwarp - KT::WARPS, lane);
+      return;
+    }
+    setmaxnreg_inc<KT::CONSUMER_REGS>();
+  } else {
 #pragma unroll
-  for (int t = 0; t < STAGES - 1; ++t) issue(t);
+    for (int t = 0; t < STAGES - 1; ++t) issue(t);
+  }
   // Q's loads wait for their data; the first tiles' copies are in flight by then
   // (the loop's first barrier publishes Q)
   load_q<KT>(st, p, rows, b, hk);
@@ -790,22 +913,34 @@ __global__ void __launch_bounds__(KT::THREADS)
   // this lane's rows and chunks of K (B of Q K^T) and V (B of P V, transposed)
   const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
   const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
-  const u32 k_lane = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + key0 * 128
-                     : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + k_r0 * 128
+  const u32 k_lane = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(key0)
+                     : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(k_r0)
                                     : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
-  const u32 v_lane = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + key0 * 128
-                     : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + v_r0 * 128
+  const u32 v_lane = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(key0)
+                     : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(v_r0)
                                     : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
   const u32 k_key = KT::kv_key(k_r0, k_c0), v_key = KT::kv_key(v_r0, v_c0);
 
+  if constexpr (KT::PRODUCER) consumers_sync<KT>();   // Q visible
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<STAGES - 2>();
-    if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
-    if constexpr (TMA) zero_v_tail<KT>(st, t % STAGES, kv_hi - (kv_lo + t * BLOCK_N));
-    // gathered tiles: this thread's cp.async writes (generic proxy) before wgmma's reads
-    if constexpr (KT::USE_WGMMA && !TMA) fence_proxy_async();
-    __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
-    issue(t + STAGES - 1);
+    if constexpr (KT::PRODUCER) {
+      // tile t landed; the last one's V rows past the keys zeroed and published (the
+      // condition is the block's), no barrier otherwise
+      mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+      const int valid = kv_hi - (kv_lo + t * BLOCK_N);
+      if (valid < BLOCK_N) {
+        zero_v_tail<KT>(st, t % STAGES, valid);
+        consumers_sync<KT>();
+      }
+    } else {
+      cp_async_wait<STAGES - 2>();
+      if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+      if constexpr (TMA) zero_v_tail<KT>(st, t % STAGES, kv_hi - (kv_lo + t * BLOCK_N));
+      // gathered tiles: this thread's cp.async writes (generic proxy) before wgmma's reads
+      if constexpr (KT::USE_WGMMA && !TMA) fence_proxy_async();
+      __syncthreads();   // tile t (and Q) visible; every warp is done with tile t - 1
+      issue(t + STAGES - 1);
+    }
     if constexpr (KT::Q_IN_REGS) {
       if (t == 0) {
 #pragma unroll
@@ -817,9 +952,13 @@ __global__ void __launch_bounds__(KT::THREADS)
     const u32 buf = (t % STAGES) * STAGE_BYTES;
     consume_tile<KT, VT>(p, rows, qf, q_addr, k_lane + buf, k_key, v_lane + buf, v_key, b, k0,
                          partial, lane, sm, acc);
+    if constexpr (KT::PRODUCER) {   // this warp is done with the buffer
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(full + 8 * (STAGES + t % STAGES));
+    }
   }
 
   cp_async_wait<0>();
-  __syncthreads();
+  consumers_sync<KT>();
   store<KT>(st, dp, p, rows, b, hk, split, rw, kw, lane, sm, acc);
 }

@@ -90,7 +90,8 @@ def test_page_divisor_divides_every_key_index():
 
 TILES = [fam.Tile(1, 4, 16, 3), fam.Tile(1, 4, 32, 2), fam.Tile(1, 2, 16, 3),
          fam.Tile(2, 2, 32, 2), fam.Tile(4, 1, 64, 2), fam.Tile(4, 1, 16, 6),
-         fam.Tile(1, 8, 16, 3), fam.Tile(4, 1, 128, 3, True), fam.Tile(4, 1, 64, 2, True)]
+         fam.Tile(1, 8, 16, 3), fam.Tile(4, 1, 128, 3, True), fam.Tile(4, 1, 64, 2, True),
+         fam.Tile(4, 2, 64, 3, True)]
 
 
 @pytest.mark.parametrize("head_dim", [1, 8, 59, 64, 96, 128, 160, 250, 256])
@@ -110,7 +111,10 @@ def test_smem_formula_is_sizeof_storage(head_dim, tile, paged, tma):
            f'static_assert({traits}::SMEM_BYTES == {fam.smem_bytes(head_dim, tile, paged, tma)}, '
            f'"smem");\n'
            f'static_assert({traits}::ROWS == {tile.rows} && {traits}::BLOCK_N == {tile.block_n} '
-           f'&& {traits}::THREADS == {tile.threads}, "traits");\n')
+           f'&& {traits}::THREADS == {tile.threads}, "traits");\n'
+           f'static_assert({traits}::BLOCK_THREADS == '
+           f'{tile.threads + (128 if fam.has_producer(head_dim, tile, paged, tma) else 0)}, '
+           f'"producer warpgroup");\n')
     ok, log = _nvrtc(src)
     assert ok, log
 

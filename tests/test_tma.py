@@ -25,6 +25,37 @@ def test_bshd_keeps_the_head_stride_below_the_row_stride():
     assert strides == (8 * 256, 256, 50 * 8 * 256)
 
 
+def test_paged_column_blocks_are_an_axis_after_the_rows():
+    # a paged cache [pages=40, page=16, Hkv=8, D=256] seen as [pages, H, S, D]: the rank-5
+    # map (64, rows, D / 64, H, pages) whose box (64, 16, 4, 1, 1) covers a page's 16 rows
+    # of every 64-column block, 128 bytes between blocks
+    dims, strides, box = tma.map_geometry(40, 8, 16, 256, (16 * 8 * 256, 256, 8 * 256), 16,
+                                          column_blocks=True)
+    assert dims == (64, 16, 4, 8, 40)
+    assert strides == (8 * 512, 128, 512, 16 * 8 * 512)
+    assert box == (64, 16, 4, 1, 1)
+
+
+def test_rank5_maps_are_encoded_with_their_rank(monkeypatch):
+    import ctypes
+
+    seen = []
+
+    def fake_encode(addr, dtype, rank, ptr, dims, strides, box, elem_strides, *modes):
+        seen.append((rank, list((ctypes.c_uint64 * rank).from_address(dims)),
+                     list((ctypes.c_uint64 * (rank - 1)).from_address(strides)),
+                     list((ctypes.c_uint32 * rank).from_address(box)),
+                     list((ctypes.c_uint32 * rank).from_address(elem_strides))))
+        return 0
+
+    monkeypatch.setattr(tma, "_encode", fake_encode)
+    geometry = tma.map_geometry(40, 8, 16, 128, (16 * 8 * 128, 128, 8 * 128), 16,
+                                column_blocks=True)
+    tma.TileMaps(geometry)(256)
+    assert seen == [(5, [64, 16, 2, 8, 40], [8 * 256, 128, 256, 16 * 8 * 256],
+                     [64, 16, 2, 1, 1], [1] * 5)]
+
+
 @pytest.mark.parametrize("axis", ["head", "batch"])
 def test_broadcast_axis_is_a_map_axis_of_size_one(axis):
     b_stride, h_stride = (0, 64 * 80) if axis == "batch" else (2 * 64 * 80, 0)

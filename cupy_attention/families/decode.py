@@ -99,6 +99,16 @@ MIN_SPLIT_KEYS = 256
 # Sq = 16, D = 256 18.4 / 22.1 (notes-decode.md, section 24).
 SHORT_SPLIT_KEYS = 128
 SHORT_SPLITS = 8
+# The paged tile with a producer warpgroup (has_producer) splits less: a split streams
+# at least PRODUCER_SPLIT_KEYS keys, and a grid that holds a third of the SMs unsplit
+# stays unsplit below PRODUCER_MERGE_KEYS keys (the merge and a second ring fill cost
+# more than the SMs gained). H200 (2026-11-29), bf16, Hq/Hkv 32/8, Sq = 16, D = 128,
+# page 16, TB/s: B = 8 at 1 / 2 splits: Sk = 1k 1.95 / 1.67, 2k 2.55 / 2.30, 4k 3.03 /
+# 2.97, 8k 3.33 / 3.61; D = 96, 2k 2.20 / 1.93; B = 4 at 2 / 4 splits: Sk = 2k 1.66 /
+# 1.81, 4k 2.30 / 2.42; B = 1, Sk = 4k at 8 / 16 splits 1.15 / 1.03 (notes-decode.md
+# section 31).
+PRODUCER_SPLIT_KEYS = 512
+PRODUCER_MERGE_KEYS = 8192
 # Packed rows above this take the warpgroup tile on sm_90a (use_wgmma): 64 rows as one
 # wgmma m64 stream where four m16 warps read each K and V tile four times. Warpgroups
 # a block, each over its share of the key tile: two on the one-block-per-SM plans of
@@ -166,11 +176,18 @@ class Tile:
         return 32 * self.row_warps * self.key_warps
 
 
+def has_producer(head_dim: int, t: Tile, paged: bool, maps: bool) -> bool:
+    """DecodeTraits' PRODUCER: the one-block warpgroup tile over paged tensor maps at
+    64 < D <= 128 runs a producer warpgroup beside its two (Plan.threads)."""
+    return maps and paged and t.wgmma and t.key_warps == 2 and 64 < head_dim <= 128
+
+
 def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
     """``DecodeTraits::SMEM_BYTES``: sizeof(Storage) (the K/V ring or the key warps'
-    merge area, Q's packed rows, the page ids, the ring's mbarriers), and with TMA the
-    slack that places it on a 1024-byte boundary (its ring rows then take whole
-    64-column blocks of the swizzled layout)."""
+    merge area, Q's packed rows, the page ids, the ring's mbarriers: full, and empty
+    under the one-block paged warpgroup tile at 64 < D <= 128), and with TMA the slack that places it
+    on a 1024-byte boundary (its ring rows then take whole 64-column blocks of the
+    swizzled layout)."""
     d_pad = -(-head_dim // 16) * 16
     srow = d_pad + 8
     kv_row = -(-d_pad // 64) * 64 if tma else srow
@@ -178,7 +195,8 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
     merge = t.key_warps * t.rows * (d_pad + 4) * 4 + 2 * t.key_warps * t.rows * 4
     ids = 4 * (2 * (t.stages - 1) * t.block_n if paged else 1)
     head = max(ring, merge) + t.rows * srow * 2 + ids
-    return -(-head // 8) * 8 + 8 * t.stages + (1024 if tma else 0)
+    barriers = t.stages * (2 if has_producer(head_dim, t, paged, True) else 1)
+    return -(-head // 8) * 8 + 8 * barriers + (1024 if tma else 0)
 
 
 def tile(rows_total: int, head_dim: int, paged: bool = True,
@@ -212,7 +230,7 @@ def tile(rows_total: int, head_dim: int, paged: bool = True,
 
 
 def split_count(blocks: int, capacity: int, sms: int,
-                per_sm: float = SPLIT_BLOCKS_PER_SM) -> int:
+                per_sm: float = SPLIT_BLOCKS_PER_SM, min_keys: int = MIN_SPLIT_KEYS) -> int:
     """Key splits per sequence for ``blocks`` blocks of ``capacity`` keys each: as
     many as one wave of ``per_sm`` blocks per SM holds (SPLIT_BLOCKS_PER_SM, or
     SPLIT_BLOCKS_PER_SM_TMA for contiguous caches through tensor maps, and
@@ -220,7 +238,7 @@ def split_count(blocks: int, capacity: int, sms: int,
     mostly idle wave: B = 8, Hkv = 8 took 5 splits, 320 blocks for 264 slots on an
     H100)."""
     want = int(per_sm * sms) // max(blocks, 1)
-    most = max(1, capacity // MIN_SPLIT_KEYS, min(SHORT_SPLITS, capacity // SHORT_SPLIT_KEYS))
+    most = max(1, capacity // min_keys, min(SHORT_SPLITS, capacity // SHORT_SPLIT_KEYS))
     return max(1, min(want, most, MAX_SPLITS))
 
 
@@ -254,6 +272,7 @@ class Plan:
     split_keys: int
     smem: int
     tma: bool = False   # K and V tiles through tensor maps (use_tma)
+    producer: bool = False   # DecodeTraits' PRODUCER: a producer warpgroup beside the tile's
 
     @property
     def rows(self) -> int:
@@ -261,7 +280,7 @@ class Plan:
 
     @property
     def threads(self) -> int:
-        return self.tile.threads
+        return self.tile.threads + (128 if self.producer else 0)
 
     def grid(self, s: DecodeShape) -> tuple:
         return (self.row_blocks * self.num_splits, s.heads_kv, s.batch)
@@ -381,12 +400,18 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
             per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
-        num_splits = split_count(row_blocks * s.heads_kv * s.batch, s.capacity, sms, per_sm)
+        blocks = row_blocks * s.heads_kv * s.batch
+        if has_producer(s.head_dim, t, s.paged, tma):
+            num_splits = split_count(blocks, s.capacity, sms, per_sm, PRODUCER_SPLIT_KEYS)
+            if 3 * blocks >= sms and s.capacity < PRODUCER_MERGE_KEYS:
+                num_splits = 1
+        else:
+            num_splits = split_count(blocks, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather), t,
                 row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, swizzled),
-                tma)
+                tma, has_producer(s.head_dim, t, s.paged, tma))
 
 
 def _ptr(x) -> int:
@@ -510,9 +535,13 @@ class DecodeLaunch:
             from .. import tma
 
             box_rows = 16 if s.paged else p.tile.block_n
+            # (DecodeTraits' FUSED_BOXES: the mma.sync tiles over paged caches past D =
+            # 64 take a box of every 64-column block of 16 rows)
+            blocks = (s.paged and not p.tile.wgmma and s.head_dim > 64
+                      and s.head_dim % 64 == 0)
             self.maps = tma.MapBuffers(tma.TileMaps(tma.map_geometry(
                 kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, tensors[f"{x}_strides"],
-                box_rows)) for x in ("k", "v"))
+                box_rows, blocks)) for x in ("k", "v"))
         self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
                                       tensors.pop("v"), None, None, o_strides=o_strides,
                                       lse_strides=lse_strides, p=p, **tensors).tobytes()

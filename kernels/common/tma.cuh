@@ -70,6 +70,18 @@ __device__ __forceinline__ void tma_load_4d(u32 dst, const TmaMap& map, int x, i
       : "memory");
 }
 
+// The box at (x, y, z, h, b) of a rank-5 `map` into shared address `dst`, completing
+// on mbarrier `bar` (the decode's paged maps: column, row, 64-column block, head, page).
+__device__ __forceinline__ void tma_load_5d(u32 dst, const TmaMap& map, int x, int y, int z,
+                                            int h, int b, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+      :: "r"(dst), "l"(reinterpret_cast<u64>(&map)), "r"(x), "r"(y), "r"(z), "r"(h), "r"(b),
+         "r"(bar)
+      : "memory");
+}
+
 // The BLOCKS 64-column blocks of a SwizzledTile (wgmma.cuh), `block_bytes` apart
 // from shared address `dst`, from rows `row`.. of head h, batch b of `map`: one box
 // each (columns 64 blk..), completing on mbarrier `bar`.

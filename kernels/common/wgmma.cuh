@@ -33,6 +33,12 @@
 //            LBO unused with swizzling (encoded 1)
 //   MN-major start = first of the 16 K-rows (offset 16 * 128)    SBO = 1024 (8 K-rows)
 //            LBO = R * 128 (next 64-column block along N)
+// SwizzledTile<R, W, C> with C < R (a multiple of 16 dividing R) stores the rows in
+// chunks of C, each chunk its own C-row tile of every column block, chunk after chunk:
+// one copy-engine box then fills all columns of C rows (the decode's paged caches).
+// The descriptors above hold within a chunk (BLOCK_BYTES = C * 128 is the LBO), so a
+// K-major operand takes at most C rows per wgmma (N <= C) and an MN-major one k16
+// steps that each lie in one chunk.
 // Writers: cp.async lands in the generic proxy and wgmma reads through the async
 // proxy, so each writing thread runs fence_proxy_async() after its copies landed
 // and before the barrier that publishes them.
@@ -53,33 +59,40 @@ __device__ __forceinline__ u64 desc_advance(u64 desc, u32 bytes) {
   return (desc & ~0xFFFFFFFFull) | u32(u32(desc) + (bytes >> 4));
 }
 
-template <int R, int W>
+template <int R, int W, int C = R>
 struct SwizzledTile {
   static_assert(R % 8 == 0 && W % 16 == 0 && W <= 256, "whole swizzle atoms, k16 steps");
-  static constexpr int BLOCK_BYTES = R * 128;                 // one 64-column block
-  static constexpr int BYTES = CeilDiv<W, 64>::value * BLOCK_BYTES;
+  static_assert(C == R || (C % 16 == 0 && R % C == 0), "chunks of whole k16 steps");
+  static constexpr int BLOCK_BYTES = C * 128;                 // one 64-column block (of a chunk)
+  static constexpr int CHUNK_BYTES = CeilDiv<W, 64>::value * BLOCK_BYTES;
+  static constexpr int BYTES = R / C * CHUNK_BYTES;
 
+  // Byte offset of row r's first chunk; with C < R, row_offset(r0 + dr) = row_offset(r0) +
+  // row_offset(dr) for dr a multiple of C.
+  __host__ __device__ static constexpr u32 row_offset(int r) {
+    return C == R ? r * 128 : (r / C) * CHUNK_BYTES + (r % C) * 128;
+  }
   // Byte offset of 16-byte chunk c (columns 8c..8c+7) of row r.
   __device__ __forceinline__ static u32 offset(int r, int c) {
-    return (c / 8) * BLOCK_BYTES + r * 128 + (((c % 8) ^ (r % 8)) * 16);
+    return row_offset(r) + (c / 8) * BLOCK_BYTES + (((c % 8) ^ (r % 8)) * 16);
   }
   // A thread's stores into the tile with the swizzle's run-time part computed once:
   // lane(tile, r0, c0) is chunk c0 of row r0 (tile 1024-byte aligned), and at(lane,
-  // dr, dc) chunk c0 + dc of row r0 + dr, for dr a multiple of 8 and dc whose low
-  // three bits miss c0's (so (c0 + dc) % 8 = c0 % 8 ^ dc % 8, no carry): one XOR
-  // with a constant per dc % 8, the rest the store's immediate offset.
+  // dr, dc) chunk c0 + dc of row r0 + dr, for dr a multiple of 8 (of C where C < R)
+  // and dc whose low three bits miss c0's (so (c0 + dc) % 8 = c0 % 8 ^ dc % 8, no
+  // carry): one XOR with a constant per dc % 8, the rest the store's immediate offset.
   __device__ __forceinline__ static u32 lane(u32 tile, int r0, int c0) {
     return tile + offset(r0, c0);
   }
   __device__ __forceinline__ static u32 at(u32 lane_addr, int dr, int dc) {
-    return (lane_addr ^ u32((dc % 8) * 16)) + (dc / 8) * BLOCK_BYTES + dr * 128;
+    return (lane_addr ^ u32((dc % 8) * 16)) + (dc / 8) * BLOCK_BYTES + row_offset(dr);
   }
   // K-major operand (A, or B^T's rows): k16 step ks (columns 16ks..16ks+15) of the
   // rows from row0 (a multiple of 8) of the tile at shared address `tile`.
   // A loop over k16 steps can instead build the step-0 descriptor once and
   // advance it: desc_advance(kmajor(tile, row0, 0), kmajor_offset(ks)).
   __device__ __forceinline__ static u64 kmajor(u32 tile, int row0, int ks) {
-    return smem_desc(tile + row0 * 128 + kmajor_offset(ks), 16, 1024);
+    return smem_desc(tile + row_offset(row0) + kmajor_offset(ks), 16, 1024);
   }
   __host__ __device__ static constexpr u32 kmajor_offset(int ks) {
     return (ks / 4) * BLOCK_BYTES + (ks % 4) * 32;
@@ -88,7 +101,7 @@ struct SwizzledTile {
   __device__ __forceinline__ static u64 mnmajor(u32 tile, int ks) {
     return smem_desc(tile + mnmajor_offset(ks), BLOCK_BYTES, 1024);
   }
-  __host__ __device__ static constexpr u32 mnmajor_offset(int ks) { return ks * 16 * 128; }
+  __host__ __device__ static constexpr u32 mnmajor_offset(int ks) { return row_offset(16 * ks); }
 };
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
