@@ -183,8 +183,9 @@ class TileMaps:
         # the map on a 64-byte boundary.
         buf = (ctypes.c_uint64 * 24)()
         addr = ctypes.addressof(buf) + (-ctypes.addressof(buf) % 64)
-        rc = _encoder()(addr, self._dtype, self._rank, ptr, ctypes.addressof(dims), ctypes.addressof(strides),
-                        ctypes.addressof(box), ctypes.addressof(ones), 0, _SWIZZLE_128B, _L2_128B, 0)
+        rc = _encoder()(addr, self._dtype, self._rank, ptr, ctypes.addressof(dims),
+                        ctypes.addressof(strides), ctypes.addressof(box), ctypes.addressof(ones),
+                        0, _SWIZZLE_128B, _L2_128B, 0)
         if rc != 0:
             raise _encode_error(rc, ptr, list(dims), list(strides), list(box), list(ones),
                                 self._elem_size)

@@ -763,7 +763,8 @@ __device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
       mbarrier_init(full + 8 * threadIdx.x,
                     !TMA ? 1 : KT::PRODUCER ? KT::PRODUCER_WARPS : KT::ISSUERS);
     if constexpr (KT::PRODUCER) {   // empty: one arrival per consumer warp
-      if (threadIdx.x < KT::STAGES) mbarrier_init(full + 8 * (KT::STAGES + threadIdx.x), KT::WARPS);
+      if (threadIdx.x < KT::STAGES)
+        mbarrier_init(full + 8 * (KT::STAGES + threadIdx.x), KT::WARPS);
     }
   }
 }
@@ -831,7 +832,8 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
   // commit group of tile t also carries the ids of tile t + STAGES - 1 (empty groups
   // past the end keep the count uniform). Paged: the first STAGES - 1 tiles' ids first.
   auto ids_of = [&](int t) {
-    if (!KT::PRODUCER && t < n_tiles) Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
+    if (!KT::PRODUCER && t < n_tiles)   // (the producer warpgroup reads the table itself)
+      Pages::fetch(st.ids, dp.cache, b, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi);
   };
   // Without TMA traits, paged caches on sm_90 copy aligned rows of 256 bytes or more
   // with the copy engine (load_kv_bulk) where cp.async would take each thread 16 copies

@@ -689,6 +689,26 @@ def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():
         assert q.num_splits == splits // 2
 
 
+def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup():
+    """The one-block paged warpgroup tile at 64 < D <= 128 runs a producer warpgroup
+    (384 threads); not contiguous caches, gathered ones (no tensor maps), D = 64 or 256,
+    nor the two-block tile past one wave. Its splits: at least PRODUCER_SPLIT_KEYS keys
+    each, and none below PRODUCER_MERGE_KEYS keys while the unsplit grid holds a third
+    of the SMs."""
+    def plan(B=8, cap=8192, d=128, paged=True, tma=True):
+        return fam.plan(shape(B=B, Sq=16, cap=cap, D=d, paged=paged), True, 132, tma=tma,
+                        wgmma=True)
+    for d in (72, 96, 128):
+        p = plan(d=d)
+        assert p.producer and p.threads == 384 and p.tile.key_warps == 2, d
+    assert not any(q.producer or q.threads != q.tile.threads for q in (
+        plan(paged=False), plan(tma=False), plan(d=64), plan(d=256), plan(B=64)))
+    assert [plan(cap=c).num_splits for c in (1024, 2048, 4096, 8192)] == [1, 1, 1, 2]
+    assert [plan(B=4, cap=c).num_splits for c in (2048, 4096)] == [4, 4]   # 32 blocks: split
+    assert plan(B=1, cap=4096).num_splits == 4096 // fam.PRODUCER_SPLIT_KEYS
+    assert plan(B=1, cap=32768).num_splits == 16
+
+
 def test_paged_one_block_warpgroup_tile_past_head_dim_128_on_short_waves():
     """Past D = 128 the paged one-wave warpgroup plans take the one-block tile only while
     the wave holds at most PAGED_WIDE_KEYS_PER_SM keys an SM."""

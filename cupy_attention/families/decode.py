@@ -185,9 +185,9 @@ def has_producer(head_dim: int, t: Tile, paged: bool, maps: bool) -> bool:
 def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
     """``DecodeTraits::SMEM_BYTES``: sizeof(Storage) (the K/V ring or the key warps'
     merge area, Q's packed rows, the page ids, the ring's mbarriers: full, and empty
-    under the one-block paged warpgroup tile at 64 < D <= 128), and with TMA the slack that places it
-    on a 1024-byte boundary (its ring rows then take whole 64-column blocks of the
-    swizzled layout)."""
+    under the one-block paged warpgroup tile at 64 < D <= 128), and with TMA the
+    slack that places it on a 1024-byte boundary (its ring rows then take whole
+    64-column blocks of the swizzled layout)."""
     d_pad = -(-head_dim // 16) * 16
     srow = d_pad + 8
     kv_row = -(-d_pad // 64) * 64 if tma else srow
