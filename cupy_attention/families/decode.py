@@ -755,6 +755,10 @@ class Decode(Family):
             out.append(spec(d, "bfloat16", tile(64, d, paged, tma=True, wide=not paged,
                                                 wgmma=True),
                             Variant(causal=True, window=(64, 0), softcap=30.0), paged, True, True))
+        # ... and the one-block paged tile's (its producer warpgroup; at D < 128 ptxas
+        # drops its setmaxnreg, C7508: notes-decode.md section 31)
+        out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
+                        Variant(causal=True, window=(64, 0), softcap=30.0), True, True, True))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
