@@ -489,6 +489,25 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
   }
 }
 
+// The roles of PRODUCER traits: the producer warpgroup hands its registers over, runs
+// produce_paged and returns true; the consumers take the registers and return false.
+template <class KT>
+__device__ __forceinline__ bool produced(typename KT::Storage& st, const TmaMap& k_map,
+                                         const TmaMap& v_map, const CacheParams& cache, int b,
+                                         int hk, int kv_lo, int kv_hi, int n_tiles, u32 full,
+                                         int warp, int lane) {
+  // (warp-uniform; through a shuffle so that the compiler knows it too)
+  const int uwarp = __shfl_sync(0xffffffffu, warp, 0);
+  if (uwarp >= KT::WARPS) {
+    setmaxnreg_dec<KT::PRODUCER_REGS>();
+    produce_paged<KT>(st, k_map, v_map, cache, b, hk, kv_lo, kv_hi, n_tiles, full,
+                      uwarp - KT::WARPS, lane);
+    return true;
+  }
+  setmaxnreg_inc<KT::CONSUMER_REGS>();
+  return false;
+}
+
 // The consumers' barrier: the block's, or theirs alone beside a producer warpgroup
 // (which meets them at the start only).
 template <class KT>
@@ -785,6 +804,44 @@ __device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage,
   if constexpr (KT::USE_WGMMA) fence_proxy_async();   // wgmma reads through the async proxy
 }
 
+// A consumer lane's shared-memory addresses (ldmatrix lane addressing, common/mma.cuh:
+// matrix lane / 8, row lane % 8): Q's fragment rows, and its rows and chunks of K (B of
+// Q K^T) and V (B of P V, transposed) in ring buffer 0 (kv_at's `lane` and `key`); with
+// USE_WGMMA the warpgroup's own key rows, which its descriptors take.
+template <class KT>
+struct ConsumerLanes {
+  u32 q, k, v, k_key, v_key;
+  int key0;   // the warp's first key row in a tile
+  __device__ __forceinline__ ConsumerLanes(typename KT::Storage& st, int rw, int kw, int lane) {
+    const int lm = lane / 8, lr = lane % 8;
+    q = smem_addr(&st.q[(16 * rw + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
+    key0 = kw * KT::WARP_KEYS;
+    const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
+    const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
+    k = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(key0)
+        : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(k_r0)
+                       : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
+    v = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(key0)
+        : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(v_r0)
+                       : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
+    k_key = KT::kv_key(k_r0, k_c0);
+    v_key = KT::kv_key(v_r0, v_c0);
+  }
+};
+
+// A consumer under PRODUCER traits before tile t (`valid` of its keys in range): the
+// tile landed in its buffer; the last one's V rows past the keys zeroed and published
+// (the condition is the block's), no barrier otherwise.
+template <class KT>
+__device__ __forceinline__ void await_produced(typename KT::Storage& st, u32 full, int t,
+                                               int valid) {
+  mbarrier_wait(full + 8 * (t % KT::STAGES), (t / KT::STAGES) & 1);
+  if (valid < KT::BLOCK_N) {
+    zero_v_tail<KT>(st, t % KT::STAGES, valid);
+    consumers_sync<KT>();
+  }
+}
+
 // One block: ROWS packed rows of KV head hk (y), batch b (z), keys of split
 // x % num_splits; x / num_splits is the row block.
 // k_map, v_map: the caches' tensor maps (KT::TMA; ignored otherwise).
@@ -884,15 +941,8 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
     __syncthreads();   // the first tiles' page ids are in; the mbarriers are initialized
   }
   if constexpr (KT::PRODUCER) {
-    // (warp-uniform; through a shuffle so that the compiler knows it too)
-    const int uwarp = __shfl_sync(0xffffffffu, warp, 0);
-    if (uwarp >= KT::WARPS) {   // the producer warpgroup
-      setmaxnreg_dec<KT::PRODUCER_REGS>();
-      produce_paged<KT>(st, k_map, v_map, dp.cache, b, hk, kv_lo, kv_hi, n_tiles, full,
-                        uwarp - KT::WARPS, lane);
+    if (produced<KT>(st, k_map, v_map, dp.cache, b, hk, kv_lo, kv_hi, n_tiles, full, warp, lane))
       return;
-    }
-    setmaxnreg_inc<KT::CONSUMER_REGS>();
   } else {
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) issue(t);
@@ -907,33 +957,12 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
 #pragma unroll
   for (int x = 0; x < KT::D_TILES * 4; ++x) acc[x] = 0.f;
   u32 qf[KT::Q_IN_REGS ? KT::QK_STEPS : 1][4];
-
-  // ldmatrix lane addressing (common/mma.cuh): matrix lane / 8, row lane % 8.
-  const int lm = lane / 8, lr = lane % 8;
-  const u32 q_addr = smem_addr(&st.q[(16 * rw + lr + 8 * (lm & 1)) * KT::SROW + 8 * (lm >> 1)]);
-  const int key0 = kw * KT::WARP_KEYS;   // the warp's first key row in a tile
-  // this lane's rows and chunks of K (B of Q K^T) and V (B of P V, transposed)
-  const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
-  const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
-  const u32 k_lane = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(key0)
-                     : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(k_r0)
-                                    : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
-  const u32 v_lane = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(key0)
-                     : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(v_r0)
-                                    : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
-  const u32 k_key = KT::kv_key(k_r0, k_c0), v_key = KT::kv_key(v_r0, v_c0);
+  const ConsumerLanes<KT> at(st, rw, kw, lane);
 
   if constexpr (KT::PRODUCER) consumers_sync<KT>();   // Q visible
   for (int t = 0; t < n_tiles; ++t) {
     if constexpr (KT::PRODUCER) {
-      // tile t landed; the last one's V rows past the keys zeroed and published (the
-      // condition is the block's), no barrier otherwise
-      mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
-      const int valid = kv_hi - (kv_lo + t * BLOCK_N);
-      if (valid < BLOCK_N) {
-        zero_v_tail<KT>(st, t % STAGES, valid);
-        consumers_sync<KT>();
-      }
+      await_produced<KT>(st, full, t, kv_hi - (kv_lo + t * BLOCK_N));
     } else {
       cp_async_wait<STAGES - 2>();
       if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
@@ -946,13 +975,13 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
     if constexpr (KT::Q_IN_REGS) {
       if (t == 0) {
 #pragma unroll
-        for (int ks = 0; ks < KT::QK_STEPS; ++ks) ldmatrix_x4(qf[ks], q_addr + ks * 32);
+        for (int ks = 0; ks < KT::QK_STEPS; ++ks) ldmatrix_x4(qf[ks], at.q + ks * 32);
       }
     }
-    const int k0 = kv_lo + t * BLOCK_N + key0;
+    const int k0 = kv_lo + t * BLOCK_N + at.key0;
     const bool partial = VT::partial(p, i_first, i_last, k0, k0 + KT::WARP_KEYS - 1);
     const u32 buf = (t % STAGES) * STAGE_BYTES;
-    consume_tile<KT, VT>(p, rows, qf, q_addr, k_lane + buf, k_key, v_lane + buf, v_key, b, k0,
+    consume_tile<KT, VT>(p, rows, qf, at.q, at.k + buf, at.k_key, at.v + buf, at.v_key, b, k0,
                          partial, lane, sm, acc);
     if constexpr (KT::PRODUCER) {   // this warp is done with the buffer
       __syncwarp();
