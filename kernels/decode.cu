@@ -129,8 +129,9 @@ struct DecodeTraits {
   // warpgroup, so that it can hand its registers to the consumers (setmaxnreg; with
   // one warp more, three warps on a scheduler capped every thread at 168 and the
   // consumers spilled); past D = 128 the consumers' 250 or so registers leave none.
-  static constexpr bool PRODUCER =
-      MAPS && PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128;
+  static constexpr bool PRODUCER_SHAPE =   // (the gathered tiles of that shape: none)
+      PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128;
+  static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
   static constexpr int BLOCK_THREADS = THREADS + (PRODUCER ? 128 : 0);
   static constexpr int LAUNCH_REGS = 65536 / BLOCK_THREADS / 8 * 8;
   static constexpr int PRODUCER_REGS = 40;
@@ -145,8 +146,7 @@ struct DecodeTraits {
   static constexpr int ISSUERS = PAGED_ && WGMMA_ && D_PAD > 64 && !PRODUCER ? THREADS / 32 : 1;
   // full[STAGES] (tile landed), then under PRODUCER's tile shapes empty[STAGES] (every
   // consumer warp done with the buffer; unused by the gathered tiles of those shapes)
-  static constexpr int BARRIERS =
-      (PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 ? 2 : 1) * STAGES;
+  static constexpr int BARRIERS = (PRODUCER_SHAPE ? 2 : 1) * STAGES;
   // WGMMA (TMA traits, four row warps): a warpgroup per key warp, warp w the row warp
   // w % 4 of key warp w / 4. On sm_90a each warpgroup computes S = Q K^T and acc +=
   // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
@@ -382,6 +382,26 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
   }
 }
 
+// The paged maps' boxes of BOX_ROWS keys (row `row` of page `page`, KV head hk) into
+// K's and V's ring buffers at k_dst, v_dst, from byte `at` (the chunk of FUSED_BOXES,
+// else every 64-column block's rows, BLOCK_BYTES apart), completing on mbarrier `bar`.
+template <class KT>
+__device__ __forceinline__ void load_box_rows(u32 k_dst, u32 v_dst, u32 at, const TmaMap& k_map,
+                                              const TmaMap& v_map, int row, int hk, int page,
+                                              u32 bar) {
+  if constexpr (KT::FUSED_BOXES) {
+    tma_load_5d(k_dst + at, k_map, 0, row, 0, hk, page, bar);
+    tma_load_5d(v_dst + at, v_map, 0, row, 0, hk, page, bar);
+  } else {
+    constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES;
+#pragma unroll
+    for (int c = 0; c < KT::D_BOXES; ++c) {
+      tma_load_4d(k_dst + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
+      tma_load_4d(v_dst + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
+    }
+  }
+}
+
 // Producer on sm_90: the keys [j0, j0 + BLOCK_N) of K and V of (batch b, KV head hk)
 // by the copy engine through the caches' tensor maps, completing on mbarrier `bar`:
 // D_BOXES boxes of 64 columns per BOX_ROWS rows. Contiguous: maps over [B, Hkv,
@@ -419,16 +439,7 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
          x += KT::ISSUERS * KT::BOX_ROWS) {
       const int page = ids.id[slot * KT::BLOCK_N + x], row = pages.mod(j0 + x);
       const u32 at = KT::KVTile::row_offset(x);
-      if constexpr (KT::FUSED_BOXES) {
-        tma_load_5d(k_dst + at, k_map, 0, row, 0, hk, page, bar);
-        tma_load_5d(v_dst + at, v_map, 0, row, 0, hk, page, bar);
-      } else {
-#pragma unroll
-        for (int c = 0; c < KT::D_BOXES; ++c) {
-          tma_load_4d(k_dst + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
-          tma_load_4d(v_dst + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
-        }
-      }
+      load_box_rows<KT>(k_dst, v_dst, at, k_map, v_map, row, hk, page, bar);
     }
   }
 }
@@ -450,9 +461,8 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
                                               u32 full, int pw, int lane) {
   constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N, ROWS = KT::BOX_ROWS;
   constexpr int WARPS = KT::PRODUCER_WARPS;
-  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2, BLOCK = KT::KVTile::BLOCK_BYTES;
-  static_assert(BLOCK_N / ROWS <= 32 * WARPS && KT::KV_CHUNK == BLOCK_N,
-                "a lane per box row, plain tiles");
+  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2;
+  static_assert(BLOCK_N / ROWS <= 32 * WARPS, "a lane per box row");
   const i32* table = cache.block_table + b * cache.block_table_stride;
   const Divisor pages = cache.pages();
   const u32 k_ring = smem_addr(&st.ring.k[0][0]), v_ring = smem_addr(&st.ring.v[0][0]);
@@ -477,12 +487,8 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
     __syncwarp();
     if (lane < mine) {
       const int row = pages.mod(j0 + ROWS * x);
-      const u32 at = stage * STAGE_BYTES + ROWS * x * 128;
-#pragma unroll
-      for (int c = 0; c < KT::D_BOXES; ++c) {
-        tma_load_4d(k_ring + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
-        tma_load_4d(v_ring + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
-      }
+      const u32 at = stage * STAGE_BYTES + KT::KVTile::row_offset(ROWS * x);
+      load_box_rows<KT>(k_ring, v_ring, at, k_map, v_map, row, hk, page, bar);
     }
     page = next;
     next = after;

@@ -86,10 +86,11 @@ SPLIT_BLOCKS_PER_SM_TMA = 1
 # / 16 splits 2.38 / 2.31 (notes-decode.md).
 SPLIT_BLOCKS_PER_SM_WGMMA = 0.5
 # ... except at D <= 64, whose tiles spend twice the softmax per byte read: from
-# SPLIT_WGMMA_NARROW_MIN_KEYS keys on, SPLIT_BLOCKS_PER_SM_TMA's one block per SM. H200 (2026-11-29), bf16,
-# Hq/Hkv 32/8, Sq = 16, us at 1 / 2 splits: B = 8, Sk = 2k 19.6 / 20.6, 4k 32.0 / 27.0,
-# 8k 56.2 / 43.2, 32k 199 / 136; B = 1, 8 / 16 splits: Sk = 32k 34.3 / 27.0, 128k 106 /
-# 73.4 (D = 128: within 4% either way; H100, B = 8, Sk = 8k, D = 64: 2.39 / 2.33 TB/s).
+# SPLIT_WGMMA_NARROW_MIN_KEYS keys on, SPLIT_BLOCKS_PER_SM_TMA's one block per SM. H200
+# (2026-11-29), bf16, Hq/Hkv 32/8, Sq = 16, us at 1 / 2 splits: B = 8, Sk = 2k 19.6 /
+# 20.6, 4k 32.0 / 27.0, 8k 56.2 / 43.2, 32k 199 / 136; B = 1, 8 / 16 splits: Sk = 32k
+# 34.3 / 27.0, 128k 106 / 73.4 (D = 128: within 4% either way; H100, B = 8, Sk = 8k, D =
+# 64: 2.39 / 2.33 TB/s).
 SPLIT_WGMMA_NARROW_MIN_KEYS = 4096
 MIN_SPLIT_KEYS = 256
 # ... or SHORT_SPLIT_KEYS while there are at most SHORT_SPLITS splits (the merge reads
@@ -392,6 +393,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma,
              block_smem=block_smem)
     row_blocks = -(-rows_total // t.rows)
+    producer = has_producer(s.head_dim, t, s.paged, tma)
     if num_splits is None:
         narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
         if not one_block:
@@ -401,7 +403,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
         blocks = row_blocks * s.heads_kv * s.batch
-        if has_producer(s.head_dim, t, s.paged, tma):
+        if producer:
             num_splits = split_count(blocks, s.capacity, sms, per_sm, PRODUCER_SPLIT_KEYS)
             if 3 * blocks >= sms and s.capacity < PRODUCER_MERGE_KEYS:
                 num_splits = 1
@@ -411,7 +413,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     num_splits = max(1, -(-s.capacity // split_keys))
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather), t,
                 row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, swizzled),
-                tma, has_producer(s.head_dim, t, s.paged, tma))
+                tma, producer)
 
 
 def _ptr(x) -> int:
