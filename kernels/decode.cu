@@ -118,9 +118,6 @@ struct DecodeTraits {
   // eights, which chunks break), which cost more than the boxes saved (notes-decode.md
   // section 31).
   static constexpr bool FUSED_BOXES = MAPS && PAGED_ && !WGMMA_ && D_PAD > 64 && D_ % 64 == 0;
-  static constexpr int KV_CHUNK = FUSED_BOXES ? BOX_ROWS : BLOCK_N;
-  using KVTile = SwizzledTile<BLOCK_N, D_PAD, KV_CHUNK>;
-  static constexpr int KV_ROW = TMA ? KVTile::BYTES / (2 * BLOCK_N) : SROW;  // a key row's elements
   // PRODUCER: the one-block warpgroup tile (two consumer warpgroups, one block an SM)
   // over paged maps at 64 < D <= 128 takes a warpgroup of its own (the block's last)
   // that looks up the pages and issues the boxes a ring ahead, the consumers releasing
@@ -132,6 +129,14 @@ struct DecodeTraits {
   static constexpr bool PRODUCER_SHAPE =   // (the gathered tiles of that shape: none)
       PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128;
   static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
+  // V_FUSED: PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
+  // FUSED_BOXES does, one box of both column blocks per 16 keys (V's MN-major P V
+  // takes a chunk per k16 step with no narrower wgmma); K stays whole.
+  static constexpr bool V_FUSED = PRODUCER && D_ % 64 == 0;
+  // The ring's K and V tiles (KV_ROW: a key row's elements in either)
+  using KTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES ? BOX_ROWS : BLOCK_N>;
+  using VTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES || V_FUSED ? BOX_ROWS : BLOCK_N>;
+  static constexpr int KV_ROW = TMA ? KTile::BYTES / (2 * BLOCK_N) : SROW;
   static constexpr int BLOCK_THREADS = THREADS + (PRODUCER ? 128 : 0);
   static constexpr int LAUNCH_REGS = 65536 / BLOCK_THREADS / 8 * 8;
   static constexpr int PRODUCER_REGS = 40;
@@ -159,22 +164,26 @@ struct DecodeTraits {
 #else
   static constexpr bool USE_WGMMA = false;
 #endif
-  // Byte offset in a ring tile of 16-byte chunk c (columns 8c..8c+7) of key row r.
+  // Byte offset in a ring tile of K (IS_V: of V) of 16-byte chunk c (columns 8c..8c+7)
+  // of key row r.
+  template <bool IS_V>
   __device__ __forceinline__ static u32 kv_offset(int r, int c) {
-    if constexpr (TMA) return KVTile::offset(r, c);
+    if constexpr (TMA) return IS_V ? VTile::offset(r, c) : KTile::offset(r, c);
     return (r * SROW + c * 8) * 2;
   }
   // A lane's ldmatrix rows: row r0 + x, chunk c0 + y of a tile (c0 < 2; x a multiple of
   // 16 and y even, both compile-time in the loops; r0 % 16 + 15 rows stay in one of the
-  // KV_CHUNK chunks) is at kv_at(lane, kv_key(r0, c0), x, y), lane the address of (r0,
+  // tile's chunks) is at kv_at<IS_V>(lane, kv_key(r0, c0), x, y), lane the address of (r0,
   // c0) (TMA: of (r0, 0)): padded rows are linear in x and y; the swizzle XORs the
   // chunk within its 64-column block with the row's low three bits, which x keeps.
   __device__ __forceinline__ static u32 kv_key(int r0, int c0) {
     return TMA ? u32((c0 ^ (r0 % 8)) << 4) : 0u;
   }
+  template <bool IS_V>
   __device__ __forceinline__ static u32 kv_at(u32 lane, u32 key, int x, int y) {
+    using Tile = typename SelectType<IS_V, VTile, KTile>::type;
     if constexpr (TMA)
-      return lane + KVTile::row_offset(x) + (y / 8) * KVTile::BLOCK_BYTES + (key ^ ((y % 8) << 4));
+      return lane + Tile::row_offset(x) + (y / 8) * Tile::BLOCK_BYTES + (key ^ ((y % 8) << 4));
     return lane + (x * SROW + y * 8) * 2;
   }
 
@@ -283,9 +292,9 @@ __device__ __forceinline__ void copy_kv_chunk(typename KT::Storage& st, const ty
   T* sv;
   if constexpr (KT::TMA) {   // the swizzled layout (TMA traits below sm_90)
     sk = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.k[stage][0]) +
-                              KT::kv_offset(row, cc / 8));
+                              KT::template kv_offset<false>(row, cc / 8));
     sv = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(&st.ring.v[stage][0]) +
-                              KT::kv_offset(row, cc / 8));
+                              KT::template kv_offset<true>(row, cc / 8));
   } else {
     sk = &st.ring.k[stage][row * KT::SROW + cc];
     sv = &st.ring.v[stage][row * KT::SROW + cc];
@@ -383,22 +392,38 @@ __device__ __forceinline__ void load_kv_bulk(typename KT::Storage& st, const Fwd
 }
 
 // The paged maps' boxes of BOX_ROWS keys (row `row` of page `page`, KV head hk) into
-// K's and V's ring buffers at k_dst, v_dst, from byte `at` (the chunk of FUSED_BOXES,
-// else every 64-column block's rows, BLOCK_BYTES apart), completing on mbarrier `bar`.
+// tile rows x.. of K's and V's ring buffers at k_dst + base, v_dst + base: a chunked
+// tile's (KTile, VTile) in one rank-5 box, a whole tile's in a box per 64-column block;
+// completing on mbarrier `bar`.
 template <class KT>
-__device__ __forceinline__ void load_box_rows(u32 k_dst, u32 v_dst, u32 at, const TmaMap& k_map,
-                                              const TmaMap& v_map, int row, int hk, int page,
-                                              u32 bar) {
-  if constexpr (KT::FUSED_BOXES) {
-    tma_load_5d(k_dst + at, k_map, 0, row, 0, hk, page, bar);
-    tma_load_5d(v_dst + at, v_map, 0, row, 0, hk, page, bar);
-  } else {
-    constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES;
+__device__ __forceinline__ void load_box_rows(u32 k_dst, u32 v_dst, u32 base, int x,
+                                              const TmaMap& k_map, const TmaMap& v_map, int row,
+                                              int hk, int page, u32 bar) {
+  using KTile = typename KT::KTile;
+  using VTile = typename KT::VTile;
+  constexpr bool K_CHUNKED = KTile::BLOCK_BYTES < KT::BLOCK_N * 128;
+  constexpr bool V_CHUNKED = VTile::BLOCK_BYTES < KT::BLOCK_N * 128;
+  if constexpr (!K_CHUNKED && !V_CHUNKED) {
+    const u32 at = base + KTile::row_offset(x);
 #pragma unroll
     for (int c = 0; c < KT::D_BOXES; ++c) {
-      tma_load_4d(k_dst + at + c * BLOCK, k_map, 64 * c, row, hk, page, bar);
-      tma_load_4d(v_dst + at + c * BLOCK, v_map, 64 * c, row, hk, page, bar);
+      tma_load_4d(k_dst + at + c * KTile::BLOCK_BYTES, k_map, 64 * c, row, hk, page, bar);
+      tma_load_4d(v_dst + at + c * KTile::BLOCK_BYTES, v_map, 64 * c, row, hk, page, bar);
     }
+  } else {
+    auto load = [&](auto tile, bool chunked, u32 dst, const TmaMap& map) {
+      using Tile = decltype(tile);
+      dst += base + Tile::row_offset(x);
+      if (chunked) {
+        tma_load_5d(dst, map, 0, row, 0, hk, page, bar);
+      } else {
+#pragma unroll
+        for (int c = 0; c < KT::D_BOXES; ++c)
+          tma_load_4d(dst + c * Tile::BLOCK_BYTES, map, 64 * c, row, hk, page, bar);
+      }
+    };
+    load(KTile{}, K_CHUNKED, k_dst, k_map);
+    load(VTile{}, V_CHUNKED, v_dst, v_map);
   }
 }
 
@@ -421,7 +446,7 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
                                             const typename KT::Pages::Ids& ids,
                                             const CacheParams& cache, int b, int hk, int slot,
                                             int j0, int kv_hi, u32 bar, int issuer) {
-  constexpr u32 BLOCK = KT::KVTile::BLOCK_BYTES, BOX = KT::BOX_ROWS * 128;
+  constexpr u32 BLOCK = KT::KTile::BLOCK_BYTES, BOX = KT::BOX_ROWS * 128;
   if constexpr (!KT::Pages::kPaged) {
     mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * BOX);
 #pragma unroll
@@ -438,8 +463,7 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
     for (int x = issuer * KT::BOX_ROWS; x < boxes * KT::BOX_ROWS;
          x += KT::ISSUERS * KT::BOX_ROWS) {
       const int page = ids.id[slot * KT::BLOCK_N + x], row = pages.mod(j0 + x);
-      const u32 at = KT::KVTile::row_offset(x);
-      load_box_rows<KT>(k_dst, v_dst, at, k_map, v_map, row, hk, page, bar);
+      load_box_rows<KT>(k_dst, v_dst, 0, x, k_map, v_map, row, hk, page, bar);
     }
   }
 }
@@ -487,8 +511,8 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
     __syncwarp();
     if (lane < mine) {
       const int row = pages.mod(j0 + ROWS * x);
-      const u32 at = stage * STAGE_BYTES + KT::KVTile::row_offset(ROWS * x);
-      load_box_rows<KT>(k_ring, v_ring, at, k_map, v_map, row, hk, page, bar);
+      load_box_rows<KT>(k_ring, v_ring, stage * STAGE_BYTES, ROWS * x, k_map, v_map, row, hk,
+                        page, bar);
     }
     page = next;
     next = after;
@@ -550,12 +574,12 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
     for (int x = 0; x < KT::N_TILES * 4; ++x) s[x] = 0.f;
     if constexpr (KT::USE_WGMMA) {
       if (group) {
-        const u64 k_desc = KT::KVTile::kmajor(k_lane, 0, 0);
+        const u64 k_desc = KT::KTile::kmajor(k_lane, 0, 0);
         wgmma_fence();   // s was zeroed and Q written by ordinary code
 #pragma unroll
         for (int ks = 0; ks < KT::QK_STEPS; ++ks)
           Wgmma<KT::WARP_KEYS>::template rs<0>(
-              s, qf[ks], desc_advance(k_desc, KT::KVTile::kmajor_offset(ks)), T{});
+              s, qf[ks], desc_advance(k_desc, KT::KTile::kmajor_offset(ks)), T{});
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(s);
@@ -575,7 +599,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
       for (int nt = 0; nt < KT::N_TILES; nt += 2) {
         u32 bk[4];
-        ldmatrix_x4(bk, KT::kv_at(k_warp, k_key, nt * 8, 2 * ks));
+        ldmatrix_x4(bk, KT::template kv_at<false>(k_warp, k_key, nt * 8, 2 * ks));
         mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4]), a, bk[0], bk[1], T{});
         mma_16816(*reinterpret_cast<float(*)[4]>(&s[nt * 4 + 4]), a, bk[2], bk[3], T{});
       }
@@ -626,11 +650,11 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         pa[ks][e] = MmaType<T>::pack(s[8 * ks + 2 * e], s[8 * ks + 2 * e + 1]);
-    const u64 v_desc = KT::KVTile::mnmajor(v_lane, 0);
+    const u64 v_desc = KT::VTile::mnmajor(v_lane, 0);
     wgmma_fence();   // P and the rescaled acc were written by ordinary code
 #pragma unroll
     for (int ks = 0; ks < KT::PV_STEPS; ++ks)
-      Wgmma<KT::D_PAD>::rs(acc, pa[ks], desc_advance(v_desc, KT::KVTile::mnmajor_offset(ks)), T{});
+      Wgmma<KT::D_PAD>::rs(acc, pa[ks], desc_advance(v_desc, KT::VTile::mnmajor_offset(ks)), T{});
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(acc);
@@ -646,7 +670,7 @@ __device__ __forceinline__ void consume_tile(const FwdParams& p, const DecodeRow
 #pragma unroll
       for (int dt = 0; dt < KT::D_TILES; dt += 2) {
         u32 bv[4];
-        ldmatrix_x4_trans(bv, KT::kv_at(v_lane, v_key, ks * 16, dt));
+        ldmatrix_x4_trans(bv, KT::template kv_at<true>(v_lane, v_key, ks * 16, dt));
         mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4]), a, bv[0], bv[1], T{});
         mma_16816(*reinterpret_cast<float(*)[4]>(&acc[dt * 4 + 4]), a, bv[2], bv[3], T{});
       }
@@ -805,7 +829,7 @@ __device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage,
   constexpr int CHUNKS = KT::D_BOXES * 8;   // 16-byte chunks of a swizzled row
   for (int x = threadIdx.x; x < (KT::BLOCK_N - valid) * CHUNKS; x += KT::THREADS) {
     const int row = valid + x / CHUNKS, c = x % CHUNKS;
-    *reinterpret_cast<uint4*>(v_tile + KT::kv_offset(row, c)) = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(v_tile + KT::template kv_offset<true>(row, c)) = make_uint4(0, 0, 0, 0);
   }
   if constexpr (KT::USE_WGMMA) fence_proxy_async();   // wgmma reads through the async proxy
 }
@@ -824,11 +848,11 @@ struct ConsumerLanes {
     key0 = kw * KT::WARP_KEYS;
     const int k_r0 = key0 + lr + 8 * (lm >> 1), k_c0 = lm & 1;
     const int v_r0 = key0 + lr + 8 * (lm & 1), v_c0 = lm >> 1;
-    k = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(key0)
-        : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + KT::KVTile::row_offset(k_r0)
+    k = KT::USE_WGMMA ? smem_addr(&st.ring.k[0][0]) + KT::KTile::row_offset(key0)
+        : KT::TMA      ? smem_addr(&st.ring.k[0][0]) + KT::KTile::row_offset(k_r0)
                        : smem_addr(&st.ring.k[0][k_r0 * KT::SROW + 8 * k_c0]);
-    v = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(key0)
-        : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + KT::KVTile::row_offset(v_r0)
+    v = KT::USE_WGMMA ? smem_addr(&st.ring.v[0][0]) + KT::VTile::row_offset(key0)
+        : KT::TMA      ? smem_addr(&st.ring.v[0][0]) + KT::VTile::row_offset(v_r0)
                        : smem_addr(&st.ring.v[0][v_r0 * KT::SROW + 8 * v_c0]);
     k_key = KT::kv_key(k_r0, k_c0);
     v_key = KT::kv_key(v_r0, v_c0);

@@ -537,13 +537,15 @@ class DecodeLaunch:
             from .. import tma
 
             box_rows = 16 if s.paged else p.tile.block_n
-            # (DecodeTraits' FUSED_BOXES: the mma.sync tiles over paged caches past D =
-            # 64 take a box of every 64-column block of 16 rows)
-            blocks = (s.paged and not p.tile.wgmma and s.head_dim > 64
-                      and s.head_dim % 64 == 0)
+            # (DecodeTraits' FUSED_BOXES and V_FUSED: over paged caches past D = 64, D a
+            # multiple of 64, the mma.sync tiles' K and V and the producer tile's V take
+            # a box of every 64-column block of 16 rows)
+            fused = s.paged and s.head_dim > 64 and s.head_dim % 64 == 0
+            blocks = {"k": fused and not p.tile.wgmma,
+                      "v": fused and (not p.tile.wgmma or p.producer)}
             self.maps = tma.MapBuffers(tma.TileMaps(tma.map_geometry(
                 kv_dims[0], s.heads_kv, kv_dims[1], s.head_dim, tensors[f"{x}_strides"],
-                box_rows, blocks)) for x in ("k", "v"))
+                box_rows, blocks[x])) for x in ("k", "v"))
         self.template = decode_params(s, scale, tensors.pop("q"), tensors.pop("k"),
                                       tensors.pop("v"), None, None, o_strides=o_strides,
                                       lse_strides=lse_strides, p=p, **tensors).tobytes()
