@@ -83,6 +83,7 @@ DECODE_CASES = (
     (2, 16, 2, 8, 520, 128, (519, 130), 0, 3),
     (2, 32, 8, 16, 300, 64, (299, 64), 16, 2),
     (2, 24, 2, 4, 400, 72, (400, 33), 48, None),
+    (2, 16, 2, 8, 400, 128, (400, 33), 16, 2),   # (the producer warpgroup at D = 128)
     # ... gathered by cp.async where no tensor map takes the pages (GATHER traits)
     (2, 32, 8, 16, 300, 64, (299, 64), 1, 2),
     (2, 16, 2, 8, 400, 128, (400, 33), 8, None),
