@@ -131,7 +131,10 @@ struct DecodeTraits {
   static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
   // V_FUSED: PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
   // FUSED_BOXES does, one box of both column blocks per 16 keys (V's MN-major P V
-  // takes a chunk per k16 step with no narrower wgmma); K stays whole.
+  // takes a chunk per k16 step with no narrower wgmma); K stays whole: 24 boxes a tile
+  // at D = 128 where there were 32 (H200, 2026-11-29, B = 8, Sk = 8k, Sq = 16, page 16:
+  // 3.33 -> 3.39 TB/s at one split, 1.00-1.016x under the plans; notes-decode.md
+  // section 32).
   static constexpr bool V_FUSED = PRODUCER && D_ % 64 == 0;
   // The ring's K and V tiles (KV_ROW: a key row's elements in either)
   using KTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES ? BOX_ROWS : BLOCK_N>;
