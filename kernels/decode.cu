@@ -126,8 +126,11 @@ struct DecodeTraits {
   // warpgroup, so that it can hand its registers to the consumers (setmaxnreg; with
   // one warp more, three warps on a scheduler capped every thread at 168 and the
   // consumers spilled); past D = 128 the consumers' 250 or so registers leave none.
+  // Over contiguous maps at D_PAD = 128 too (produce_contiguous: a tile's four boxes,
+  // one a warp): H200, 2026-11-29, B = 8, Sk = 8k, Sq = 16, one split 3.72 -> 3.86 TB/s;
+  // at D = 96 3.17 -> 2.97, so not there (notes-decode.md section 32).
   static constexpr bool PRODUCER_SHAPE =   // (the gathered tiles of that shape: none)
-      PAGED_ && WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128;
+      WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 && (PAGED_ || D_PAD == 128);
   static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
   // V_FUSED: PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
   // FUSED_BOXES does, one box of both column blocks per 16 keys (V's MN-major P V
@@ -135,7 +138,7 @@ struct DecodeTraits {
   // at D = 128 where there were 32 (H200, 2026-11-29, B = 8, Sk = 8k, Sq = 16, page 16:
   // 3.33 -> 3.39 TB/s at one split, 1.00-1.016x under the plans; notes-decode.md
   // section 32).
-  static constexpr bool V_FUSED = PRODUCER && D_ % 64 == 0;
+  static constexpr bool V_FUSED = PRODUCER && PAGED_ && D_ % 64 == 0;
   // The ring's K and V tiles (KV_ROW: a key row's elements in either)
   using KTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES ? BOX_ROWS : BLOCK_N>;
   using VTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES || V_FUSED ? BOX_ROWS : BLOCK_N>;
@@ -522,8 +525,34 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
   }
 }
 
+// Producer warp pw of PRODUCER traits' warpgroup over contiguous maps: box pw of each
+// tile (K's column blocks, then V's; BLOCK_N rows from the tile's first key), into
+// ring buffer t % STAGES once the consumers released it, on its full barrier.
+template <class KT>
+__device__ __forceinline__ void produce_contiguous(typename KT::Storage& st, const TmaMap& k_map,
+                                                   const TmaMap& v_map, int b, int hk, int kv_lo,
+                                                   int n_tiles, u32 full, int pw, int lane) {
+  constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N, BLOCKS = KT::D_BOXES;
+  static_assert(2 * BLOCKS == KT::PRODUCER_WARPS, "a box a warp");
+  if (lane != 0) return;
+  const int c = pw % BLOCKS;
+  const TmaMap& map = pw < BLOCKS ? k_map : v_map;
+  const u32 dst = smem_addr(pw < BLOCKS ? &st.ring.k[0][0] : &st.ring.v[0][0]) +
+                  c * KT::KTile::BLOCK_BYTES;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % STAGES;
+    if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
+    const u32 bar = full + 8 * stage;
+    fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
+    mbarrier_arrive_expect_tx(bar, BLOCK_N * 128);
+    tma_load_4d(dst + stage * BLOCK_N * KT::KV_ROW * 2, map, 64 * c, kv_lo + t * BLOCK_N, hk, b,
+                bar);
+  }
+}
+
 // The roles of PRODUCER traits: the producer warpgroup hands its registers over, runs
-// produce_paged and returns true; the consumers take the registers and return false.
+// produce_paged or produce_contiguous and returns true; the consumers take the
+// registers and return false.
 template <class KT>
 __device__ __forceinline__ bool produced(typename KT::Storage& st, const TmaMap& k_map,
                                          const TmaMap& v_map, const CacheParams& cache, int b,
@@ -533,8 +562,12 @@ __device__ __forceinline__ bool produced(typename KT::Storage& st, const TmaMap&
   const int uwarp = __shfl_sync(0xffffffffu, warp, 0);
   if (uwarp >= KT::WARPS) {
     setmaxnreg_dec<KT::PRODUCER_REGS>();
-    produce_paged<KT>(st, k_map, v_map, cache, b, hk, kv_lo, kv_hi, n_tiles, full,
-                      uwarp - KT::WARPS, lane);
+    if constexpr (KT::Pages::kPaged)
+      produce_paged<KT>(st, k_map, v_map, cache, b, hk, kv_lo, kv_hi, n_tiles, full,
+                        uwarp - KT::WARPS, lane);
+    else
+      produce_contiguous<KT>(st, k_map, v_map, b, hk, kv_lo, n_tiles, full, uwarp - KT::WARPS,
+                             lane);
     return true;
   }
   setmaxnreg_inc<KT::CONSUMER_REGS>();

@@ -691,18 +691,24 @@ def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():
 
 def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup():
     """The one-block paged warpgroup tile at 64 < D <= 128 runs a producer warpgroup
-    (384 threads); not contiguous caches, gathered ones (no tensor maps), D = 64 or 256,
-    nor the two-block tile past one wave. Its splits: at least PRODUCER_SPLIT_KEYS keys
-    each, and none below PRODUCER_MERGE_KEYS keys while the unsplit grid holds a third
-    of the SMs."""
+    (384 threads), the contiguous one where D pads to 128; not gathered tiles (no tensor
+    maps), D = 64 or 256, contiguous D = 96, nor the paged two-block tile past one wave.
+    The paged splits: at least PRODUCER_SPLIT_KEYS keys each, and none below
+    PRODUCER_MERGE_KEYS keys while the unsplit grid holds a third of the SMs; the
+    contiguous ones as without a producer."""
     def plan(B=8, cap=8192, d=128, paged=True, tma=True):
         return fam.plan(shape(B=B, Sq=16, cap=cap, D=d, paged=paged), True, 132, tma=tma,
                         wgmma=True)
-    for d in (72, 96, 128):
-        p = plan(d=d)
+    for p, d in [(plan(d=d), d) for d in (72, 96, 128)] + [
+            (plan(paged=False, d=d), d) for d in (120, 128)] + [(plan(paged=False, B=64), 128)]:
         assert p.producer and p.threads == 384 and p.tile.key_warps == 2, d
     assert not any(q.producer or q.threads != q.tile.threads for q in (
-        plan(paged=False), plan(tma=False), plan(d=64), plan(d=256), plan(B=64)))
+        plan(tma=False), plan(d=64), plan(d=256), plan(B=64), plan(paged=False, d=96),
+        plan(paged=False, d=112)))
+    for B, cap in ((8, 8192), (1, 32768), (4, 4096)):
+        with_producer = plan(B=B, cap=cap, paged=False)
+        assert with_producer.num_splits == fam.split_count(
+            8 * B, cap, 132, fam.SPLIT_BLOCKS_PER_SM_WGMMA), (B, cap)
     assert [plan(cap=c).num_splits for c in (1024, 2048, 4096, 8192)] == [1, 1, 1, 2]
     assert [plan(B=4, cap=c).num_splits for c in (2048, 4096)] == [4, 4]   # 32 blocks: split
     assert plan(B=1, cap=4096).num_splits == 4096 // fam.PRODUCER_SPLIT_KEYS

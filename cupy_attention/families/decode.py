@@ -178,9 +178,12 @@ class Tile:
 
 
 def has_producer(head_dim: int, t: Tile, paged: bool, maps: bool) -> bool:
-    """DecodeTraits' PRODUCER: the one-block warpgroup tile over paged tensor maps at
-    64 < D <= 128 runs a producer warpgroup beside its two (Plan.threads)."""
-    return maps and paged and t.wgmma and t.key_warps == 2 and 64 < head_dim <= 128
+    """DecodeTraits' PRODUCER: the one-block warpgroup tile over tensor maps runs a
+    producer warpgroup beside its two (Plan.threads): paged at 64 < D <= 128,
+    contiguous where D pads to 128."""
+    d_pad = -(-head_dim // 16) * 16
+    return (maps and t.wgmma and t.key_warps == 2 and 64 < d_pad <= 128
+            and (paged or d_pad == 128))
 
 
 def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
@@ -403,7 +406,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
         blocks = row_blocks * s.heads_kv * s.batch
-        if producer:
+        if producer and s.paged:
             num_splits = split_count(blocks, s.capacity, sms, per_sm, PRODUCER_SPLIT_KEYS)
             if 3 * blocks >= sms and s.capacity < PRODUCER_MERGE_KEYS:
                 num_splits = 1
