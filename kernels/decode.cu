@@ -35,9 +35,10 @@
 //      (ldmatrix reads it through kv_at); GATHER traits fill the same layout by
 //      cp.async (caches without tensor maps under the warpgroup tile); otherwise paged
 //      rows of 256 bytes or more by one bulk copy each. Maps and bulk copies complete
-//      on a stage's mbarrier. PRODUCER traits (the one-block paged warpgroup tile at
-//      64 < D <= 128) leave the copies and page lookups to a producer warpgroup of
-//      their own (produce_paged), the consumers releasing buffers on mbarriers.
+//      on a stage's mbarrier. PRODUCER traits (the one-block warpgroup tile, paged at
+//      64 < D <= 128, contiguous at D = 128) leave the copies and page lookups to a
+//      producer warpgroup of their own (produce_paged, produce_contiguous), the
+//      consumers releasing buffers on mbarriers.
 //   3. consumer (per warp and tile): S = Q K^T (ldmatrix + mma), the variant's scores
 //      (masks and logit transforms through VT::keep / VT::score on partial tiles or
 //      transforming variants only), the online softmax (FragSoftmax), P rounded to 16
@@ -126,11 +127,12 @@ struct DecodeTraits {
   // warpgroup, so that it can hand its registers to the consumers (setmaxnreg; with
   // one warp more, three warps on a scheduler capped every thread at 168 and the
   // consumers spilled); past D = 128 the consumers' 250 or so registers leave none.
-  // Over contiguous maps at D_PAD = 128 too (produce_contiguous: a tile's four boxes,
-  // one a warp): H200, 2026-11-29, B = 8, Sk = 8k, Sq = 16, one split 3.72 -> 3.86 TB/s;
-  // at D = 96 3.17 -> 2.97, so not there (notes-decode.md section 32).
+  // Over contiguous maps at D = 128 too (produce_contiguous: a tile's four boxes, one a
+  // warp): H200, 2026-11-29, Sq = 16, B = 8, Sk = 8k one split 3.72 -> 3.86 TB/s, under
+  // the plans 1.03-1.075x from 4k keys; not at D = 96 (one split 3.17 -> 2.97) or 120
+  // (0.984x; notes-decode.md section 32).
   static constexpr bool PRODUCER_SHAPE =   // (the gathered tiles of that shape: none)
-      WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 && (PAGED_ || D_PAD == 128);
+      WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 && (PAGED_ || D_ == 128);
   static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
   // V_FUSED: PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
   // FUSED_BOXES does, one box of both column blocks per 16 keys (V's MN-major P V

@@ -164,7 +164,8 @@ def test_use_wgmma():
     for arch in ("sm_80", "sm_89", "sm_100a", "sm_120"):
         assert not fam.use_wgmma(s(), True, arch)
     p = fam.plan(s(), True, 132, None, 227 * 1024, True, True)
-    assert p.tile.wgmma and p.threads == 256 and p.spec.name.endswith(",tma,wgmma]")
+    assert p.tile.wgmma and p.tile.threads == 256 and p.spec.name.endswith(",tma,wgmma]")
+    assert p.threads == 384   # (contiguous D = 128: the producer warpgroup beside the two)
     assert "true, true>" in p.spec.expr
     # half a wave of one-block-per-SM blocks: B = 8, Hkv = 8 fills 64 of 132 SMs
     assert fam.plan(shape(B=8, Sq=16, cap=8192), True, 132, None, 227 * 1024, True,
@@ -691,8 +692,8 @@ def test_paged_warpgroup_plans_take_one_block_per_sm_past_head_dim_64():
 
 def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup():
     """The one-block paged warpgroup tile at 64 < D <= 128 runs a producer warpgroup
-    (384 threads), the contiguous one where D pads to 128; not gathered tiles (no tensor
-    maps), D = 64 or 256, contiguous D = 96, nor the paged two-block tile past one wave.
+    (384 threads), the contiguous one at D = 128; not gathered tiles (no tensor maps),
+    D = 64 or 256, contiguous D = 96 or 120, nor the paged two-block tile past one wave.
     The paged splits: at least PRODUCER_SPLIT_KEYS keys each, and none below
     PRODUCER_MERGE_KEYS keys while the unsplit grid holds a third of the SMs; the
     contiguous ones as without a producer."""
@@ -700,11 +701,11 @@ def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup()
         return fam.plan(shape(B=B, Sq=16, cap=cap, D=d, paged=paged), True, 132, tma=tma,
                         wgmma=True)
     for p, d in [(plan(d=d), d) for d in (72, 96, 128)] + [
-            (plan(paged=False, d=d), d) for d in (120, 128)] + [(plan(paged=False, B=64), 128)]:
+            (plan(paged=False), 128), (plan(paged=False, B=64), 128)]:
         assert p.producer and p.threads == 384 and p.tile.key_warps == 2, d
     assert not any(q.producer or q.threads != q.tile.threads for q in (
         plan(tma=False), plan(d=64), plan(d=256), plan(B=64), plan(paged=False, d=96),
-        plan(paged=False, d=112)))
+        plan(paged=False, d=120)))
     for B, cap in ((8, 8192), (1, 32768), (4, 4096)):
         with_producer = plan(B=B, cap=cap, paged=False)
         assert with_producer.num_splits == fam.split_count(

@@ -180,16 +180,15 @@ class Tile:
 def has_producer(head_dim: int, t: Tile, paged: bool, maps: bool) -> bool:
     """DecodeTraits' PRODUCER: the one-block warpgroup tile over tensor maps runs a
     producer warpgroup beside its two (Plan.threads): paged at 64 < D <= 128,
-    contiguous where D pads to 128."""
-    d_pad = -(-head_dim // 16) * 16
-    return (maps and t.wgmma and t.key_warps == 2 and 64 < d_pad <= 128
-            and (paged or d_pad == 128))
+    contiguous at D = 128."""
+    return (maps and t.wgmma and t.key_warps == 2 and 64 < head_dim <= 128
+            and (paged or head_dim == 128))
 
 
 def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
     """``DecodeTraits::SMEM_BYTES``: sizeof(Storage) (the K/V ring or the key warps'
     merge area, Q's packed rows, the page ids, the ring's mbarriers: full, and empty
-    under the one-block paged warpgroup tile at 64 < D <= 128), and with TMA the
+    under the producer warpgroup's tile shapes, has_producer), and with TMA the
     slack that places it on a 1024-byte boundary (its ring rows then take whole
     64-column blocks of the swizzled layout)."""
     d_pad = -(-head_dim // 16) * 16
@@ -758,7 +757,8 @@ class Decode(Family):
         for d in (160, 192):   # past D = 128, head dims that are not a power of two
             out.append(spec(d, "bfloat16", tile(64, d, True, tma=True, wgmma=True),
                             Variant(causal=True), True, True, True))
-        for d, paged in ((72, True), (128, False), (256, True)):   # the warpgroup tile's variants
+        # the warpgroup tile's variants (contiguous D = 128: its producer warpgroup)
+        for d, paged in ((72, True), (128, False), (256, True)):
             out.append(spec(d, "bfloat16", tile(64, d, paged, tma=True, wide=not paged,
                                                 wgmma=True),
                             Variant(causal=True, window=(64, 0), softcap=30.0), paged, True, True))
