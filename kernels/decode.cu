@@ -74,7 +74,8 @@
 #include "common/wgmma.cuh"
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
-          bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false, bool GATHER_ = false>
+          bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false, bool GATHER_ = false,
+          int PAGE_BOX_ = 16>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -99,16 +100,17 @@ struct DecodeTraits {
   static constexpr int MROW = D_PAD + 4;                // merge row stride (floats)
   // TMA (sm_90): the ring's tiles are SwizzledTile<BLOCK_N, D_PAD> (wgmma.cuh: 64-column
   // blocks of 128-byte rows, the 128-byte swizzle), loaded by tensor-map boxes of 64
-  // columns x BOX_ROWS rows: the whole tile's rows (contiguous caches) or 16 (paged
-  // caches: pages of a multiple of 16 rows, tiles starting on a multiple of 16, so a
-  // box never straddles pages); otherwise rows of SROW elements. GATHER: the same
+  // columns x BOX_ROWS rows: the whole tile's rows (contiguous caches) or PAGE_BOX_
+  // (paged caches: 16 on pages of a multiple of 16 rows, 64 on pages of a multiple of
+  // 64 (the host's Plan.page_box), tiles starting on a multiple of it, so a box never
+  // straddles pages); otherwise rows of SROW elements. GATHER: the same
   // swizzled tiles filled by every thread's cp.async instead (load_kv: caches that have
   // no tensor map, such as pages of one row), for the warpgroup tile on sm_90a.
   static constexpr bool TMA = TMA_;
   static constexpr bool GATHER = GATHER_;
   static constexpr bool MAPS = TMA_ && !GATHER_;   // tensor-map copies on sm_90
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
-  static constexpr int BOX_ROWS = PAGED_ ? 16 : BLOCK_N;
+  static constexpr int BOX_ROWS = PAGED_ ? PAGE_BOX_ : BLOCK_N;
   // FUSED_BOXES: the mma.sync tiles over paged maps past D = 64, D a multiple of 64,
   // keep the ring's tiles in chunks of BOX_ROWS rows, each with all D_BOXES column
   // blocks of its rows (SwizzledTile's chunks), so that one rank-5 box (column, row,
@@ -221,6 +223,8 @@ struct DecodeTraits {
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
   static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
+  static_assert((PAGE_BOX_ == 16 || (PAGE_BOX_ == 64 && MAPS && PAGED_)) &&
+                BLOCK_N % BOX_ROWS == 0, "paged boxes of 16 rows, or 64 on pages of 64k rows");
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
                 "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
   static_assert(!GATHER || TMA, "gather: cp.async into the swizzled ring");
@@ -409,8 +413,8 @@ __device__ __forceinline__ void load_box_rows(u32 k_dst, u32 v_dst, u32 base, in
                                               int hk, int page, u32 bar) {
   using KTile = typename KT::KTile;
   using VTile = typename KT::VTile;
-  constexpr bool K_CHUNKED = KTile::BLOCK_BYTES < KT::BLOCK_N * 128;
-  constexpr bool V_CHUNKED = VTile::BLOCK_BYTES < KT::BLOCK_N * 128;
+  // (rank-5 maps, a box of every column block: FUSED_BOXES, and V_FUSED's V)
+  constexpr bool K_CHUNKED = KT::FUSED_BOXES, V_CHUNKED = KT::FUSED_BOXES || KT::V_FUSED;
   if constexpr (!K_CHUNKED && !V_CHUNKED) {
     const u32 at = base + KTile::row_offset(x);
 #pragma unroll
@@ -827,7 +831,7 @@ template <class KT, class VT>
 __device__ __forceinline__ void key_range(const DecodeParams& dp, const FwdParams& p, int split,
                                           int seqlen, int i_first, int i_last, int& kv_lo,
                                           int& kv_hi) {
-  constexpr int KV_ALIGN = KT::MAPS && KT::Pages::kPaged ? 16 : 1;
+  constexpr int KV_ALIGN = KT::MAPS && KT::Pages::kPaged ? KT::BOX_ROWS : 1;
   kv_lo = cmax(VT::kv_begin(p, i_first), split * dp.split_keys) / KV_ALIGN * KV_ALIGN;
   const int split_end = split + 1 == dp.num_splits ? seqlen : (split + 1) * dp.split_keys;
   kv_hi = cmax(cmin(VT::kv_end(p, i_last), split_end), kv_lo);

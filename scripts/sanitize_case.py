@@ -84,6 +84,9 @@ DECODE_CASES = (
     (2, 32, 8, 16, 300, 64, (299, 64), 16, 2),
     (2, 24, 2, 4, 400, 72, (400, 33), 48, None),
     (2, 16, 2, 8, 400, 128, (400, 33), 16, 2),   # (the producer warpgroup at D = 128)
+    # pages of 64 rows: 64-row boxes (page_box), mma.sync and producer tiles
+    (2, 8, 2, 1, 300, 128, (299, 64), 64, 2),
+    (2, 16, 2, 8, 400, 128, (400, 33), 64, None),
     # ... gathered by cp.async where no tensor map takes the pages (GATHER traits)
     (2, 32, 8, 16, 300, 64, (299, 64), 1, 2),
     (2, 16, 2, 8, 400, 128, (400, 33), 8, None),

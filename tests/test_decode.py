@@ -716,6 +716,23 @@ def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup()
     assert plan(B=1, cap=32768).num_splits == 16
 
 
+def test_pages_of_64_rows_take_64_row_boxes():
+    """page_box: 64-row boxes where a tensor-map paged cache's pages hold a multiple of
+    64 rows and the tile a multiple of 64 keys; 16 elsewhere, and the page-16 kernels'
+    template arguments as before (PAGE_BOX left to its default)."""
+    def plan(page, B=8, Sq=16, d=128, tma=True, paged=True):
+        return fam.plan(shape(B=B, Sq=Sq, cap=8192, D=d, paged=paged), True, 132, tma=tma,
+                        wgmma=True, page_size=page)
+    for page in (64, 128, 256):
+        for p in (plan(page), plan(page, Sq=1), plan(page, d=64), plan(page, B=64)):
+            assert p.page_box == 64 and p.spec.expr.count(", 64>") == 1, p.spec
+            assert p.spec.name.endswith(",box64]")
+    for p in (plan(16), plan(48), plan(192 + 16), plan(64, tma=False), plan(64, paged=False),
+              plan(64, Sq=4, d=256)):   # (D = 256, Sq = 4: 32-key tiles)
+        assert p.page_box == 16 and ",box" not in p.spec.name, p.spec
+    assert plan(16).spec.expr == plan(16).spec.expr.replace(", 16>", ">")
+
+
 def test_paged_one_block_warpgroup_tile_past_head_dim_128_on_short_waves():
     """Past D = 128 the paged one-wave warpgroup plans take the one-block tile only while
     the wave holds at most PAGED_WIDE_KEYS_PER_SM keys an SM."""

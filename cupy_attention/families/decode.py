@@ -276,6 +276,7 @@ class Plan:
     smem: int
     tma: bool = False   # K and V tiles through tensor maps (use_tma)
     producer: bool = False   # DecodeTraits' PRODUCER: a producer warpgroup beside the tile's
+    page_box: int = 16   # DecodeTraits' PAGE_BOX: rows of a paged map's box (page_box())
 
     @property
     def rows(self) -> int:
@@ -290,23 +291,26 @@ class Plan:
 
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
-         vec: bool, tma: bool = False, gather: bool = False) -> jit.KernelSpec:
+         vec: bool, tma: bool = False, gather: bool = False,
+         page_box: int = 16) -> jit.KernelSpec:
     """``tma``: the swizzled ring (DecodeTraits' TMA), filled through tensor maps or,
-    with ``gather``, by cp.async (GATHER)."""
+    with ``gather``, by cp.async (GATHER). ``page_box``: PAGE_BOX (page_box())."""
     assert not t.wgmma or tma, "the wgmma tile reads the swizzled ring"
     assert not gather or (tma and vec), "gathered tiles: 16-byte copies into the swizzled ring"
-    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER, the trailing false ones left
-    # to their defaults
+    assert page_box == 16 or (paged and tma and not gather and t.block_n % page_box == 0)
+    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER and PAGE_BOX, the trailing
+    # defaults left out
     flags = [vec, paged, tma, t.wgmma, gather]
-    while len(flags) > 2 and not flags[-1]:
+    while len(flags) > 2 and not flags[-1] and page_box == 16:
         flags.pop()
-    flags = ["true" if x else "false" for x in flags]
+    flags = ["true" if x else "false" for x in flags] + ([] if page_box == 16 else [str(page_box)])
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {', '.join(flags)}>")
     copy = ",gather" if gather else ",tma" if tma else ""
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
-            f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}]")
+            f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}"
+            f"{'' if page_box == 16 else f',box{page_box}'}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -356,11 +360,13 @@ def use_wgmma(s: DecodeShape, tma: bool, arch: str, vec: bool = False) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
-         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wgmma: bool = False) -> Plan:
+         smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wgmma: bool = False,
+         page_size: int = 16) -> Plan:
     """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
     tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers; the
-    warpgroup tile without tensor maps gathers its tiles)."""
+    warpgroup tile without tensor maps gathers its tiles; ``page_size``: a paged
+    cache's, for page_box)."""
     rows_total = s.group * s.seqlen_q
     gather = wgmma and not tma
     swizzled = tma or gather
@@ -413,9 +419,17 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
             num_splits = split_count(blocks, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
-    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather), t,
-                row_blocks, num_splits, split_keys, smem_bytes(s.head_dim, t, s.paged, swizzled),
-                tma, producer)
+    box = page_box(s, t, tma, page_size)
+    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box),
+                t, row_blocks, num_splits, split_keys,
+                smem_bytes(s.head_dim, t, s.paged, swizzled), tma, producer, box)
+
+
+def page_box(s: DecodeShape, t: Tile, tma: bool, page_size: int) -> int:
+    """Rows of a paged tensor map's box (DecodeTraits' PAGE_BOX): 64 where the pages
+    hold a multiple of 64 rows and the tile a multiple of 64 keys, else 16. Fewer,
+    larger boxes: the copy engine pays per box (notes-decode.md section 32)."""
+    return 64 if s.paged and tma and page_size % 64 == 0 and t.block_n % 64 == 0 else 16
 
 
 def _ptr(x) -> int:
@@ -538,7 +552,7 @@ class DecodeLaunch:
         if p.tma:   # kv_dims: use_tma's (outer, rows) of the caches
             from .. import tma
 
-            box_rows = 16 if s.paged else p.tile.block_n
+            box_rows = p.page_box if s.paged else p.tile.block_n
             # (DecodeTraits' FUSED_BOXES and V_FUSED: over paged caches past D = 64, D a
             # multiple of 64, the mma.sync tiles' K and V and the producer tile's V take
             # a box of every 64-column block of 16 rows)
@@ -766,6 +780,11 @@ class Decode(Family):
         # drops its setmaxnreg, C7508: notes-decode.md section 31)
         out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), True, True, True))
+        # pages of 64 rows: 64-row boxes (page_box), the producer and mma.sync tiles
+        out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
+                        Variant(causal=True), True, True, True, page_box=64))
+        out.append(spec(128, "bfloat16", tile(4, 128, True, tma=True), Variant(causal=True),
+                        True, True, True, page_box=64))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
