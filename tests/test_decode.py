@@ -717,20 +717,21 @@ def test_paged_one_block_warpgroup_plans_at_most_128_take_a_producer_warpgroup()
 
 
 def test_pages_of_64_rows_take_64_row_boxes():
-    """page_box: 64-row boxes where a tensor-map paged cache's pages hold a multiple of
-    64 rows and the tile a multiple of 64 keys; 16 elsewhere, and the page-16 kernels'
-    template arguments as before (PAGE_BOX left to its default)."""
+    """page_box: the producer warpgroup's tile takes 64-row boxes where the pages hold a
+    multiple of 64 rows; 16 elsewhere, and the page-16 kernels' template arguments as
+    before (PAGE_BOX left to its default)."""
     def plan(page, B=8, Sq=16, d=128, tma=True, paged=True):
-        return fam.plan(shape(B=B, Sq=Sq, cap=8192, D=d, paged=paged), True, 132, tma=tma,
-                        wgmma=True, page_size=page)
+        s = shape(B=B, Sq=Sq, cap=8192, D=d, paged=paged)
+        return fam.plan(s, True, 132, tma=tma, wgmma=fam.use_wgmma(s, tma, "sm_90a", True),
+                        page_size=page)
     for page in (64, 128, 256):
-        for p in (plan(page), plan(page, Sq=1), plan(page, d=64), plan(page, B=64)):
-            assert p.page_box == 64 and p.spec.expr.count(", 64>") == 1, p.spec
+        for p in (plan(page), plan(page, d=96)):
+            assert p.producer and p.page_box == 64 and p.spec.expr.count(", 64>") == 1, p.spec
             assert p.spec.name.endswith(",box64]")
     for p in (plan(16), plan(48), plan(192 + 16), plan(64, tma=False), plan(64, paged=False),
-              plan(64, Sq=4, d=256)):   # (D = 256, Sq = 4: 32-key tiles)
+              plan(64, Sq=1), plan(64, d=64), plan(64, B=64), plan(64, d=256)):
         assert p.page_box == 16 and ",box" not in p.spec.name, p.spec
-    assert plan(16).spec.expr == plan(16).spec.expr.replace(", 16>", ">")
+    assert ", 16>" not in plan(16).spec.expr
 
 
 def test_paged_one_block_warpgroup_tile_past_head_dim_128_on_short_waves():

@@ -360,7 +360,7 @@ def _loaded_on_sm90a(pred):
 
 def _wgmma_ran(D):
     """On sm_90a: whether a warpgroup-tile decode of head dim D was loaded (None elsewhere)."""
-    return _loaded_on_sm90a(lambda name: ",wgmma]" in name and f"[D={D}," in name)
+    return _loaded_on_sm90a(lambda name: ",wgmma" in name and f"[D={D}," in name)
 
 
 @pytest.mark.parametrize("case", WGMMA_CASES,

@@ -419,17 +419,19 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
             num_splits = split_count(blocks, s.capacity, sms, per_sm)
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
-    box = page_box(s, t, tma, page_size)
+    box = page_box(s, producer, page_size)
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box),
                 t, row_blocks, num_splits, split_keys,
                 smem_bytes(s.head_dim, t, s.paged, swizzled), tma, producer, box)
 
 
-def page_box(s: DecodeShape, t: Tile, tma: bool, page_size: int) -> int:
-    """Rows of a paged tensor map's box (DecodeTraits' PAGE_BOX): 64 where the pages
-    hold a multiple of 64 rows and the tile a multiple of 64 keys, else 16. Fewer,
-    larger boxes: the copy engine pays per box (notes-decode.md section 32)."""
-    return 64 if s.paged and tma and page_size % 64 == 0 and t.block_n % 64 == 0 else 16
+def page_box(s: DecodeShape, producer: bool, page_size: int) -> int:
+    """Rows of a paged tensor map's box (DecodeTraits' PAGE_BOX): 64 for the producer
+    warpgroup's tile where the pages hold a multiple of 64 rows, else 16. Fewer, larger
+    boxes, as the copy engine pays per box: H200, 2026-11-29, Sq = 16, D = 128, B = 8,
+    pages of 64 and 256, 1.024-1.039x at Sk = 2k-4k; on the other paged tiles
+    0.991-1.002x (notes-decode.md section 32)."""
+    return 64 if s.paged and producer and page_size % 64 == 0 else 16
 
 
 def _ptr(x) -> int:
@@ -780,11 +782,9 @@ class Decode(Family):
         # drops its setmaxnreg, C7508: notes-decode.md section 31)
         out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), True, True, True))
-        # pages of 64 rows: 64-row boxes (page_box), the producer and mma.sync tiles
+        # ... over pages of 64 rows: 64-row boxes (page_box)
         out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
                         Variant(causal=True), True, True, True, page_box=64))
-        out.append(spec(128, "bfloat16", tile(4, 128, True, tma=True), Variant(causal=True),
-                        True, True, True, page_box=64))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
