@@ -136,8 +136,8 @@ struct DecodeTraits {
   static constexpr bool PRODUCER_SHAPE =   // (the gathered tiles of that shape: none)
       WGMMA_ && KEY_WARPS == 2 && 64 < D_PAD && D_PAD <= 128 && (PAGED_ || D_ == 128);
   static constexpr bool PRODUCER = MAPS && PRODUCER_SHAPE;
-  // V_FUSED: PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
-  // FUSED_BOXES does, one box of both column blocks per 16 keys (V's MN-major P V
+  // V_FUSED: paged PRODUCER traits with D a multiple of 64 keep V's tiles in chunks as
+  // FUSED_BOXES does, one box of both column blocks per BOX_ROWS keys (V's MN-major P V
   // takes a chunk per k16 step with no narrower wgmma); K stays whole: 24 boxes a tile
   // at D = 128 where there were 32 (H200, 2026-11-29, B = 8, Sk = 8k, Sq = 16, page 16:
   // 3.33 -> 3.39 TB/s at one split, 1.00-1.016x under the plans; notes-decode.md
