@@ -147,6 +147,7 @@ struct DecodeTraits {
   using KTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES ? BOX_ROWS : BLOCK_N>;
   using VTile = SwizzledTile<BLOCK_N, D_PAD, FUSED_BOXES || V_FUSED ? BOX_ROWS : BLOCK_N>;
   static constexpr int KV_ROW = TMA ? KTile::BYTES / (2 * BLOCK_N) : SROW;
+  static constexpr u32 STAGE_BYTES = BLOCK_N * KV_ROW * 2;   // a ring buffer of K (or V)
   static constexpr int BLOCK_THREADS = THREADS + (PRODUCER ? 128 : 0);
   static constexpr int LAUNCH_REGS = 65536 / BLOCK_THREADS / 8 * 8;
   static constexpr int PRODUCER_REGS = 40;
@@ -480,6 +481,17 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
   }
 }
 
+// A producer warp before tile t: its ring buffer free again (every consumer warp
+// released the tile STAGES before it there, on the buffer's empty barrier); returns
+// the buffer's full barrier.
+template <class KT>
+__device__ __forceinline__ u32 await_released(u32 full, int t) {
+  constexpr int STAGES = KT::STAGES;
+  const int stage = t % STAGES;
+  if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
+  return full + 8 * stage;
+}
+
 // Producer warp pw (0..3) of PRODUCER traits' warpgroup: tiles 0 .. n_tiles - 1 of
 // keys [kv_lo, kv_hi) of (batch b, KV head hk) through the paged maps, tile t into ring
 // buffer t % STAGES once every consumer warp released the tile before it there (empty
@@ -497,7 +509,6 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
                                               u32 full, int pw, int lane) {
   constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N, ROWS = KT::BOX_ROWS;
   constexpr int WARPS = KT::PRODUCER_WARPS;
-  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2;
   static_assert(BLOCK_N / ROWS <= 32 * WARPS, "a lane per box row");
   const i32* table = cache.block_table + b * cache.block_table_stride;
   const Divisor pages = cache.pages();
@@ -510,12 +521,11 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
   int page = page_of(0), next = page_of(1);
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % STAGES;
-    if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
+    const u32 bar = await_released<KT>(full, t);
     const int after = page_of(t + 2);
     const int j0 = kv_lo + t * BLOCK_N;
     const int boxes = ceil_div(cmin(BLOCK_N, kv_hi - j0), ROWS);
     const int mine = boxes > pw ? ceil_div(boxes - pw, WARPS) : 0;
-    const u32 bar = full + 8 * stage;
     if (lane == 0) {
       fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
       mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * mine * ROWS * 128);
@@ -523,7 +533,7 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
     __syncwarp();
     if (lane < mine) {
       const int row = pages.mod(j0 + ROWS * x);
-      load_box_rows<KT>(k_ring, v_ring, stage * STAGE_BYTES, ROWS * x, k_map, v_map, row, hk,
+      load_box_rows<KT>(k_ring, v_ring, stage * KT::STAGE_BYTES, ROWS * x, k_map, v_map, row, hk,
                         page, bar);
     }
     page = next;
@@ -546,13 +556,10 @@ __device__ __forceinline__ void produce_contiguous(typename KT::Storage& st, con
   const u32 dst = smem_addr(pw < BLOCKS ? &st.ring.k[0][0] : &st.ring.v[0][0]) +
                   c * KT::KTile::BLOCK_BYTES;
   for (int t = 0; t < n_tiles; ++t) {
-    const int stage = t % STAGES;
-    if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
-    const u32 bar = full + 8 * stage;
+    const u32 bar = await_released<KT>(full, t);
     fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
     mbarrier_arrive_expect_tx(bar, BLOCK_N * 128);
-    tma_load_4d(dst + stage * BLOCK_N * KT::KV_ROW * 2, map, 64 * c, kv_lo + t * BLOCK_N, hk, b,
-                bar);
+    tma_load_4d(dst + t % STAGES * KT::STAGE_BYTES, map, 64 * c, kv_lo + t * BLOCK_N, hk, b, bar);
   }
 }
 
@@ -978,7 +985,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
   constexpr bool BULK = false, TMA = false;   // TMA traits: cp.async into the same layout
 #endif
   const u32 full = smem_addr(&st.full[0]);
-  constexpr u32 STAGE_BYTES = BLOCK_N * KT::KV_ROW * 2;
+  constexpr u32 STAGE_BYTES = KT::STAGE_BYTES;
   auto issue = [&](int t) {
     if (t < n_tiles) {
       if constexpr (TMA) {

@@ -557,7 +557,7 @@ class DecodeLaunch:
             box_rows = p.page_box if s.paged else p.tile.block_n
             # (DecodeTraits' FUSED_BOXES and V_FUSED: over paged caches past D = 64, D a
             # multiple of 64, the mma.sync tiles' K and V and the producer tile's V take
-            # a box of every 64-column block of 16 rows)
+            # a box of every 64-column block of a box's rows)
             fused = s.paged and s.head_dim > 64 and s.head_dim % 64 == 0
             blocks = {"k": fused and not p.tile.wgmma,
                       "v": fused and (not p.tile.wgmma or p.producer)}
