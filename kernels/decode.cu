@@ -75,7 +75,7 @@
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
           bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false, bool GATHER_ = false,
-          int PAGE_BOX_ = 16>
+          int PAGE_BOX_ = 16, bool HALVES_ = false>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -160,9 +160,27 @@ struct DecodeTraits {
   // (four issuers there measured 0.99x at B = 64-256, Sq = 1), and the D = 64 warpgroup
   // tile's tiles have half the boxes (0.96-1.02x; notes-decode.md section 30).
   static constexpr int ISSUERS = PAGED_ && WGMMA_ && D_PAD > 64 && !PRODUCER ? THREADS / 32 : 1;
-  // full[STAGES] (tile landed), then under PRODUCER's tile shapes empty[STAGES] (every
-  // consumer warp done with the buffer; unused by the gathered tiles of those shapes)
-  static constexpr int BARRIERS = (PRODUCER_SHAPE ? 2 : 1) * STAGES;
+  // HALVES (HALVES_, the host's Plan.halves): under PRODUCER traits over paged maps each
+  // consumer warpgroup's keys of a tile (its WARP_KEYS, a half) land on a full barrier
+  // of their own and are released on an empty one of their own, so a warpgroup starts
+  // once its half landed and the producer refills a half once its warpgroup is done
+  // with it. H200, 2026-11-29, Sq = 16, D = 128, B = 8, one split (64 blocks): page 16
+  // 3.37 -> 3.65 TB/s; under the plans grids of at most half the SMs gained (B = 8,
+  // Sk = 1k-4k 1.031-1.059x page 16, 1.035-1.063x page 64; B = 4, Hq/Hkv 64/8 1.110 /
+  // 1.033) and grids of 128 blocks lost (0.90-0.98x), so the host takes them on the
+  // former only (notes-decode.md section 33).
+  // full[STAGES * HALVES] (tile or half landed), then under PRODUCER's tile shapes as
+  // many empty (every consumer warp of the tile or half done with the buffer; unused by
+  // the gathered tiles of those shapes)
+  static constexpr int HALVES = PRODUCER_SHAPE && PAGED_ && HALVES_ ? KEY_WARPS : 1;
+  static constexpr int BARRIERS = (PRODUCER_SHAPE ? 2 : 1) * STAGES * HALVES;
+  // full barrier `half` of ring buffer `stage` (from the first, `full`), its empty one
+  __device__ __forceinline__ static u32 full_bar(u32 full, int stage, int half = 0) {
+    return full + 8 * (stage * HALVES + half);
+  }
+  __device__ __forceinline__ static u32 empty_bar(u32 full, int stage, int half = 0) {
+    return full + 8 * ((STAGES + stage) * HALVES + half);
+  }
   // WGMMA (TMA traits, four row warps): a warpgroup per key warp, warp w the row warp
   // w % 4 of key warp w / 4. On sm_90a each warpgroup computes S = Q K^T and acc +=
   // P V over its WARP_KEYS keys with wgmma m64 (wgmma.cuh) from the ring's swizzled
@@ -224,6 +242,7 @@ struct DecodeTraits {
   static_assert(STAGES >= 2, "a tile in flight while another is computed");
   static_assert(!VEC || D % 8 == 0, "16-byte copies need D % 8 == 0");
   static_assert(!TMA || (VEC && BLOCK_N % 16 == 0 && BLOCK_N <= 256), "TMA: aligned, box rows");
+  static_assert(!HALVES_ || (PRODUCER && PAGED_), "halves: the paged producer's tile");
   static_assert((PAGE_BOX_ == 16 || (PAGE_BOX_ == 64 && MAPS && PAGED_)) &&
                 BLOCK_N % BOX_ROWS == 0, "paged boxes of 16 rows, or 64 on pages of 64k rows");
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
@@ -481,63 +500,90 @@ __device__ __forceinline__ void load_kv_tma(u32 k_dst, u32 v_dst, const TmaMap& 
   }
 }
 
-// A producer warp before tile t: its ring buffer free again (every consumer warp
-// released the tile STAGES before it there, on the buffer's empty barrier); returns
-// the buffer's full barrier.
+// A producer lane before tile t: half `half` of its ring buffer free again (every
+// consumer warp of the half released the tile STAGES before it there, on the empty
+// barrier); returns the half's full barrier.
 template <class KT>
-__device__ __forceinline__ u32 await_released(u32 full, int t) {
+__device__ __forceinline__ u32 await_released(u32 full, int t, int half = 0) {
   constexpr int STAGES = KT::STAGES;
   const int stage = t % STAGES;
-  if (t >= STAGES) mbarrier_wait(full + 8 * (STAGES + stage), (t / STAGES + 1) & 1);
-  return full + 8 * stage;
+  if (t >= STAGES) mbarrier_wait(KT::empty_bar(full, stage, half), (t / STAGES + 1) & 1);
+  return KT::full_bar(full, stage, half);
 }
 
 // Producer warp pw (0..3) of PRODUCER traits' warpgroup: tiles 0 .. n_tiles - 1 of
-// keys [kv_lo, kv_hi) of (batch b, KV head hk) through the paged maps, tile t into ring
-// buffer t % STAGES once every consumer warp released the tile before it there (empty
-// barrier), on the buffer's full barrier, where each producer warp announces its own
-// bytes. The tile's box rows (16 keys) are dealt round the four warps: lane x of warp
-// pw owns rows 16 (pw + 4x).., reads their page id from the block table two tiles
-// ahead (the loads' latency under two tiles' issue, as the other tiles' cp.async ids)
-// and issues their boxes. Four warps, because ptxas issues a box once per lane that
-// has one (section 29): from one warp, a tile's 32 boxes at D = 128 went out one after
-// another, and long sequences lost 1-2.4% (notes-decode.md section 31).
+// keys [kv_lo, kv_hi) of (batch b, KV head hk) through the paged maps, each half
+// (KT::HALVES; else the whole tile) of tile t into ring buffer t % STAGES once the
+// half's consumer warps released the tile before it there (empty barrier), on the
+// half's full barrier, where each producer warp announces its own bytes (whole tiles)
+// or the half's first lane the half's (HALVES). A half's box rows (BOX_ROWS keys each) are dealt round the half's warps (all
+// four, or two under HALVES, so that a warp waits for one half: lanes of a warp
+// waiting on both spun for both, H200, page 16, 0.84-0.94x under the plans): a lane
+// owns at most one, reads its page id from the block table two tiles ahead (the loads'
+// latency under two tiles' issue, as the other tiles' cp.async ids) and issues its
+// boxes. Four warps, because ptxas issues a box once per lane that has one (section
+// 29): from one warp, a tile's 32 boxes at D = 128 went out one after another, and
+// long sequences lost 1-2.4% (notes-decode.md section 31).
 template <class KT>
 __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const TmaMap& k_map,
                                               const TmaMap& v_map, const CacheParams& cache,
                                               int b, int hk, int kv_lo, int kv_hi, int n_tiles,
                                               u32 full, int pw, int lane) {
   constexpr int STAGES = KT::STAGES, BLOCK_N = KT::BLOCK_N, ROWS = KT::BOX_ROWS;
-  constexpr int WARPS = KT::PRODUCER_WARPS;
-  static_assert(BLOCK_N / ROWS <= 32 * WARPS, "a lane per box row");
+  constexpr int PER_HALF = BLOCK_N / ROWS / KT::HALVES;   // box rows of a half
+  constexpr int WARPS = KT::PRODUCER_WARPS / KT::HALVES;  // producer warps of a half
+  static_assert(KT::HALVES * WARPS == KT::PRODUCER_WARPS && PER_HALF <= 32 * WARPS,
+                "a half's warps, a lane per box row");
   const i32* table = cache.block_table + b * cache.block_table_stride;
   const Divisor pages = cache.pages();
   const u32 k_ring = smem_addr(&st.ring.k[0][0]), v_ring = smem_addr(&st.ring.v[0][0]);
-  const int x = pw + WARPS * lane;   // this lane's box row of a tile
-  auto page_of = [&](int t) {        // this lane's page in tile t (0 where it has no keys)
+  const int half = KT::HALVES > 1 ? pw / WARPS : 0, hw = pw % WARPS;   // warp hw of its half
+  const int y = hw + WARPS * lane;        // this lane's box row of its half
+  const int x = half * PER_HALF + y;      // ... of the tile
+  auto page_of = [&](int t) {             // this lane's page in tile t (0 where it has no keys)
     const int j = kv_lo + t * BLOCK_N + ROWS * x;
-    return x < BLOCK_N / ROWS && t < n_tiles && j < kv_hi ? table[pages.div(j)] : 0;
+    return y < PER_HALF && t < n_tiles && j < kv_hi ? table[pages.div(j)] : 0;
   };
   int page = page_of(0), next = page_of(1);
+  constexpr u32 BOX_BYTES = 2 * KT::D_BOXES * ROWS * 128;   // K's and V's of a box row
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t % STAGES;
-    const u32 bar = await_released<KT>(full, t);
-    const int after = page_of(t + 2);
     const int j0 = kv_lo + t * BLOCK_N;
-    const int boxes = ceil_div(cmin(BLOCK_N, kv_hi - j0), ROWS);
-    const int mine = boxes > pw ? ceil_div(boxes - pw, WARPS) : 0;
-    if (lane == 0) {
-      fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
-      mbarrier_arrive_expect_tx(bar, 2 * KT::D_BOXES * mine * ROWS * 128);
-    }
-    __syncwarp();
-    if (lane < mine) {
+    const int boxes = ceil_div(cmin(BLOCK_N, kv_hi - j0), ROWS);   // of the tile
+    auto issue = [&](u32 bar) {
       const int row = pages.mod(j0 + ROWS * x);
-      load_box_rows<KT>(k_ring, v_ring, stage * KT::STAGE_BYTES, ROWS * x, k_map, v_map, row, hk,
-                        page, bar);
+      load_box_rows<KT>(k_ring, v_ring, stage * KT::STAGE_BYTES, ROWS * x, k_map, v_map, row,
+                        hk, page, bar);
+    };
+    if constexpr (KT::HALVES > 1) {
+      // each lane with a box row waits for its half and issues at once; the half's first
+      // announces the half's bytes, one arrival (each warp its own after a __syncwarp, as
+      // below, measured 0.97-0.98x of this at page 16: notes-decode.md section 33)
+      const int after = page_of(t + 2);
+      if (y < PER_HALF) {
+        const u32 bar = await_released<KT>(full, t, half);
+        fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
+        if (y == 0)   // (with no box too: the half's consumers wait on the barrier)
+          mbarrier_arrive_expect_tx(bar, cmax(cmin(boxes - x, PER_HALF), 0) * BOX_BYTES);
+        if (x < boxes) issue(bar);
+      }
+      page = next;
+      next = after;
+    } else {
+      // each warp announces its own bytes (the per-lane form above measured down to
+      // 0.91x of this on grids of 128 blocks)
+      const u32 bar = await_released<KT>(full, t);
+      const int after = page_of(t + 2);
+      const int mine = boxes > hw ? ceil_div(boxes - hw, WARPS) : 0;
+      if (lane == 0) {
+        fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
+        mbarrier_arrive_expect_tx(bar, mine * BOX_BYTES);
+      }
+      __syncwarp();
+      if (lane < mine) issue(bar);
+      page = next;
+      next = after;
     }
-    page = next;
-    next = after;
   }
 }
 
@@ -857,12 +903,17 @@ __device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
     }
   }
   if constexpr (BULK || TMA) {   // (BULK: thread 0 announces the bytes)
-    if (threadIdx.x < KT::STAGES)
-      mbarrier_init(full + 8 * threadIdx.x,
-                    !TMA ? 1 : KT::PRODUCER ? KT::PRODUCER_WARPS : KT::ISSUERS);
-    if constexpr (KT::PRODUCER) {   // empty: one arrival per consumer warp
-      if (threadIdx.x < KT::STAGES)
-        mbarrier_init(full + 8 * (KT::STAGES + threadIdx.x), KT::WARPS);
+    // (full: each paged producer half's first lane (HALVES), every producer warp, or the
+    // issuers)
+    constexpr int ARRIVALS = !TMA                ? 1
+                             : KT::HALVES > 1    ? 1
+                             : KT::PRODUCER      ? KT::PRODUCER_WARPS
+                                                 : KT::ISSUERS;
+    constexpr int FULL = KT::STAGES * KT::HALVES;
+    if (threadIdx.x < FULL) mbarrier_init(full + 8 * threadIdx.x, ARRIVALS);
+    if constexpr (KT::PRODUCER) {   // empty: one arrival per consumer warp of the half
+      if (threadIdx.x < FULL)
+        mbarrier_init(full + 8 * (FULL + threadIdx.x), KT::WARPS / KT::HALVES);
     }
   }
 }
@@ -870,13 +921,15 @@ __device__ __forceinline__ void init_ring(typename KT::Storage& st, u32 full) {
 // After a tensor-map tile landed in ring buffer `stage`: its V rows from `valid` on
 // came as the cache holds them (the next split's keys, or rows past the sequence
 // that may hold anything), so they are zeroed, and P = 0 there adds exact zeros. K's
-// rows there are masked by select. The caller's barrier publishes the zeros.
-template <class KT>
-__device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage, int valid) {
-  if (valid >= KT::BLOCK_N) return;
+// rows there are masked by select. The caller's barrier publishes the zeros. Rows
+// `valid` .. end - 1 (the tile's, or a half's), by THREADS threads (`thread` this one).
+template <class KT, int THREADS = KT::THREADS>
+__device__ __forceinline__ void zero_v_tail(typename KT::Storage& st, int stage, int valid,
+                                            int end = KT::BLOCK_N, int thread = threadIdx.x) {
+  if (valid >= end) return;
   unsigned char* v_tile = reinterpret_cast<unsigned char*>(&st.ring.v[stage][0]);
   constexpr int CHUNKS = KT::D_BOXES * 8;   // 16-byte chunks of a swizzled row
-  for (int x = threadIdx.x; x < (KT::BLOCK_N - valid) * CHUNKS; x += KT::THREADS) {
+  for (int x = thread; x < (end - valid) * CHUNKS; x += THREADS) {
     const int row = valid + x / CHUNKS, c = x % CHUNKS;
     *reinterpret_cast<uint4*>(v_tile + KT::template kv_offset<true>(row, c)) = make_uint4(0, 0, 0, 0);
   }
@@ -908,16 +961,27 @@ struct ConsumerLanes {
   }
 };
 
-// A consumer under PRODUCER traits before tile t (`valid` of its keys in range): the
-// tile landed in its buffer; the last one's V rows past the keys zeroed and published
-// (the condition is the block's), no barrier otherwise.
+// A consumer of warpgroup kw under PRODUCER traits before tile t (`valid` of its keys
+// in range): the tile (HALVES: the warpgroup's half) landed in its buffer; the last
+// one's V rows past the keys zeroed and published (the condition is the block's, or
+// the warpgroup's: named barrier 2 + kw), no barrier otherwise.
 template <class KT>
 __device__ __forceinline__ void await_produced(typename KT::Storage& st, u32 full, int t,
-                                               int valid) {
-  mbarrier_wait(full + 8 * (t % KT::STAGES), (t / KT::STAGES) & 1);
-  if (valid < KT::BLOCK_N) {
-    zero_v_tail<KT>(st, t % KT::STAGES, valid);
-    consumers_sync<KT>();
+                                               int valid, int kw) {
+  const int stage = t % KT::STAGES;
+  if constexpr (KT::HALVES > 1) {
+    mbarrier_wait(KT::full_bar(full, stage, kw), (t / KT::STAGES) & 1);
+    const int end = (kw + 1) * KT::WARP_KEYS;
+    if (valid < end) {   // (the other half may not have landed)
+      zero_v_tail<KT, 128>(st, stage, cmax(valid, kw * KT::WARP_KEYS), end, threadIdx.x % 128);
+      named_barrier_sync(2 + kw, 128);
+    }
+  } else {
+    mbarrier_wait(KT::full_bar(full, stage), (t / KT::STAGES) & 1);
+    if (valid < KT::BLOCK_N) {
+      zero_v_tail<KT>(st, stage, valid);
+      consumers_sync<KT>();
+    }
   }
 }
 
@@ -1041,7 +1105,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
   if constexpr (KT::PRODUCER) consumers_sync<KT>();   // Q visible
   for (int t = 0; t < n_tiles; ++t) {
     if constexpr (KT::PRODUCER) {
-      await_produced<KT>(st, full, t, kv_hi - (kv_lo + t * BLOCK_N));
+      await_produced<KT>(st, full, t, kv_hi - (kv_lo + t * BLOCK_N), kw);
     } else {
       cp_async_wait<STAGES - 2>();
       if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
@@ -1064,7 +1128,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
                          partial, lane, sm, acc);
     if constexpr (KT::PRODUCER) {   // this warp is done with the buffer
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(full + 8 * (STAGES + t % STAGES));
+      if (lane == 0) mbarrier_arrive(KT::empty_bar(full, t % STAGES, KT::HALVES > 1 ? kw : 0));
     }
   }
 

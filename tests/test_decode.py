@@ -176,6 +176,15 @@ def test_use_wgmma():
         p = fam.plan(shape(B=B, Sq=16, cap=8192 if B > 1 else 32768, paged=True), True, 132,
                      None, 227 * 1024, True, True)
         assert (p.tile.key_warps, p.num_splits) == (kw, splits), B
+    # the paged producer tile's barriers per consumer warpgroup (halves) where the grid
+    # fills at most half the SMs: B = 8, Sk = 4k at one split (64 blocks), not at 8k (two)
+    for cap, halves in ((4096, True), (8192, False)):
+        p = fam.plan(shape(B=8, Sq=16, cap=cap, paged=True), True, 132, None, 227 * 1024, True,
+                     True)
+        assert p.producer and p.halves == halves and p.spec.name.endswith(",halves]") == halves
+        assert p.smem == fam.smem_bytes(128, p.tile, True, True, halves)
+    assert not fam.plan(shape(B=8, Sq=16, cap=4096), True, 132, None, 227 * 1024, True,
+                        True).halves   # (contiguous)
 
 
 def test_chunked_prefill_route():

@@ -321,6 +321,10 @@ def test_scores_that_rise_past_the_reference(scale, page):
 WGMMA_CASES = [
     dict(page=None, Hq=32, Hkv=8, Sq=16, D=128, dtype="bfloat16", lengths=(16, 700, 3000)),
     dict(page=16, Hq=32, Hkv=8, Sq=16, D=128, dtype="float16", lengths=(0, 700, 3000), splits=3),
+    # (the paged producer tile with barriers per consumer warpgroup, plan()'s halves:
+    # grids of at most half the SMs; the case above has 72 blocks)
+    dict(page=16, Hq=32, Hkv=8, Sq=16, D=128, dtype="bfloat16", lengths=(33, 1000, 4000)),
+    dict(page=64, Hq=32, Hkv=8, Sq=16, D=128, dtype="float16", lengths=(65, 2000, 97)),
     dict(page=48, Hq=16, Hkv=2, Sq=8, D=64, dtype="bfloat16", lengths=(7, 100, 2000),
          causal=False),
     dict(page=64, Hq=64, Hkv=8, Sq=16, D=96, dtype="bfloat16", lengths=(15, 1000, 129)),

@@ -185,12 +185,13 @@ def has_producer(head_dim: int, t: Tile, paged: bool, maps: bool) -> bool:
             and (paged or head_dim == 128))
 
 
-def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
+def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False,
+               halves: bool = False) -> int:
     """``DecodeTraits::SMEM_BYTES``: sizeof(Storage) (the K/V ring or the key warps'
     merge area, Q's packed rows, the page ids, the ring's mbarriers: full, and empty
-    under the producer warpgroup's tile shapes, has_producer), and with TMA the
-    slack that places it on a 1024-byte boundary (its ring rows then take whole
-    64-column blocks of the swizzled layout)."""
+    under the producer warpgroup's tile shapes, has_producer, per consumer warpgroup
+    with ``halves``), and with TMA the slack that places it on a 1024-byte boundary
+    (its ring rows then take whole 64-column blocks of the swizzled layout)."""
     d_pad = -(-head_dim // 16) * 16
     srow = d_pad + 8
     kv_row = -(-d_pad // 64) * 64 if tma else srow
@@ -198,7 +199,9 @@ def smem_bytes(head_dim: int, t: Tile, paged: bool, tma: bool = False) -> int:
     merge = t.key_warps * t.rows * (d_pad + 4) * 4 + 2 * t.key_warps * t.rows * 4
     ids = 4 * (2 * (t.stages - 1) * t.block_n if paged else 1)
     head = max(ring, merge) + t.rows * srow * 2 + ids
-    barriers = t.stages * (2 if has_producer(head_dim, t, paged, True) else 1)
+    # (halves: a full and an empty barrier per stage and consumer warpgroup)
+    barriers = t.stages * ((2 * (t.key_warps if halves else 1))
+                           if has_producer(head_dim, t, paged, True) else 1)
     return -(-head // 8) * 8 + 8 * barriers + (1024 if tma else 0)
 
 
@@ -277,6 +280,7 @@ class Plan:
     tma: bool = False   # K and V tiles through tensor maps (use_tma)
     producer: bool = False   # DecodeTraits' PRODUCER: a producer warpgroup beside the tile's
     page_box: int = 16   # DecodeTraits' PAGE_BOX: rows of a paged map's box (page_box())
+    halves: bool = False   # DecodeTraits' HALVES_: a full and an empty barrier a warpgroup
 
     @property
     def rows(self) -> int:
@@ -292,25 +296,28 @@ class Plan:
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
          vec: bool, tma: bool = False, gather: bool = False,
-         page_box: int = 16) -> jit.KernelSpec:
+         page_box: int = 16, halves: bool = False) -> jit.KernelSpec:
     """``tma``: the swizzled ring (DecodeTraits' TMA), filled through tensor maps or,
-    with ``gather``, by cp.async (GATHER). ``page_box``: PAGE_BOX (page_box())."""
+    with ``gather``, by cp.async (GATHER). ``page_box``: PAGE_BOX (page_box());
+    ``halves``: HALVES_ (the paged producer tile's barriers per consumer warpgroup)."""
     assert not t.wgmma or tma, "the wgmma tile reads the swizzled ring"
     assert not gather or (tma and vec), "gathered tiles: 16-byte copies into the swizzled ring"
     assert page_box == 16 or (paged and tma and not gather and t.block_n % page_box == 0)
-    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER and PAGE_BOX, the trailing
-    # defaults left out
+    assert not halves or (paged and tma and not gather and t.wgmma)
+    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER, PAGE_BOX and HALVES_, the
+    # trailing defaults left out
     flags = [vec, paged, tma, t.wgmma, gather]
-    while len(flags) > 2 and not flags[-1] and page_box == 16:
+    while len(flags) > 2 and not flags[-1] and page_box == 16 and not halves:
         flags.pop()
-    flags = ["true" if x else "false" for x in flags] + ([] if page_box == 16 else [str(page_box)])
+    flags = ["true" if x else "false" for x in flags] + (
+        [str(page_box), "true"] if halves else [] if page_box == 16 else [str(page_box)])
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {', '.join(flags)}>")
     copy = ",gather" if gather else ",tma" if tma else ""
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
             f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}"
-            f"{'' if page_box == 16 else f',box{page_box}'}]")
+            f"{'' if page_box == 16 else f',box{page_box}'}{',halves' if halves else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -420,9 +427,13 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     split_keys = -(-max(-(-s.capacity // num_splits), 1) // t.block_n) * t.block_n
     num_splits = max(1, -(-s.capacity // split_keys))
     box = page_box(s, producer, page_size)
-    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box),
+    # The paged producer tile's barriers per consumer warpgroup (DecodeTraits' HALVES)
+    # where the grid fills at most half the SMs: there a block's own latency holds it
+    halves = producer and s.paged and 2 * row_blocks * s.heads_kv * s.batch * num_splits <= sms
+    return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box,
+                     halves),
                 t, row_blocks, num_splits, split_keys,
-                smem_bytes(s.head_dim, t, s.paged, swizzled), tma, producer, box)
+                smem_bytes(s.head_dim, t, s.paged, swizzled, halves), tma, producer, box, halves)
 
 
 def page_box(s: DecodeShape, producer: bool, page_size: int) -> int:
@@ -785,6 +796,11 @@ class Decode(Family):
         # ... over pages of 64 rows: 64-row boxes (page_box)
         out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True, wgmma=True),
                         Variant(causal=True), True, True, True, page_box=64))
+        # ... with a full and an empty barrier per consumer warpgroup (halves)
+        for box in (16, 64):
+            out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True,
+                                                  wgmma=True),
+                            Variant(causal=True), True, True, True, page_box=box, halves=True))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
