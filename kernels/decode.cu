@@ -1061,11 +1061,11 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
           load_kv_tma<KT>(smem_addr(&st.ring.k[0][0]) + (t % STAGES) * STAGE_BYTES,
                           smem_addr(&st.ring.v[0][0]) + (t % STAGES) * STAGE_BYTES, k_map, v_map,
                           st.ids, dp.cache, b, hk, t % Pages::SLOTS, kv_lo + t * BLOCK_N, kv_hi,
-                          full + 8 * (t % STAGES), issuer);
+                          KT::full_bar(full, t % STAGES), issuer);
         }
       } else if constexpr (BULK)
         load_kv_bulk<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS,
-                         kv_lo + t * BLOCK_N, kv_hi, full + 8 * (t % STAGES));
+                         kv_lo + t * BLOCK_N, kv_hi, KT::full_bar(full, t % STAGES));
       else
         load_kv<KT>(st, p, dp.cache, b, hk, t % STAGES, t % Pages::SLOTS, kv_lo + t * BLOCK_N,
                     kv_hi);
@@ -1108,7 +1108,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
       await_produced<KT>(st, full, t, kv_hi - (kv_lo + t * BLOCK_N), kw);
     } else {
       cp_async_wait<STAGES - 2>();
-      if constexpr (BULK || TMA) mbarrier_wait(full + 8 * (t % STAGES), (t / STAGES) & 1);
+      if constexpr (BULK || TMA) mbarrier_wait(KT::full_bar(full, t % STAGES), (t / STAGES) & 1);
       if constexpr (TMA) zero_v_tail<KT>(st, t % STAGES, kv_hi - (kv_lo + t * BLOCK_N));
       // gathered tiles: this thread's cp.async writes (generic proxy) before wgmma's reads
       if constexpr (KT::USE_WGMMA && !TMA) fence_proxy_async();
