@@ -516,14 +516,15 @@ __device__ __forceinline__ u32 await_released(u32 full, int t, int half = 0) {
 // (KT::HALVES; else the whole tile) of tile t into ring buffer t % STAGES once the
 // half's consumer warps released the tile before it there (empty barrier), on the
 // half's full barrier, where each producer warp announces its own bytes (whole tiles)
-// or the half's first lane the half's (HALVES). A half's box rows (BOX_ROWS keys each) are dealt round the half's warps (all
-// four, or two under HALVES, so that a warp waits for one half: lanes of a warp
-// waiting on both spun for both, H200, page 16, 0.84-0.94x under the plans): a lane
-// owns at most one, reads its page id from the block table two tiles ahead (the loads'
-// latency under two tiles' issue, as the other tiles' cp.async ids) and issues its
-// boxes. Four warps, because ptxas issues a box once per lane that has one (section
-// 29): from one warp, a tile's 32 boxes at D = 128 went out one after another, and
-// long sequences lost 1-2.4% (notes-decode.md section 31).
+// or the half's first lane the half's (HALVES). A half's box rows (BOX_ROWS keys each)
+// are dealt round the half's warps (all four, or two under HALVES, so that a warp
+// waits for one half: lanes of a warp waiting on both spun for both, H200, page 16,
+// 0.84-0.94x under the plans): a lane owns at most one, reads its page id from the
+// block table two tiles ahead (the loads' latency under two tiles' issue, as the other
+// tiles' cp.async ids) and issues its boxes. Four warps, because ptxas issues a box
+// once per lane that has one (section 29): from one warp, a tile's 32 boxes at D = 128
+// went out one after another, and long sequences lost 1-2.4% (notes-decode.md
+// section 31).
 template <class KT>
 __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const TmaMap& k_map,
                                               const TmaMap& v_map, const CacheParams& cache,
