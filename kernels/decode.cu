@@ -446,13 +446,10 @@ __device__ __forceinline__ void load_box_rows(u32 k_dst, u32 v_dst, u32 base, in
     auto load = [&](auto tile, bool chunked, u32 dst, const TmaMap& map) {
       using Tile = decltype(tile);
       dst += base + Tile::row_offset(x);
-      if (chunked) {
+      if (chunked)
         tma_load_5d(dst, map, 0, row, 0, hk, page, bar);
-      } else {
-#pragma unroll
-        for (int c = 0; c < KT::D_BOXES; ++c)
-          tma_load_4d(dst + c * Tile::BLOCK_BYTES, map, 64 * c, row, hk, page, bar);
-      }
+      else
+        tma_load_blocks<KT::D_BOXES>(dst, Tile::BLOCK_BYTES, map, row, hk, page, bar);
     };
     load(KTile{}, K_CHUNKED, k_dst, k_map);
     load(VTile{}, V_CHUNKED, v_dst, v_map);
@@ -556,11 +553,12 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
       load_box_rows<KT>(k_ring, v_ring, stage * KT::STAGE_BYTES, ROWS * x, k_map, v_map, row,
                         hk, page, bar);
     };
+    int after;   // (the page ids two tiles ahead: read before or after the wait, as measured)
     if constexpr (KT::HALVES > 1) {
       // each lane with a box row waits for its half and issues at once; the half's first
       // announces the half's bytes, one arrival (each warp its own after a __syncwarp, as
       // below, measured 0.97-0.98x of this at page 16: notes-decode.md section 33)
-      const int after = page_of(t + 2);
+      after = page_of(t + 2);
       if (y < PER_HALF) {
         const u32 bar = await_released<KT>(full, t, half);
         fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
@@ -568,13 +566,11 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
           mbarrier_arrive_expect_tx(bar, cmax(cmin(boxes - x, PER_HALF), 0) * BOX_BYTES);
         if (x < boxes) issue(bar);
       }
-      page = next;
-      next = after;
     } else {
       // each warp announces its own bytes (the per-lane form above measured down to
       // 0.91x of this on grids of 128 blocks)
       const u32 bar = await_released<KT>(full, t);
-      const int after = page_of(t + 2);
+      after = page_of(t + 2);
       const int mine = boxes > hw ? ceil_div(boxes - hw, WARPS) : 0;
       if (lane == 0) {
         fence_proxy_async();   // the consumers' reads of the buffer (their release) come first
@@ -582,9 +578,9 @@ __device__ __forceinline__ void produce_paged(typename KT::Storage& st, const Tm
       }
       __syncwarp();
       if (lane < mine) issue(bar);
-      page = next;
-      next = after;
     }
+    page = next;
+    next = after;
   }
 }
 

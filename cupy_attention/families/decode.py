@@ -408,6 +408,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     t = tile(rows_total, s.head_dim, s.paged, smem_limit, swizzled, wide=wide, wgmma=wgmma,
              block_smem=block_smem)
     row_blocks = -(-rows_total // t.rows)
+    blocks = row_blocks * s.heads_kv * s.batch
     producer = has_producer(s.head_dim, t, s.paged, tma)
     if num_splits is None:
         narrow = s.head_dim <= 64 and s.capacity >= SPLIT_WGMMA_NARROW_MIN_KEYS
@@ -417,7 +418,6 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
             per_sm = SPLIT_BLOCKS_PER_SM_WGMMA
         else:
             per_sm = SPLIT_BLOCKS_PER_SM_TMA
-        blocks = row_blocks * s.heads_kv * s.batch
         if producer and s.paged:
             num_splits = split_count(blocks, s.capacity, sms, per_sm, PRODUCER_SPLIT_KEYS)
             if 3 * blocks >= sms and s.capacity < PRODUCER_MERGE_KEYS:
@@ -429,7 +429,7 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     box = page_box(s, producer, page_size)
     # The paged producer tile's barriers per consumer warpgroup (DecodeTraits' HALVES)
     # where the grid fills at most half the SMs: there a block's own latency holds it
-    halves = producer and s.paged and 2 * row_blocks * s.heads_kv * s.batch * num_splits <= sms
+    halves = producer and s.paged and 2 * blocks * num_splits <= sms
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box,
                      halves),
                 t, row_blocks, num_splits, split_keys,
