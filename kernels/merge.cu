@@ -19,8 +19,12 @@
 //
 // Threads: one warp per row (N0 * N1 * N2 rows), lanes over D (and over states for
 // the LSEs); fp32 arithmetic.
-// Split-KV launches it as decode.cu's programmatic dependent (common/pdl.cuh): its
-// blocks may be resident before the decode ends and wait for it before any load.
+// Two kernels: merge_states, any views; merge_splits, split-KV's own partials (fp32,
+// contiguous, D a multiple of 4), which loads a row's LSEs and first o rows at once
+// where merge_states waits for its LSEs, for them again (the weights) and then for
+// each batch of o rows.
+// Split-KV launches its merge as decode.cu's programmatic dependent (common/pdl.cuh):
+// its blocks may be resident before the decode ends and wait for it before any load.
 #include "common/pdl.cuh"
 #include "common/softmax.cuh"
 
@@ -130,6 +134,106 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_states(const MergePara
   for (int e = 0; e < PER_LANE; ++e) {
     const int d = lane + 32 * e;
     if (d < p.head_dim) dst[d] = from_float<TOUT>(o[e] * inv_l);
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =
+        l == 0.f ? -CA_INF : ref + exact_log2(l) * CA_LN2;
+}
+
+// Split-KV's partials: view a only, o [states, rows, D] and lse [states, rows] fp32 and
+// contiguous (the host's own buffers: a.o_stride[0] = rows x D, a.lse_stride[0] =
+// rows), D a multiple of 4 and at most 128 VECS, at most MERGE_SPLITS states. Lane l
+// holds columns 4 l + 128 v (v < VECS) as float4s. The first MERGE_BATCH states' o rows
+// are loaded before the LSEs and with them, so a row of up to 8 states waits for memory
+// once (more states: once more per batch); then the weights as in merge_states, whose
+// results this kernel's match (a state of LSE -inf adds nothing, NaN propagates).
+// Batches of 16 states (one wait for 16 splits) lost 2% at 16 splits of 1024 rows
+// where 8 gained 3%; H200, notes-decode.md section 34.
+constexpr int MERGE_SPLITS = 64, MERGE_BATCH = 8;
+static_assert(MERGE_SPLITS == 64 && MERGE_BATCH % 32 != 0 && 32 % MERGE_BATCH == 0,
+              "two LSE chunks, a batch inside one");
+
+template <class TOUT, int VECS>
+__global__ void __launch_bounds__(32 * MERGE_WARPS) merge_splits(const MergeParams p) {
+  const int lane = threadIdx.x % 32;
+  const i64 row = i64(blockIdx.x) * MERGE_WARPS + threadIdx.x / 32;
+  if (row >= i64(p.n0) * p.n1 * p.n2) return;
+  grid_dependency_wait();  // the decode, its partials' writer
+  const int states = p.a.states, D = p.head_dim;
+  const float* lse = p.a.lse + row;
+  const float* o = static_cast<const float*>(p.a.o) + row * D + 4 * lane;
+  const i64 o_state = p.a.o_stride[0];
+
+  float4 x[MERGE_BATCH][VECS];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int u = 0; u < MERGE_BATCH; ++u)
+#pragma unroll
+      for (int v = 0; v < VECS; ++v)
+        x[u][v] = k0 + u < states && 4 * lane + 128 * v < D
+                      ? *reinterpret_cast<const float4*>(o + (k0 + u) * o_state + 128 * v)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  load(0);
+  // Lane l holds the LSEs of states l and 32 + l.
+  float l2[MERGE_SPLITS / 32];
+#pragma unroll
+  for (int c = 0; c < MERGE_SPLITS / 32; ++c) {
+    const int k = 32 * c + lane;
+    l2[c] = k < states ? lse[k * p.a.lse_stride[0]] : -CA_INF;
+  }
+  bool nan = false;
+  float m = -CA_INF;
+#pragma unroll
+  for (int c = 0; c < MERGE_SPLITS / 32; ++c) {
+    nan = nan || l2[c] != l2[c];
+    m = fmaxf(m, l2[c]);
+  }
+  m = group_max<32>(m);
+  if (__any_sync(0xffffffffu, nan)) m = CA_NAN;
+  const float ref = m == -CA_INF ? 0.f : m;
+  float w2[MERGE_SPLITS / 32], l = 0.f;
+#pragma unroll
+  for (int c = 0; c < MERGE_SPLITS / 32; ++c) {
+    w2[c] = 32 * c + lane < states ? exact_exp2((l2[c] - ref) * CA_LOG2E) : 0.f;
+    l += w2[c];
+  }
+  l = group_sum<32>(l);
+
+  float4 acc[VECS];
+#pragma unroll
+  for (int v = 0; v < VECS; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k0 = 0; k0 < states; k0 += MERGE_BATCH) {
+    if (k0 > 0) load(k0);
+#pragma unroll
+    for (int u = 0; u < MERGE_BATCH; ++u) {
+      const int k = k0 + u;
+      // state k's weight: lane k % 32's w2[k / 32] (a batch lies in one chunk)
+      const float w = __shfl_sync(0xffffffffu, k0 < 32 ? w2[0] : w2[1], k % 32);
+      if (k < states && w != 0.f) {
+#pragma unroll
+        for (int v = 0; v < VECS; ++v) {
+          acc[v].x = fmaf(w, x[u][v].x, acc[v].x);
+          acc[v].y = fmaf(w, x[u][v].y, acc[v].y);
+          acc[v].z = fmaf(w, x[u][v].z, acc[v].z);
+          acc[v].w = fmaf(w, x[u][v].w, acc[v].w);
+        }
+      }
+    }
+  }
+
+  const float inv_l = l == 0.f ? 0.f : 1.f / l;
+  const i64 x2 = row % p.n2, x1 = (row / p.n2) % p.n1, x0 = row / (i64(p.n2) * p.n1);
+  TOUT* dst = static_cast<TOUT*>(p.o) + x0 * p.o_stride[0] + x1 * p.o_stride[1] + x2 * p.o_stride[2];
+#pragma unroll
+  for (int v = 0; v < VECS; ++v) {
+    const int d = 4 * lane + 128 * v;
+    if (d < D) {
+      dst[d] = from_float<TOUT>(acc[v].x * inv_l);
+      dst[d + 1] = from_float<TOUT>(acc[v].y * inv_l);
+      dst[d + 2] = from_float<TOUT>(acc[v].z * inv_l);
+      dst[d + 3] = from_float<TOUT>(acc[v].w * inv_l);
+    }
   }
   if (lane == 0 && p.lse != nullptr)
     p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =

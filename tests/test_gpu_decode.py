@@ -63,7 +63,7 @@ def _compile_in_parallel():
             for splits in (None, 1, 5):
                 p = fam.plan(s, True, sms, splits, limit)
                 jobs[(p.spec, arch)] = None
-                jobs[(fam.merge_spec("float32", dtype, d), arch)] = None
+                jobs[(fam.split_merge_spec(dtype, d), arch)] = None
     with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
                                 mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_into_cache, list(jobs)))
@@ -208,6 +208,16 @@ def test_results_do_not_depend_on_the_split_count(page):
         assert bool((l[~fin] == base_l[~fin]).all())
         assert float(abs(l[fin] - base_l[fin]).max()) <= \
             1e-5 * max(1.0, float(abs(base_l[fin]).max()))
+
+
+@pytest.mark.parametrize("D,splits", [(128, 24), (128, 40), (256, 64), (72, 33), (30, 20)])
+def test_split_merge_batches(D, splits):
+    """merge_splits (the plan takes 24, 36, 57, 29 and 18 of these counts) past one
+    batch of 8 partials and past 32 (the LSEs' second lane chunk), two float4s a lane
+    at D = 256, and D = 30 (not a multiple of 4: merge_states instead): each against
+    float64, with a sequence of no keys among them."""
+    run_case(seed_for("split-merge", D, splits), B=3, Hq=8, Hkv=2, D=D, Sq=1, page=16,
+             dtype="bfloat16", splits=splits, lengths=(9000, 0, 4100))
 
 
 @pytest.mark.parametrize("splits", [1, 16])

@@ -121,7 +121,7 @@ WGMMA_MIN_ROWS = 32
 # holds at most this many keys an SM (plan()).
 PAGED_WIDE_KEYS_PER_SM = 512
 KEY_WARPS_WGMMA = {False: 1, True: 2}   # by `wide`
-MAX_SPLITS = 64
+MAX_SPLITS = 64   # merge.cu's MERGE_SPLITS: merge_splits takes at most this many
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
 
 _PTR, _I64, _I32 = np.uint64, np.int64, np.int32
@@ -319,6 +319,16 @@ def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
             f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}"
             f"{'' if page_box == 16 else f',box{page_box}'}{',halves' if halves else ''}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
+
+
+def split_merge_spec(out_dtype: str, head_dim: int) -> jit.KernelSpec:
+    """The merge of split-KV's own partials (merge.cu's merge_splits: fp32, contiguous,
+    ``head_dim`` a multiple of 4, at most MAX_SPLITS states); merge_spec elsewhere."""
+    if head_dim % 4:
+        return merge_spec("float32", out_dtype, head_dim)
+    vecs = -(-head_dim // 128)
+    expr = f"merge_splits<{CPP_DTYPE[out_dtype]}, {vecs}>"
+    return jit.KernelSpec("merge.cu", expr, f"merge_splits[->{SHORT_DTYPE[out_dtype]},D<={128 * vecs}]")
 
 
 def merge_spec(in_dtype: str, out_dtype: str, head_dim: int) -> jit.KernelSpec:
@@ -592,8 +602,8 @@ class DecodeLaunch:
             self.merge_template = merge_params(
                 ((None, None, o4, l4, p.num_splits),), None, o_strides, None, lse_strides,
                 (s.batch, s.heads_q, s.seqlen_q), s.head_dim).tobytes()
-            self.merge_kernel = jit.get_function(merge_spec("float32", s.dtype, s.head_dim),
-                                                 arch, device_id)
+            self.merge_kernel = jit.get_function(split_merge_spec(s.dtype, s.head_dim), arch,
+                                                 device_id)
             self.merge_grid = (-(-rows // MERGE_WARPS),)
 
     def run(self, q: int, k: int, v: int, o: int, lse: int, stream, table: int | None = None,
@@ -806,6 +816,7 @@ class Decode(Family):
         for d in (32, 64, 128, 256):
             for dtype in ("float16", "bfloat16"):
                 out.append(merge_spec("float32", dtype, d))
+                out.append(split_merge_spec(dtype, d))
                 out.append(merge_spec(dtype, dtype, d))
         out.append(merge_spec("float32", "float32", 256))
         for dtype in ("float16", "bfloat16"):
