@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_splits(const MergePara
 
   const float inv_l = l == 0.f ? 0.f : 1.f / l;
   const i64 x2 = row % p.n2, x1 = (row / p.n2) % p.n1, x0 = row / (i64(p.n2) * p.n1);
-  TOUT* dst = static_cast<TOUT*>(p.o) + x0 * p.o_stride[0] + x1 * p.o_stride[1] + x2 * p.o_stride[2];
+  TOUT* dst =
+      static_cast<TOUT*>(p.o) + x0 * p.o_stride[0] + x1 * p.o_stride[1] + x2 * p.o_stride[2];
 #pragma unroll
   for (int v = 0; v < VECS; ++v) {
     const int d = 4 * lane + 128 * v;
