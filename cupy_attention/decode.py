@@ -340,7 +340,8 @@ def attention_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=Non
             else:
                 pl = fam.plan(s, vec, sms, None if num_splits is None else int(num_splits),
                               _device.max_shared_per_block(ctx.device_id), tma,
-                              fam.use_wgmma(s, tma, arch, vec), page_size or 16)
+                              fam.use_wgmma(s, tma, arch, vec), page_size or 16,
+                              _device.arch_cc(arch) >= 90)
                 launch = fam.launch_decode(s, scale, pl, ov, lv, bsd(ov), ctx.stream,
                                            ctx.device_id, arch, kv.shape[:2], q=qv, k=kv,
                                            v=vv, q_strides=bsd(qv), k_strides=cache(kv),

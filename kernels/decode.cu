@@ -75,7 +75,7 @@
 
 template <int D_, int ROW_WARPS_, int KEY_WARPS_, int WARP_KEYS_, int STAGES_, class T_,
           bool VEC_, bool PAGED_, bool TMA_ = false, bool WGMMA_ = false, bool GATHER_ = false,
-          int PAGE_BOX_ = 16, bool HALVES_ = false>
+          int PAGE_BOX_ = 16, bool HALVES_ = false, bool ROW_COPIES_ = true>
 struct DecodeTraits {
   using T = T_;
   static constexpr int D = D_;
@@ -108,6 +108,14 @@ struct DecodeTraits {
   // no tensor map, such as pages of one row), for the warpgroup tile on sm_90a.
   static constexpr bool TMA = TMA_;
   static constexpr bool GATHER = GATHER_;
+  // ROW_COPIES: paged rows of 256 bytes or more without tensor maps are copied by the
+  // copy engine on sm_90, a bulk copy per row (decode_fwd's BULK); false (the host's
+  // Plan.row_copies, for blocks of few keys): 16-byte cp.async, a row located once by
+  // one lane for the lanes that copy it (load_kv). Per-row copies issue in a loop over
+  // a warp's lanes, one at a time: two tiles of them before the first computed tile
+  // held a block of a short sequence 2-3 us (H200, 2026-11-29, page 1, B = 1, Sk = 1k:
+  // 9.1 -> 8.0 us a call with cp.async; notes-decode.md section 34).
+  static constexpr bool ROW_COPIES = ROW_COPIES_;
   static constexpr bool MAPS = TMA_ && !GATHER_;   // tensor-map copies on sm_90
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
   static constexpr int BOX_ROWS = PAGED_ ? PAGE_BOX_ : BLOCK_N;
@@ -248,6 +256,7 @@ struct DecodeTraits {
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
                 "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
   static_assert(!GATHER || TMA, "gather: cp.async into the swizzled ring");
+  static_assert(ROW_COPIES || (PAGED_ && VEC && !TMA), "row copies: paged rows without maps");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
@@ -353,18 +362,20 @@ __device__ __forceinline__ void copy_kv_chunk(typename KT::Storage& st, const ty
 // Producer (every thread): the keys [j0, j0 + BLOCK_N) of K and V, below kv_hi, into
 // ring buffer `stage` (copy_kv_chunk: zeros past kv_hi and past D). Paged rows are
 // located through the page ids of ring slot `ids`, once per chunk; for the gathered
-// warpgroup tile once per row where a warp's chunks of the tile cover at most 32 rows
-// (SHARED: lane m locates the warp's m-th row, and the lanes copying that row's chunks
-// take its offsets by shuffle). H200, 2026-11-29, page 1, Sq = 16, GQA 4: 1.19-1.23x;
-// the mma.sync tiles at Sq <= 4 moved -2% to +1% with it and keep their lookups.
+// warpgroup tile and the tiles that take cp.async for their per-row copies (!ROW_COPIES)
+// once per row where a warp's chunks of the tile cover at most 32 rows (SHARED: lane m
+// locates the warp's m-th row, and the lanes copying that row's chunks take its offsets
+// by shuffle). H200, 2026-11-29, page 1, Sq = 16, GQA 4: 1.19-1.23x; the other mma.sync
+// tiles at Sq <= 4 moved -2% to +1% with it and keep their lookups.
 template <class KT>
 __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParams& p,
                                         const CacheParams& cache, int b, int hk, int stage,
                                         int ids, int j0, int kv_hi) {
   using T = typename KT::T;
   constexpr int CHUNKS = KT::CHUNKS;
-  constexpr bool SHARED = KT::GATHER && KT::Pages::kPaged && 32 % CHUNKS == 0 &&
-                          KT::BLOCK_N <= KT::THREADS && KT::BLOCK_N * CHUNKS % KT::THREADS == 0;
+  constexpr bool SHARED = (KT::GATHER || !KT::ROW_COPIES) && KT::Pages::kPaged &&
+                          32 % CHUNKS == 0 && KT::BLOCK_N <= KT::THREADS &&
+                          KT::BLOCK_N * CHUNKS % KT::THREADS == 0;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   if constexpr (SHARED) {
@@ -1039,7 +1050,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
   // nothing and 64-row tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
 #if __CUDA_ARCH__ >= 900
   constexpr bool TMA = KT::MAPS;
-  constexpr bool BULK = !KT::TMA && KT::VEC && Pages::kPaged &&
+  constexpr bool BULK = !KT::TMA && KT::ROW_COPIES && KT::VEC && Pages::kPaged &&
                         KT::D * sizeof(typename KT::T) >= 256 &&
                         BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
 #else

@@ -90,6 +90,10 @@ DECODE_CASES = (
     # ... gathered by cp.async where no tensor map takes the pages (GATHER traits)
     (2, 32, 8, 16, 300, 64, (299, 64), 1, 2),
     (2, 16, 2, 8, 400, 128, (400, 33), 8, None),
+    # ... and rows of 256 bytes without maps: per-row bulk copies, or cp.async in short
+    # blocks (row_copies)
+    (2, 8, 2, 1, 300, 128, (299, 64), 1, 2),
+    (1, 8, 2, 1, 3000, 128, (3000,), 1, 1),
 )
 
 

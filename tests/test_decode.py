@@ -187,6 +187,27 @@ def test_use_wgmma():
                         True).halves   # (contiguous)
 
 
+def test_short_blocks_copy_paged_rows_by_cp_async():
+    """row_copies: sm_90's per-row bulk copies of paged rows without tensor maps, except
+    in grids of at most one block an SM whose blocks read at most CHUNK_COPY_KEYS keys
+    (16-byte cp.async there, spec ",chunks")."""
+    def p(copy_engine=True, **kw):
+        kw.setdefault("paged", True)
+        return fam.plan(shape(**kw), True, 132, None, 227 * 1024, False, False, 1, copy_engine)
+
+    short = p(B=1, cap=1024)   # eight splits of 128 keys
+    assert short.split_keys <= fam.CHUNK_COPY_KEYS and not short.row_copies
+    assert short.spec.name.endswith(",chunks]")
+    assert short.spec.expr.split(">")[0].endswith("16, false, false")   # ROW_COPIES_ false
+    assert p(B=64, cap=4096).row_copies                 # 4096 keys a block
+    assert p(B=8, cap=1024).row_copies                  # 256 blocks of 256 keys
+    assert p(B=1, cap=32768).row_copies                 # 1024 a split
+    assert p(B=1, cap=1024, copy_engine=False).row_copies   # (sm_80: cp.async anyway)
+    assert p(B=1, cap=1024, D=64).row_copies            # 128-byte rows: cp.async anyway
+    assert p(B=1, cap=1024, paged=False).row_copies     # contiguous
+    assert p(B=1, cap=1024, D=256).spec.name.endswith(",chunks]")
+
+
 def test_chunked_prefill_route():
     """attention_decode's many-row calls go to flash_wgmma's cache kernel on sm_90a when
     K and V have tensor maps, Sq reaches CACHE_MIN_SEQLEN_Q and the work tiles fill

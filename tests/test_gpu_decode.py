@@ -61,7 +61,8 @@ def _compile_in_parallel():
             s = fam.DecodeShape(b, hq, hkv, sq, 2048, d, dtype, Variant(causal),
                                 page is not None)
             for splits in (None, 1, 5):
-                p = fam.plan(s, True, sms, splits, limit)
+                p = fam.plan(s, True, sms, splits, limit,
+                             copy_engine=device.arch_cc(arch) >= 90)
                 jobs[(p.spec, arch)] = None
                 jobs[(fam.split_merge_spec(dtype, d), arch)] = None
     with cf.ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),

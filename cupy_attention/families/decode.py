@@ -122,6 +122,15 @@ WGMMA_MIN_ROWS = 32
 PAGED_WIDE_KEYS_PER_SM = 512
 KEY_WARPS_WGMMA = {False: 1, True: 2}   # by `wide`
 MAX_SPLITS = 64   # merge.cu's MERGE_SPLITS: merge_splits takes at most this many
+# On sm_90, paged rows of 256 bytes or more without tensor maps are bulk copies, one a
+# row (DecodeTraits' ROW_COPIES), except where a grid of at most one block per SM reads
+# at most CHUNK_COPY_KEYS keys a block, which takes 16-byte cp.async instead
+# (row_copies()): a warp issues its rows' copies one lane at a time, and the first
+# tiles' copies held a short block 2-3 us; a second block on the SM hides that. H200,
+# 2026-11-29, page 1, cp.async against per-row copies: 64 blocks of 128-256 keys (B = 1,
+# Sk = 1k and 2k) 1.12-1.20x; 256 blocks of 128-512 keys 0.97-1.01x; 1024 to 4096 keys a
+# block 0.98-1.01x (notes-decode.md section 34).
+CHUNK_COPY_KEYS = 512
 DEFAULT_SMEM_LIMIT = 227 * 1024   # sm_90's opt-in per-block limit; callers pass the device's
 
 _PTR, _I64, _I32 = np.uint64, np.int64, np.int32
@@ -281,6 +290,7 @@ class Plan:
     producer: bool = False   # DecodeTraits' PRODUCER: a producer warpgroup beside the tile's
     page_box: int = 16   # DecodeTraits' PAGE_BOX: rows of a paged map's box (page_box())
     halves: bool = False   # DecodeTraits' HALVES_: a full and an empty barrier a warpgroup
+    row_copies: bool = True   # DecodeTraits' ROW_COPIES_ (row_copies())
 
     @property
     def rows(self) -> int:
@@ -296,28 +306,33 @@ class Plan:
 
 def spec(head_dim: int, dtype: str, t: Tile, variant: Variant, paged: bool,
          vec: bool, tma: bool = False, gather: bool = False,
-         page_box: int = 16, halves: bool = False) -> jit.KernelSpec:
+         page_box: int = 16, halves: bool = False, row_copies: bool = True) -> jit.KernelSpec:
     """``tma``: the swizzled ring (DecodeTraits' TMA), filled through tensor maps or,
     with ``gather``, by cp.async (GATHER). ``page_box``: PAGE_BOX (page_box());
-    ``halves``: HALVES_ (the paged producer tile's barriers per consumer warpgroup)."""
+    ``halves``: HALVES_ (the paged producer tile's barriers per consumer warpgroup);
+    ``row_copies``: ROW_COPIES_ (row_copies())."""
     assert not t.wgmma or tma, "the wgmma tile reads the swizzled ring"
     assert not gather or (tma and vec), "gathered tiles: 16-byte copies into the swizzled ring"
     assert page_box == 16 or (paged and tma and not gather and t.block_n % page_box == 0)
     assert not halves or (paged and tma and not gather and t.wgmma)
-    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER, PAGE_BOX and HALVES_, the
-    # trailing defaults left out
+    assert row_copies or (paged and vec and not tma)
+    # DecodeTraits' bools VEC, PAGED, TMA, WGMMA, GATHER, PAGE_BOX, HALVES_ and
+    # ROW_COPIES_, the trailing defaults left out
     flags = [vec, paged, tma, t.wgmma, gather]
-    while len(flags) > 2 and not flags[-1] and page_box == 16 and not halves:
+    tail = [str(page_box), "true" if halves else "false", "true" if row_copies else "false"]
+    while tail and tail[-1] == ("16", "false", "true")[len(tail) - 1]:
+        tail.pop()
+    while len(flags) > 2 and not flags[-1] and not tail:
         flags.pop()
-    flags = ["true" if x else "false" for x in flags] + (
-        [str(page_box), "true"] if halves else [] if page_box == 16 else [str(page_box)])
+    flags = ["true" if x else "false" for x in flags] + tail
     traits = (f"DecodeTraits<{head_dim}, {t.row_warps}, {t.key_warps}, {t.warp_keys}, "
               f"{t.stages}, {CPP_DTYPE[dtype]}, {', '.join(flags)}>")
     copy = ",gather" if gather else ",tma" if tma else ""
     name = (f"decode[D={head_dim},M={t.rows},W={t.row_warps}x{t.key_warps},N={t.block_n},"
             f"ST={t.stages},{SHORT_DTYPE[dtype]}{',paged' if paged else ''}{variant.suffix()}"
             f"{'' if vec else ',unaligned'}{copy}{',wgmma' if t.wgmma else ''}"
-            f"{'' if page_box == 16 else f',box{page_box}'}{',halves' if halves else ''}]")
+            f"{'' if page_box == 16 else f',box{page_box}'}{',halves' if halves else ''}"
+            f"{'' if row_copies else ',chunks'}]")
     return jit.KernelSpec("decode.cu", f"decode_fwd<{traits}, {variant.cpp()}>", name)
 
 
@@ -328,7 +343,8 @@ def split_merge_spec(out_dtype: str, head_dim: int) -> jit.KernelSpec:
         return merge_spec("float32", out_dtype, head_dim)
     vecs = -(-head_dim // 128)
     expr = f"merge_splits<{CPP_DTYPE[out_dtype]}, {vecs}>"
-    return jit.KernelSpec("merge.cu", expr, f"merge_splits[->{SHORT_DTYPE[out_dtype]},D<={128 * vecs}]")
+    name = f"merge_splits[->{SHORT_DTYPE[out_dtype]},D<={128 * vecs}]"
+    return jit.KernelSpec("merge.cu", expr, name)
 
 
 def merge_spec(in_dtype: str, out_dtype: str, head_dim: int) -> jit.KernelSpec:
@@ -378,12 +394,12 @@ def use_wgmma(s: DecodeShape, tma: bool, arch: str, vec: bool = False) -> bool:
 @functools.lru_cache(maxsize=4096)
 def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
          smem_limit: int = DEFAULT_SMEM_LIMIT, tma: bool = False, wgmma: bool = False,
-         page_size: int = 16) -> Plan:
+         page_size: int = 16, copy_engine: bool = False) -> Plan:
     """The launch of ``s`` on a GPU of ``sms`` multiprocessors whose blocks may take
     ``smem_limit`` bytes of shared memory (``num_splits`` forces the split count, for
     tests and benchmarks; ``tma``, ``wgmma``: use_tma's and use_wgmma's answers; the
     warpgroup tile without tensor maps gathers its tiles; ``page_size``: a paged
-    cache's, for page_box)."""
+    cache's, for page_box; ``copy_engine``: sm_90's bulk copies, for row_copies)."""
     rows_total = s.group * s.seqlen_q
     gather = wgmma and not tma
     swizzled = tma or gather
@@ -440,10 +456,24 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     # The paged producer tile's barriers per consumer warpgroup (DecodeTraits' HALVES)
     # where the grid fills at most half the SMs: there a block's own latency holds it
     halves = producer and s.paged and 2 * blocks * num_splits <= sms
+    rows = row_copies(s, t, vec, swizzled, split_keys, blocks * num_splits <= sms, copy_engine)
     return Plan(spec(s.head_dim, s.dtype, t, s.variant, s.paged, vec, swizzled, gather, box,
-                     halves),
+                     halves, rows),
                 t, row_blocks, num_splits, split_keys,
-                smem_bytes(s.head_dim, t, s.paged, swizzled, halves), tma, producer, box, halves)
+                smem_bytes(s.head_dim, t, s.paged, swizzled, halves), tma, producer, box, halves,
+                rows)
+
+
+def row_copies(s: DecodeShape, t: Tile, vec: bool, swizzled: bool, split_keys: int,
+               one_wave: bool, copy_engine: bool) -> bool:
+    """DecodeTraits' ROW_COPIES_: false where the kernel would copy paged rows one bulk
+    copy a row (sm_90, no tensor maps, 16-byte aligned rows of 256 bytes or more,
+    decode_fwd's BULK) but its blocks, at most one an SM (``one_wave``), read at most
+    CHUNK_COPY_KEYS keys each."""
+    d_pad = -(-s.head_dim // 16) * 16
+    bulk = (copy_engine and s.paged and vec and not swizzled and 2 * s.head_dim >= 256
+            and t.block_n * (d_pad // 8) * 2 >= 16 * t.threads)
+    return not (bulk and one_wave and split_keys <= CHUNK_COPY_KEYS)
 
 
 def page_box(s: DecodeShape, producer: bool, page_size: int) -> int:
@@ -811,6 +841,10 @@ class Decode(Family):
             out.append(spec(128, "bfloat16", tile(64, 128, True, tma=True, wide=True,
                                                   wgmma=True),
                             Variant(causal=True), True, True, True, page_box=box, halves=True))
+        # ... paged rows by cp.async where a block reads few keys (row_copies)
+        for d in (128, 256):
+            out.append(spec(d, "bfloat16", tile(4, d, True), Variant(causal=True), True, True,
+                            row_copies=False))
         out.append(spec(256, "float16", tile(48, 256, True), Variant(window=(32, 32), softcap=50.0),
                         True, False))
         for d in (32, 64, 128, 256):
