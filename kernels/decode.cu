@@ -256,7 +256,9 @@ struct DecodeTraits {
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
                 "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
   static_assert(!GATHER || TMA, "gather: cp.async into the swizzled ring");
-  static_assert(ROW_COPIES || (PAGED_ && VEC && !TMA), "row copies: paged rows without maps");
+  static_assert(ROW_COPIES || (PAGED_ && VEC && !TMA && D * 2 >= 256 &&
+                                BLOCK_N * CHUNKS * 2 >= 16 * THREADS),
+                "ROW_COPIES_ = false only where decode_fwd would take per-row copies (BULK)");
 };
 
 // Arguments: the forward params (q, o, lse, strides, scale, band for Sk = 0; k and
