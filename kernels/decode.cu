@@ -116,6 +116,10 @@ struct DecodeTraits {
   // held a block of a short sequence 2-3 us (H200, 2026-11-29, page 1, B = 1, Sk = 1k:
   // 9.1 -> 8.0 us a call with cp.async; notes-decode.md section 34).
   static constexpr bool ROW_COPIES = ROW_COPIES_;
+  // Rows the copy engine takes one by one (decode_fwd's BULK, where ROW_COPIES): paged
+  // 16-byte aligned rows of 256 bytes or more without maps, 16 or more copies a thread.
+  static constexpr bool ROW_COPY_SHAPE = PAGED_ && VEC_ && !TMA_ && D_ * sizeof(T_) >= 256 &&
+                                         BLOCK_N * CHUNKS * 2 >= 16 * THREADS;
   static constexpr bool MAPS = TMA_ && !GATHER_;   // tensor-map copies on sm_90
   static constexpr int D_BOXES = (D_PAD + 63) / 64;
   static constexpr int BOX_ROWS = PAGED_ ? PAGE_BOX_ : BLOCK_N;
@@ -256,8 +260,7 @@ struct DecodeTraits {
   static_assert(!WGMMA || (TMA && ROW_WARPS == 4 && Q_IN_REGS),
                 "wgmma: the swizzled ring, warpgroups of 64 rows, Q in registers");
   static_assert(!GATHER || TMA, "gather: cp.async into the swizzled ring");
-  static_assert(ROW_COPIES || (PAGED_ && VEC && !TMA && D * 2 >= 256 &&
-                                BLOCK_N * CHUNKS * 2 >= 16 * THREADS),
+  static_assert(ROW_COPIES || ROW_COPY_SHAPE,
                 "ROW_COPIES_ = false only where decode_fwd would take per-row copies (BULK)");
 };
 
@@ -1052,9 +1055,7 @@ __global__ void __launch_bounds__(KT::BLOCK_THREADS)
   // nothing and 64-row tiles (8 cp.async per thread) lost 1.76 -> 1.61 (notes-decode.md).
 #if __CUDA_ARCH__ >= 900
   constexpr bool TMA = KT::MAPS;
-  constexpr bool BULK = !KT::TMA && KT::ROW_COPIES && KT::VEC && Pages::kPaged &&
-                        KT::D * sizeof(typename KT::T) >= 256 &&
-                        BLOCK_N * KT::CHUNKS * 2 >= 16 * KT::THREADS;
+  constexpr bool BULK = KT::ROW_COPIES && KT::ROW_COPY_SHAPE;
 #else
   constexpr bool BULK = false, TMA = false;   // TMA traits: cp.async into the same layout
 #endif

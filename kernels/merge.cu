@@ -59,6 +59,15 @@ __device__ __forceinline__ float view_lse(const StateView& s, int k, int x0, int
 // decode step's time). Eight rows of 256 16-bit columns spilled (sm_90a): four.
 __host__ __device__ constexpr int merge_unroll(int per_lane) { return per_lane <= 4 ? 8 : 4; }
 
+// The merged row's LSE (natural log) from its weights' sum l against reference ref,
+// stored where the output has an LSE.
+__device__ __forceinline__ void store_lse(const MergeParams& p, i64 x0, i64 x1, i64 x2, float l,
+                                          float ref) {
+  if (p.lse != nullptr)
+    p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =
+        l == 0.f ? -CA_INF : ref + exact_log2(l) * CA_LN2;
+}
+
 // The largest LSE of view s at (x0, x1, x2) and m, by every lane; NaN if any is NaN.
 __device__ __forceinline__ float view_max(const StateView& s, int x0, int x1, int x2, int lane,
                                           float m) {
@@ -135,9 +144,7 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_states(const MergePara
     const int d = lane + 32 * e;
     if (d < p.head_dim) dst[d] = from_float<TOUT>(o[e] * inv_l);
   }
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =
-        l == 0.f ? -CA_INF : ref + exact_log2(l) * CA_LN2;
+  if (lane == 0) store_lse(p, x0, x1, x2, l, ref);
 }
 
 // Split-KV's partials: view a only, o [states, rows, D] and lse [states, rows] fp32 and
@@ -236,7 +243,5 @@ __global__ void __launch_bounds__(32 * MERGE_WARPS) merge_splits(const MergePara
       dst[d + 3] = from_float<TOUT>(acc[v].w * inv_l);
     }
   }
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[x0 * p.lse_stride[0] + x1 * p.lse_stride[1] + x2 * p.lse_stride[2]] =
-        l == 0.f ? -CA_INF : ref + exact_log2(l) * CA_LN2;
+  if (lane == 0) store_lse(p, x0, x1, x2, l, ref);
 }
