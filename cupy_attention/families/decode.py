@@ -467,9 +467,9 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
 def row_copies(s: DecodeShape, t: Tile, vec: bool, swizzled: bool, split_keys: int,
                one_wave: bool, copy_engine: bool) -> bool:
     """DecodeTraits' ROW_COPIES_: false where the kernel would copy paged rows one bulk
-    copy a row (sm_90, no tensor maps, 16-byte aligned rows of 256 bytes or more,
-    decode_fwd's BULK) but its blocks, at most one an SM (``one_wave``), read at most
-    CHUNK_COPY_KEYS keys each."""
+    copy a row (sm_90 and DecodeTraits::ROW_COPY_SHAPE, mirrored here: no tensor maps,
+    16-byte aligned rows of 256 bytes or more) but its blocks, at most one an SM
+    (``one_wave``), read at most CHUNK_COPY_KEYS keys each."""
     d_pad = -(-s.head_dim // 16) * 16
     bulk = (copy_engine and s.paged and vec and not swizzled and 2 * s.head_dim >= 256
             and t.block_n * (d_pad // 8) * 2 >= 16 * t.threads)
