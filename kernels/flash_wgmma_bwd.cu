@@ -61,8 +61,11 @@
 //      read before the barrier two tiles on, when that buffer is staged again.
 //      (two sdQ buffers, one at BLOCK_M = 80; at D = 72-80 the 128-query tiles left
 //      no room for sdQ, and their dQ added from registers ran 0.94-0.96x the
-//      64-query tiles). The order of the additions
-//      varies from run to run (kDqAtomic), except in the
+//      64-query tiles). Over fixed lengths of whole query tiles (FLAT, the host's
+//      flat_dq; dQ, not dQ^T) a tile is staged in its fragments' own order instead,
+//      by 16-byte stores, and added as one 1-D bulk reduction into its rows' place in
+//      dq_accum; flash_wgmma_bwd_dq_convert puts the rows back in order. The order of
+//      the additions varies from run to run (kDqAtomic), except in the
 //      deterministic mode's kDqOrdered and kDqStaggered (fixed lengths):
 //      there the key blocks that reach a query tile add into it one after another
 //      in a fixed order, each waiting for its turn on the tile's counter
@@ -122,7 +125,8 @@
 //      dv_accum (red.global.add).
 //   3. flash_bwd_dq_convert (flash_bwd.cu): dq = dq_accum * scale; in the ordered
 //      modes flash_wgmma_bwd_dq_convert (below) instead, this kernel's programmatic
-//      dependent, each query tile once its turns are complete; or, with
+//      dependent, each query tile once its turns are complete (and a tile a block
+//      after FLAT's atomic dQ, launched after this kernel); or, with
 //      kDqSeparate, a dQ pass of its own: flash_wgmma_bwd_dq (below: after the wide
 //      kernel, in both modes) or flash_mma_bwd_dq
 //      (flash_mma_bwd.cu: the deterministic mode where the ordered dQ does not run,
@@ -264,6 +268,13 @@ struct WgmmaBwdTraits {
   // fragment meet no bank twice beyond the two wavefronts they need (rows of D
   // floats met each bank eight times).
   static constexpr int DQ_BOXES = WIDE ? 1 : (D + 31) / 32;  // (the wide kernel has no sdQ)
+  // FLAT (the dK/dV kernel's, the host's flat_dq; the tiles of dQ, not dQ^T): a tile's
+  // dQ in its own order instead. Warpgroup w's fragment (64 rows x dq_cols(w) columns)
+  // at float 64 DQ_N w, its thread x's dq[4 j .. 4 j + 3] (rows g and g + 8 of the
+  // thread's 16, columns 8 j + 2 t and + 1) the float4 128 j + x of it; whole, so a
+  // tile's BLOCK_M x D floats fill its rows' place in dq_accum (one 1-D bulk
+  // reduction), put back in row order by the conversion (convert_flat_tile).
+  static constexpr bool DQ_FLAT_FITS = !WIDE && !DQ_TRANSPOSED;
   using DqTile = SwizzledTile<BLOCK_M, 64 * DQ_BOXES>;
   // Two sdQ buffers where they fit; one at BLOCK_M = 80 (D = 128: 217 KB with it),
   // which only the producer warpgroup's handshake (dq_full, dq_empty) runs.
@@ -1063,7 +1074,7 @@ __device__ __forceinline__ void issue_dq_t(float (&dq)[KT::DQ_N / 2], u32 k_a, u
 
 // ---------------------------------------------------------------------------
 // Epilogue: the dQ reductions (per tile) and the dK, dV stores (once).
-template <class KT, class Sched>
+template <class KT, class Sched, bool FLAT = false>
 struct Epilogue {
   using T = typename KT::T;
   using VT = typename Sched::VT;
@@ -1082,17 +1093,26 @@ struct Epilogue {
   template <int N>
   __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int it, int buf, int row0,
                                            int col0, int skip, int cols, int g, int t) const {
-    // Column col0 + 8 dt + 2t is chunk col0 / 4 + 2 dt + t / 2 (col0 a multiple of 64:
-    // the chunk's low bit is the lane's, dt's bits above it), bytes 8 (t % 2) on.
-    const u32 lane = KT::DqTile::lane(st.dq(buf), row0 + g, col0 / 4 + t / 2) + 8 * (t % 2);
+    if constexpr (FLAT) {   // (every row kept; the columns below `cols`, from 0)
+      const u32 at = st.dq(buf) + (threadIdx.x / 128) * (64 * N * 4) + (threadIdx.x % 128) * 16;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const bool zero = VT::Seqs::kRagged && sched.m0(it) + row0 + g + 8 * r >= p.fwd.seqlen_q;
+      for (int j = 0; j < N / 8; ++j) {
+        if (8 * j < cols)
+          st_shared_f32x4(at + 2048 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      }
+    } else {
+      // Column col0 + 8 dt + 2t is chunk col0 / 4 + 2 dt + t / 2 (col0 a multiple of 64:
+      // the chunk's low bit is the lane's, dt's bits above it), bytes 8 (t % 2) on.
+      const u32 lane = KT::DqTile::lane(st.dq(buf), row0 + g, col0 / 4 + t / 2) + 8 * (t % 2);
 #pragma unroll
-      for (int dt = 0; dt < N / 8; ++dt) {
-        if (8 * dt >= skip && 8 * dt < cols)
-          st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
-                          zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
+      for (int r = 0; r < 2; ++r) {
+        const bool zero = VT::Seqs::kRagged && sched.m0(it) + row0 + g + 8 * r >= p.fwd.seqlen_q;
+#pragma unroll
+        for (int dt = 0; dt < N / 8; ++dt) {
+          if (8 * dt >= skip && 8 * dt < cols)
+            st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
+                            zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
+        }
       }
     }
   }
@@ -1130,11 +1150,18 @@ struct Epilogue {
     int row = sched.m0(it), b = sched.b;
     if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;
     const bool store = Sched::kOrdered && p.dq_store_first && sched.turn(it) == 0;
+    if constexpr (FLAT) {   // the tile's floats in its rows' place, one bulk copy
+      constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
+      float* dst = p.dq_accum + (delta_row(p, b, h) + row) * KT::D;
+      if (store) bulk_store(dst, st.dq(buf), BYTES);
+      else bulk_reduce_add(dst, st.dq(buf), BYTES);
+    } else {
 #pragma unroll
-    for (int box = 0; box < KT::DQ_BOXES; ++box) {
-      const u32 src = st.dq(buf) + box * KT::DqTile::BLOCK_BYTES;
-      if (store) tma_store_4d(dq_map, src, 32 * box, row, h, b);
-      else tma_reduce_add_4d(dq_map, src, 32 * box, row, h, b);
+      for (int box = 0; box < KT::DQ_BOXES; ++box) {
+        const u32 src = st.dq(buf) + box * KT::DqTile::BLOCK_BYTES;
+        if (store) tma_store_4d(dq_map, src, 32 * box, row, h, b);
+        else tma_reduce_add_4d(dq_map, src, 32 * box, row, h, b);
+      }
     }
     bulk_commit();
   }
@@ -1292,9 +1319,9 @@ __device__ __forceinline__ void init_barriers(const BwdSmem<KT>& st) {
 // (ORDERED), issues the copy engine's reduction and, once that has read the buffer
 // (ORDERED: completed, and the turn passed), frees it (dq_empty) for the consumers'
 // staging two tiles on.
-template <class KT, bool ORDERED, bool REDUCE, class Sched>
+template <class KT, bool ORDERED, bool REDUCE, class Sched, class Epi>
 __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
-                                        const Epilogue<KT, Sched>& epi, const BwdSmem<KT>& st,
+                                        const Epi& epi, const BwdSmem<KT>& st,
                                         const TmaMap& dq_map,
                                         const Sched& sched) {
   const int warp = (int(threadIdx.x) - KT::CONSUMERS) / 32;
@@ -1350,7 +1377,7 @@ __device__ __forceinline__ void produce(const Producer<KT, Sched>& producer,
 // next tile; the warpgroups meet once a tile, when both halves of sdS are written.
 // kDqOrdered: thread 0 takes tile it - 1's turn before it adds that tile's sdQ and
 // passes it on once the addition completed (kDqStaggered: tile it - 2's, a tile later).
-template <class KT, class VT, int DQ, bool SPLIT>
+template <class KT, class VT, int DQ, bool SPLIT, bool FLAT = false>
 __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     flash_wgmma_bwd_dkdv(const BwdParams args, const __grid_constant__ TmaMap q_map,
                          const __grid_constant__ TmaMap k_map, const __grid_constant__ TmaMap v_map,
@@ -1381,6 +1408,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!VT::Drop::enabled || KT::BLOCK_M == 64, "dropout: 64-query tiles");
   static_assert(!ORDERED || (!SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: fixed lengths, one block per key block");
+  static_assert(!FLAT || (KT::DQ_FLAT_FITS && DQ_HERE && !VT::Seqs::kRagged),
+                "dQ in its own order: 64 x 64 fragments, fixed lengths");
   // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
   // may start on the SMs it leaves (it waits on each tile's turn count)
   if constexpr (DQ >= kDqOrdered) launch_dependents();
@@ -1396,7 +1425,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const Sched sched(f, n_block, h_kv, b, split, SPLIT ? p.kv_splits : 1,
                     p.dq_rotate != 0);
   Producer<KT, Sched> producer{p, st, sched, q_map, k_map, v_map, dout_map};
-  const Epilogue<KT, Sched> epi{p, st, sched};
+  const Epilogue<KT, Sched, FLAT> epi{p, st, sched};
   // wg through a shuffle: ptxas then knows it is warp-uniform, and the wgmma
   // descriptors derived from it stay in uniform registers (no R2UR per wgmma). Not
   // under dropout, whose builds then spilled 8-88 bytes (the wide kernel's do not).
@@ -1620,36 +1649,79 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   epi.template store_dv<SPLIT>(dv, key0, lane);
 }
 
+// dQ = dq_accum * scale for query rows m0 .. m0 + BLOCK_M of head h, batch b (all below
+// Sq), from a tile in its own order (KT::DQ_FLAT_FITS' layout), by one block of 256
+// threads: each reads float4s of the tile in order, i.e. rows a and a + 8 of columns
+// c, c + 1, puts their 16-bit values in their rows of `rows` (shared; rows of D * 2
+// bytes padded to 4 words past a multiple of 8, so a warp's 8 rows x 4 words meet
+// every bank once), and the block writes whole rows with 16-byte stores (dq's rows
+// 16-byte aligned: the host's flat_dq).
+template <class KT, bool L2_ONLY>
+__device__ __forceinline__ void convert_flat_tile(const BwdParams& p, int m0, int h, int b) {
+  using T = typename KT::T;
+  static_assert(KT::DQ_FLAT_FITS && KT::D % 8 == 0, "dQ's tiles in their own order");
+  constexpr int STRIDE = KT::D * 2 + (KT::D / 2 % 8 == 0 ? 16 : 0), CHUNKS = KT::D / 8;
+  constexpr int WG_FLOAT4S = 16 * KT::DQ_N;   // a warpgroup's share: 64 x DQ_N floats
+  __shared__ __align__(16) unsigned char rows[KT::BLOCK_M * STRIDE];
+  const FwdParams& f = p.fwd;
+  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + (delta_row(p, b, h) + m0) * KT::D);
+#pragma unroll
+  for (int v = threadIdx.x; v < KT::BLOCK_M * KT::D / 4; v += 256) {
+    const float4 a = L2_ONLY ? __ldcg(acc + v) : acc[v];
+    const int w = v / WG_FLOAT4S, j = v % WG_FLOAT4S / 128, x = v % 128;
+    const int row = 16 * (x / 32) + x % 32 / 4 + (KT::DQ_SPLIT_ROWS ? 64 * w : 0);
+    const int col = 8 * j + 2 * (x % 4) + (KT::DQ_SPLIT_ROWS ? 0 : 64 * w);
+    unsigned char* at = rows + row * STRIDE + col * 2;
+    *reinterpret_cast<u32*>(at) = MmaType<T>::pack(a.x * f.scale, a.y * f.scale);
+    *reinterpret_cast<u32*>(at + 8 * STRIDE) = MmaType<T>::pack(a.z * f.scale, a.w * f.scale);
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+           m0 * p.dq_row_stride;
+#pragma unroll
+  for (int c = threadIdx.x; c < KT::BLOCK_M * CHUNKS; c += 256) {
+    const int r = c / CHUNKS, chunk = c % CHUNKS;
+    *reinterpret_cast<uint4*>(out + r * p.dq_row_stride + chunk * 8) =
+        *reinterpret_cast<const uint4*>(rows + r * STRIDE + chunk * 16);
+  }
+}
+
 // dq = dq_accum * scale for one query tile (BLOCK_M rows of query head h, batch b) a
-// block, after the ordered dQ (kDqOrdered, kDqStaggered): the block waits until the
-// tile's turn counter (dq_turns) reaches the key blocks whose walks reach it
+// block. TURNS (after the ordered dQ: kDqOrdered, kDqStaggered): the block waits until
+// the tile's turn counter (dq_turns) reaches the key blocks whose walks reach it
 // (QueryTileWalk's lowest_block .. highest_block; none where no row of it attends a
 // key), i.e. until their additions completed, then converts. Launched as the dK/dV
 // kernel's programmatic dependent, so its blocks start on the SMs that grid's last
 // blocks leave and convert the tiles already complete while the rest run (it never
 // waits for the whole grid). Rows as flash_bwd_dq_convert's (convert_row), the sums
-// read through the L2 only. Grid: (query tiles, Hq, B), 256 threads (at most 41
-// registers: ptxas held __launch_bounds__(256) alone to 32 and spilled 8 bytes).
-template <class KT, class VT>
+// read through the L2 only; FLAT: a tile in its own order (convert_flat_tile). Without
+// TURNS (the atomic dQ in its own order), launched after the dK/dV kernel.
+// Grid: (query tiles, Hq, B), 256 threads (at most 41 registers: ptxas held
+// __launch_bounds__(256) alone to 32 and spilled 8 bytes).
+template <class KT, class VT, bool FLAT = false, bool TURNS = true>
 __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdParams p) {
   using T = typename KT::T;
   using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
   const FwdParams& f = p.fwd;
   const int m0 = blockIdx.x * KT::BLOCK_M, h = blockIdx.y, b = blockIdx.z;
-  if (threadIdx.x == 0) {
+  if (TURNS && threadIdx.x == 0) {
     const int lo = VT::kv_begin(f, m0), hi = VT::kv_end(f, m0 + KT::BLOCK_M - 1);
     const int adders =
         hi > lo ? Walk::highest_block(f, m0) - Walk::lowest_block(f, m0) + 1 : 0;
     const int* counter = dq_turns(p) + (i64(b) * f.heads_q + h) * gridDim.x + blockIdx.x;
     while (ld_acquire_gpu(counter) < adders) __nanosleep(256);
   }
-  __syncthreads();  // (the acquire's thread, then the block: the sums are visible)
-  const int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
-  for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
-    convert_row<T, true>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                             (m0 + r) * p.dq_row_stride,
-                         p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D, KT::D, f.scale,
-                         threadIdx.x % ROW_LANES);
+  if constexpr (TURNS) __syncthreads();  // (the acquire's thread, then the block: the sums are visible)
+  if constexpr (FLAT) {
+    convert_flat_tile<KT, TURNS>(p, m0, h, b);
+  } else {
+    const int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
+    for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
+      convert_row<T, true>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                               (m0 + r) * p.dq_row_stride,
+                           p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D, KT::D, f.scale,
+                           threadIdx.x % ROW_LANES);
+  }
 }
 
 // D > 128: both warpgroups cover the block's 64 keys; warpgroup 0 computes P^T and

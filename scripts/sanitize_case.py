@@ -9,7 +9,8 @@ dense mask where the family takes one, a 16-byte-aligned case for the vector
 path; for flash_wgmma three consumer warpgroups at D = 64, 72 and 160, two at
 128 under the causal mask and at 256, the backward's 80-query tiles at D = 96 without a
 mask, its 128-query tiles at D = 64 and its producer warpgroup under a causal mask
-with Sq > Sk; keys whose scores climb steadily or leap, for
+with Sq > Sk, and whole query tiles, whose dQ it adds in its own order; keys whose
+scores climb steadily or leap, for
 flash_wgmma's max-free softmax and the two ways it recovers; and, for flash_wgmma
 alone, problems with a few work tiles per block, whose Q rows and work tile
 slots change hands between its warpgroups). Inputs come from the
@@ -56,6 +57,11 @@ CASES = (
     # causal Sq > Sk on the backward's producer warpgroup (64-query tiles, atomic dQ):
     # rows 0..62 attend nothing (racecheck reported this one: notes-bwd-loops.md §20)
     (2, 4, 2, 130, 67, 128, True, None),
+    # whole query tiles: the backward's dQ in its own order (flat_dq) at D = 128 and 96
+    # under the causal mask (64-query tiles) and at D = 64 (128-query tiles)
+    (1, 4, 2, 128, 200, 128, True, None),
+    (2, 2, 1, 256, 256, 64, False, None),
+    (1, 2, 1, 128, 160, 96, True, None),
 )
 # flash_wgmma is persistent: these give each of up to 132 blocks about three work tiles
 PERSISTENT_CASES = (

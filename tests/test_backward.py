@@ -1166,6 +1166,89 @@ def test_sections_change_only_the_order(c, kernel, monkeypatch, warm_kernels):
         assert bool((a == b).all()), f"{name} differs between section bounds 1 and 8"
     _check_grads(c, g8, inputs, dict(kernel=f"{kernel}_bwd", sections=8, **c))
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(D=128, Sq=256, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"),
+    dict(D=64, Sq=384, Sk=384, Hq=6, Hkv=3, B=2, causal=False, dtype="float16"),
+    dict(D=64, Sq=256, Sk=200, Hq=4, Hkv=1, B=2, causal=True, dtype="bfloat16"),
+    dict(D=96, Sq=192, Sk=250, Hq=4, Hkv=2, B=1, causal=True, dtype="float16"),
+], ids=["d128-causal-gqa2", "d64", "d64-causal-sk-shorter", "d96-causal"])
+def test_flat_dq_changes_only_the_layout(c, monkeypatch, warm_kernels):
+    """dQ staged and added in its own order (flat_dq: 64 x 64 fragments, whole query
+    tiles) gives the reference's gradients in both modes, and in the deterministic mode
+    the same dQ, dK and dV bitwise as dq_accum's rows in order (the same additions in
+    the same order, only their place in dq_accum differs; where the rule keeps the
+    deterministic mode's rows in order, D = 96, the two runs are the same launch)."""
+    import cupy
+
+    _skip_unless_device_runs("flash_wgmma")
+    from cupy_attention import backward
+    from cupy_attention.problem import Problem
+
+    monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1)
+    inputs = _inputs(c, seed_for("bwd-flat-dq", _case_id(c)), cupy)
+    q, k, v, mask, out, lse, dout = inputs
+    flat = flash_wgmma_bwd.flat_dq
+    chosen = []
+
+    def spy(p: Problem, cfg, mode, dq):
+        chosen.append(flat(p, cfg, mode, dq))
+        return chosen[-1]
+
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(flash_wgmma_bwd, "flat_dq",
+                            spy if on else (lambda p, cfg, mode, dq: False))
+        monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
+        kw = dict(causal=c["causal"], kernel="flash_wgmma")
+        runs[on] = (ca.attention_backward(dout, q, k, v, out, lse, **kw),
+                    ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw))
+    assert chosen and chosen[0], "flat_dq should hold for these shapes' default mode"
+    for name, a, b in zip(("dq", "dk", "dv"), runs[False][1], runs[True][1]):
+        assert bool((a == b).all()), f"deterministic {name} differs with dQ in its own order"
+    for grads in runs[True]:
+        _check_grads(c, grads, inputs, dict(kernel="flash_wgmma_bwd", flat_dq=True, **c))
+
+
+def test_flat_dq_rule():
+    """flat_dq: the narrow kernel's tiles of dQ (64 and 128 queries, not the 80-query
+    tiles' dQ^T), dQ in the dK/dV kernel, fixed lengths of whole query tiles, dq's rows
+    16-byte aligned; not under dropout or softcap."""
+    from cupy_attention.problem import Problem
+    from cupy_attention.variant import Variant
+
+    w = flash_wgmma_bwd
+
+    class Dq:   # what flat_dq reads of a device array: strides and the base pointer
+        def __init__(self, ptr, row=128):
+            self.shape, self.itemsize = (2, 8, 512, 128), 2
+            self.strides = (8 * 512 * row * 2, 512 * row * 2, row * 2, 2)
+            self.data = type("Ptr", (), {"ptr": ptr})()
+
+    dq = Dq(1 << 20)
+
+    def rule(d, sq=512, causal=True, det=False, dq=dq, **kw):
+        p = Problem(2, 8, 2, sq, sq, d, "bfloat16", "bhsd", causal, "none", d ** -0.5, 0, **kw)
+        c = w.config(d, p.variant, det)
+        return w.flat_dq(p, c, w._dq_mode(c, p.variant, det), dq)
+
+    assert rule(128) and rule(128, det=True) and rule(64, causal=False)
+    assert rule(64, det=True) is w.config(64, Variant(True), True).flat_fits
+    assert not rule(128, causal=False)          # 80-query tiles: dQ^T
+    assert rule(96) and rule(72, causal=False)  # 64 x 32 and 64 x 8 fragments beside 64 x 64
+    assert not rule(96, det=True)               # (the ordered mode's builds spilled there)
+    assert not rule(96, causal=False) and not rule(256)   # dQ^T; the wide kernel
+    assert not rule(128, sq=500)                # a partial query tile
+    assert not rule(128, dropout_p=0.1)
+    assert not rule(128, window=(64, 0), softcap=30.0)
+    assert rule(128, window=(64, 0))
+    assert not rule(128, dq=Dq((1 << 20) + 2))  # rows not 16-byte aligned
+    assert not rule(128, dq=Dq(1 << 20, row=132))
+    names = [s.name for s in w.specs(w.config(128, Variant(True)), "bfloat16", Variant(True),
+                                     False, flat=True)]
+    assert names[1].endswith(",flat]") and "flash_wgmma_bwd_dq_convert" in names[2], names
+
+
 def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     """Deterministic mode: the dK/dV kernel adds dQ in a fixed order of key blocks
     (one kernel and no recomputation) wherever it stages dQ over fixed lengths; the

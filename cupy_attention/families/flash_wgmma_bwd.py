@@ -117,6 +117,13 @@ class Config:
         return 64 if self.wide else 128
 
     @property
+    def flat_fits(self) -> bool:
+        """``WgmmaBwdTraits::DQ_FLAT_FITS``: the narrow kernel's tiles of dQ (64 and 128
+        queries; not the 80-query tiles' dQ^T), which it may stage and add in their own
+        order (flat_dq)."""
+        return not self.wide and self.block_m != 80
+
+    @property
     def kv_ss(self) -> bool:
         """``WgmmaBwdTraits::KV_SS_FITS``: 128-query tiles at D <= 64, whose ordered
         dQ modes take the producer warpgroup with P^T and dS^T in shared memory."""
@@ -245,13 +252,15 @@ STAGGERED_MIN_BLOCKS_PER_SM = 8
 
 
 def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
-              split: bool = False) -> jit.KernelSpec:
+              split: bool = False, flat: bool = False) -> jit.KernelSpec:
+    """``flat``: dQ staged and added in its own order (the kernel's FLAT; flat_dq)."""
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
-    expr = f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}>"
+    expr = (f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}"
+            f"{', true' if flat else ''}>")
     name = (f"{kernel}[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
             f"{SHORT_DTYPE[dtype]}{vt.suffix()}{'' if dq == 'separate' else f',{dq}-dq'}"
-            f"{',split' if split else ''}]")
+            f"{',split' if split else ''}{',flat' if flat else ''}]")
     return jit.KernelSpec("flash_wgmma_bwd.cu", expr, name)
 
 
@@ -367,10 +376,11 @@ def dq_turns(p: Problem) -> int:
 
 
 def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
-          split: bool = False, staggered: bool = False) -> list[jit.KernelSpec]:
+          split: bool = False, staggered: bool = False, flat: bool = False) -> list[jit.KernelSpec]:
     """Every instantiation one backward launch uses, in launch order (``split``: the
     split dK/dV kernel and, last, the conversion of its sums; ``staggered``: the
-    ordered dQ's staggered turns, where the variant has an upper bound)."""
+    ordered dQ's staggered turns, where the variant has an upper bound; ``flat``: dQ
+    in its own order, flat_dq)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
     if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
@@ -379,8 +389,11 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     if mode == "separate":
         dq = flash_mma_bwd.dq_spec(_mma_dq_config(c.head_dim, vt), dtype, vt, True)
         return [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode), dq]
-    convert = convert_spec(c, dtype, vt) if counted(mode) else flash_bwd.convert_spec(dtype)
-    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split), convert]
+    if counted(mode) or flat:
+        convert = convert_spec(c, dtype, vt, flat, counted(mode))
+    else:
+        convert = flash_bwd.convert_spec(dtype)
+    out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split, flat), convert]
     return out + [flash_bwd.dkdv_convert_spec(dtype)] if split else out
 
 
@@ -401,15 +414,35 @@ def counted(mode: str) -> bool:
     return mode in ("ordered", "staggered")
 
 
-def convert_spec(c: Config, dtype: str, vt: Variant) -> jit.KernelSpec:
+def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
+                 turns: bool = True) -> jit.KernelSpec:
     """flash_wgmma_bwd_dq_convert for the tiles of ``c`` under ``vt``'s band (its only
-    use of the variant: which key blocks reach a tile)."""
-    band = Variant(vt.causal, vt.window)
+    use of the variant: which key blocks reach a tile, where it waits for their
+    ``turns``); ``flat``: from dq_accum in the tiles' own order (flat_dq)."""
+    band = Variant(vt.causal, vt.window) if turns else Variant()
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
+    tail = "" if not flat else ", true" if turns else ", true, false"
     return jit.KernelSpec("flash_wgmma_bwd.cu",
-                          f"flash_wgmma_bwd_dq_convert<{traits}, {band.cpp()}>",
+                          f"flash_wgmma_bwd_dq_convert<{traits}, {band.cpp()}{tail}>",
                           f"flash_wgmma_bwd_dq_convert[D={c.head_dim},BM={c.block_m},"
-                          f"{SHORT_DTYPE[dtype]}{band.suffix()}]")
+                          f"{SHORT_DTYPE[dtype]}{band.suffix()}{',flat' if flat else ''}"
+                          f"{'' if turns else ',atomic'}]")
+
+
+def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
+    """Whether the dK/dV kernel stages each tile's dQ in its own order and adds it
+    into dq_accum as one 1-D bulk reduction (its FLAT; flash_wgmma_bwd_dq_convert puts
+    the rows back in order): Config.flat_fits, dQ in that kernel, fixed lengths whose
+    query tiles are all whole (a tile's floats take its rows' place in dq_accum) and
+    dq's rows 16-byte aligned (the conversion's stores); not under dropout or softcap,
+    nor in the ordered mode past a multiple of 64, whose builds spilled 40, 8 and 8
+    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120). H200, 2026-11-29: the
+    staging alone 1.02-1.04x at D = 64 and causal D = 128 (notes-bwd-loops.md section
+    32)."""
+    return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not p.varlen
+            and not p.dropout_p and not p.variant.softcap
+            and not (mode == "ordered" and p.head_dim % 64)
+            and p.seqlen_q % c.block_m == 0 and _rows16(p, dq))
 
 
 # Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
@@ -467,10 +500,11 @@ def _mma_dq_config(head_dim: int, vt: Variant) -> flash_mma_bwd.Config:
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
-          staggered: bool = False):
+          staggered: bool = False, flat: bool = False):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
     c = config(head_dim, vt, deterministic, split)
-    return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split, staggered)
+    return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split, staggered,
+                                                 flat)
 
 
 def takes_dq_accum(p: Problem, deterministic: bool) -> bool:
@@ -518,7 +552,9 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     from ..device import multiprocessor_count
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered)
+    c = config(p.head_dim, p.variant, deterministic, split)
+    flat = flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
@@ -533,7 +569,10 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
-    if counted(mode):
+    if flat and not counted(mode):   # after the dK/dV kernel, a tile a block
+        launches[2] = (kernels[2], (p.seqlen_q // c.block_m, p.heads_q, p.batch),
+                       (CONVERT_THREADS,), 0)
+    elif counted(mode):
         if _rows16(p, t.dq):   # each tile as its turns complete
             launches[2] = (jit.Dependent(kernels[2]),
                            (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch),
@@ -647,6 +686,22 @@ def ci_specs() -> list[jit.KernelSpec]:
     for d, vt in ((64, Variant(False)), (72, Variant(True)), (96, Variant(False)),
                   (128, Variant(True)), (104, Variant(True, (256, 0)))):
         out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
+    # dQ in its own order (flat_dq) and its conversions: both tile shapes, every dQ
+    # mode, a window, ALiBi, the split
+    for d, vt in ((64, Variant(False)), (64, Variant(True)), (128, Variant(True)),
+                  (72, Variant(True)), (80, Variant(False)), (96, Variant(True)),
+                  (120, Variant(True)), (128, Variant(True, (256, 0))),
+                  (64, Variant(True, dense="alibi")), (104, Variant(True, dense="alibi")),
+                  (128, Variant(True, dense="alibi"))):
+        dtype = ("float16", "bfloat16")[d // 8 % 2 ^ vt.causal]
+        for mode in ("atomic", "ordered", "staggered"):
+            c = config(d, vt, mode != "atomic")
+            if (c.flat_fits and (mode != "staggered" or vt.band_flags[1])
+                    and not (mode == "ordered" and d % 64)):
+                out.append(dkdv_spec(c, dtype, vt, mode, flat=True))
+                out.append(convert_spec(c, dtype, vt, True, mode != "atomic"))
+    out.append(dkdv_spec(config(128, Variant(True), split=True), "bfloat16", Variant(True),
+                         "atomic", True, True))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),

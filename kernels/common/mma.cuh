@@ -64,6 +64,10 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
 __device__ __forceinline__ void st_shared_f32x2(u32 addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b));
 }
+__device__ __forceinline__ void st_shared_f32x4(u32 addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c),
+               "f"(d));
+}
 
 // Four 8x8 matrices of 16-bit values; lane l supplies the address of row l % 8 of
 // matrix l / 8 and receives r[i] = matrix i at (row g, cols 2t..2t+1).

@@ -133,6 +133,11 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, u32 src, u32 bytes) 
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
                :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
+// dst[i] = src[i], the same copy without the addition.
+__device__ __forceinline__ void bulk_store(float* dst, u32 src, u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
