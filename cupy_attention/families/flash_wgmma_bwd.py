@@ -553,7 +553,8 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
     c = config(p.head_dim, p.variant, deterministic, split)
-    flat = flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
+    # (not with a split: it compiles, but no GPU test has run it with whole query tiles)
+    flat = not split and flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
@@ -687,7 +688,7 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(True)), (104, Variant(True, (256, 0)))):
         out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
     # dQ in its own order (flat_dq) and its conversions: both tile shapes, every dQ
-    # mode, a window, ALiBi, the split
+    # mode, a window, ALiBi (not the split: passes keeps its rows in order, untimed)
     for d, vt in ((64, Variant(False)), (64, Variant(True)), (128, Variant(True)),
                   (72, Variant(True)), (80, Variant(False)), (96, Variant(True)),
                   (120, Variant(True)), (128, Variant(True, (256, 0))),
@@ -700,8 +701,6 @@ def ci_specs() -> list[jit.KernelSpec]:
                     and not (mode == "ordered" and d % 64)):
                 out.append(dkdv_spec(c, dtype, vt, mode, flat=True))
                 out.append(convert_spec(c, dtype, vt, True, mode != "atomic"))
-    out.append(dkdv_spec(config(128, Variant(True), split=True), "bfloat16", Variant(True),
-                         "atomic", True, True))
     # score transforms, on their rows (_narrow_rows)
     for d, vt in ((64, Variant(softcap=30.0)), (64, Variant(True, dense="alibi")),
                   (80, Variant(dense="alibi")), (128, Variant(True, dense="alibi")),
