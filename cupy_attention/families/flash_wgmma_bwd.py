@@ -436,9 +436,9 @@ def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
     query tiles are all whole (a tile's floats take its rows' place in dq_accum) and
     dq's rows 16-byte aligned (the conversion's stores); not under dropout or softcap,
     nor in the ordered mode past a multiple of 64, whose builds spilled 40, 8 and 8
-    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120). H200, 2026-11-29: the
-    staging alone 1.02-1.04x at D = 64 and causal D = 128 (notes-bwd-loops.md section
-    32)."""
+    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120). H200, 2026-11-29, same-
+    run A/Bs: the backward 1.01-1.03x at D = 64, 0.99-1.05x causal at D = 96 and 128,
+    deterministic 1.01-1.06x (notes-bwd-loops.md section 32)."""
     return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not p.varlen
             and not p.dropout_p and not p.variant.softcap
             and not (mode == "ordered" and p.head_dim % 64)
