@@ -1409,7 +1409,9 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!ORDERED || (!SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: fixed lengths, one block per key block");
   static_assert(!FLAT || (KT::DQ_FLAT_FITS && DQ_HERE && !VT::Seqs::kRagged),
-                "dQ in its own order: 64 x 64 fragments, fixed lengths");
+                "dQ in its own order: the tiles of dQ, fixed lengths");
+  static_assert(!FLAT || KT::BLOCK_M * KT::D * 4 <= KT::DqTile::BYTES,
+                "a tile's dQ in its own order fits its sdQ buffer");
   // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
   // may start on the SMs it leaves (it waits on each tile's turn count)
   if constexpr (DQ >= kDqOrdered) launch_dependents();
