@@ -1666,7 +1666,8 @@ __device__ __forceinline__ void convert_flat_tile(const BwdParams& p, int m0, in
   constexpr int WG_FLOAT4S = 16 * KT::DQ_N;   // a warpgroup's share: 64 x DQ_N floats
   __shared__ __align__(16) unsigned char rows[KT::BLOCK_M * STRIDE];
   const FwdParams& f = p.fwd;
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + (delta_row(p, b, h) + m0) * KT::D);
+  const float4* acc =
+      reinterpret_cast<const float4*>(p.dq_accum + (delta_row(p, b, h) + m0) * KT::D);
 #pragma unroll
   for (int v = threadIdx.x; v < KT::BLOCK_M * KT::D / 4; v += 256) {
     const float4 a = L2_ONLY ? __ldcg(acc + v) : acc[v];
@@ -1713,7 +1714,8 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdPa
     const int* counter = dq_turns(p) + (i64(b) * f.heads_q + h) * gridDim.x + blockIdx.x;
     while (ld_acquire_gpu(counter) < adders) __nanosleep(256);
   }
-  if constexpr (TURNS) __syncthreads();  // (the acquire's thread, then the block: the sums are visible)
+  // (the acquire's thread, then the block: the sums are visible)
+  if constexpr (TURNS) __syncthreads();
   if constexpr (FLAT) {
     convert_flat_tile<KT, TURNS>(p, m0, h, b);
   } else {

@@ -1174,7 +1174,7 @@ def test_sections_change_only_the_order(c, kernel, monkeypatch, warm_kernels):
     dict(D=96, Sq=192, Sk=250, Hq=4, Hkv=2, B=1, causal=True, dtype="float16"),
 ], ids=["d128-causal-gqa2", "d64", "d64-causal-sk-shorter", "d96-causal"])
 def test_flat_dq_changes_only_the_layout(c, monkeypatch, warm_kernels):
-    """dQ staged and added in its own order (flat_dq: 64 x 64 fragments, whole query
+    """dQ staged and added in its own order (flat_dq: the tiles of dQ, whole query
     tiles) gives the reference's gradients in both modes, and in the deterministic mode
     the same dQ, dK and dV bitwise as dq_accum's rows in order (the same additions in
     the same order, only their place in dq_accum differs; where the rule keeps the

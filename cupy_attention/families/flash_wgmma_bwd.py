@@ -429,20 +429,26 @@ def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
                           f"{'' if turns else ',atomic'}]")
 
 
+def flat_builds(c: Config, vt: Variant, mode: str) -> bool:
+    """Whether the dK/dV kernel of ``c`` under ``vt`` in dQ ``mode`` has a FLAT build:
+    Config.flat_fits, dQ in that kernel, fixed lengths; not under dropout or softcap,
+    nor in the ordered mode past a multiple of 64, whose builds spilled 40, 8 and 8
+    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120)."""
+    return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not vt.ragged
+            and not vt.dropout and not vt.softcap
+            and not (mode == "ordered" and c.head_dim % 64))
+
+
 def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
     """Whether the dK/dV kernel stages each tile's dQ in its own order and adds it
     into dq_accum as one 1-D bulk reduction (its FLAT; flash_wgmma_bwd_dq_convert puts
-    the rows back in order): Config.flat_fits, dQ in that kernel, fixed lengths whose
-    query tiles are all whole (a tile's floats take its rows' place in dq_accum) and
-    dq's rows 16-byte aligned (the conversion's stores); not under dropout or softcap,
-    nor in the ordered mode past a multiple of 64, whose builds spilled 40, 8 and 8
-    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120). H200, 2026-11-29, same-
-    run A/Bs: the backward 1.01-1.03x at D = 64, 0.99-1.05x causal at D = 96 and 128,
-    deterministic 1.01-1.06x (notes-bwd-loops.md section 32)."""
-    return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not p.varlen
-            and not p.dropout_p and not p.variant.softcap
-            and not (mode == "ordered" and p.head_dim % 64)
-            and p.seqlen_q % c.block_m == 0 and _rows16(p, dq))
+    the rows back in order): a build that has it (flat_builds), query tiles all whole
+    (a tile's floats take its rows' place in dq_accum) and dq's rows 16-byte aligned
+    (the conversion's stores). H200, 2026-11-29, same-run A/Bs: the backward 1.01-1.03x
+    at D = 64, 0.99-1.05x causal at D = 96 and 128, deterministic 1.01-1.06x
+    (notes-bwd-loops.md section 32)."""
+    return (flat_builds(c, p.variant, mode) and p.seqlen_q % c.block_m == 0
+            and _rows16(p, dq))
 
 
 # Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
@@ -697,8 +703,7 @@ def ci_specs() -> list[jit.KernelSpec]:
         dtype = ("float16", "bfloat16")[d // 8 % 2 ^ vt.causal]
         for mode in ("atomic", "ordered", "staggered"):
             c = config(d, vt, mode != "atomic")
-            if (c.flat_fits and (mode != "staggered" or vt.band_flags[1])
-                    and not (mode == "ordered" and d % 64)):
+            if flat_builds(c, vt, mode) and (mode != "staggered" or vt.band_flags[1]):
                 out.append(dkdv_spec(c, dtype, vt, mode, flat=True))
                 out.append(convert_spec(c, dtype, vt, True, mode != "atomic"))
     # score transforms, on their rows (_narrow_rows)
