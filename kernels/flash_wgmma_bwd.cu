@@ -1151,8 +1151,12 @@ struct Epilogue {
     if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;
     const bool store = Sched::kOrdered && p.dq_store_first && sched.turn(it) == 0;
     if constexpr (FLAT) {   // the tile's floats in its rows' place, one bulk copy
+      // (the tile's first row of dq_accum in 32 bits: B Hq Sq < 2^32, delta's 16 GB;
+      // the producer warpgroup's 24 registers spilled with the 64-bit products)
       constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
-      float* dst = p.dq_accum + (delta_row(p, b, h) + row) * KT::D;
+      const u32 first = u32(b) * u32(p.delta_batch_stride) + u32(h) * u32(p.delta_head_stride) +
+                        u32(row);
+      float* dst = p.dq_accum + u64(first) * KT::D;
       if (store) bulk_store(dst, st.dq(buf), BYTES);
       else bulk_reduce_add(dst, st.dq(buf), BYTES);
     } else {

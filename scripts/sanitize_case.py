@@ -62,6 +62,9 @@ CASES = (
     (1, 4, 2, 128, 200, 128, True, None),
     (2, 2, 1, 256, 256, 64, False, None),
     (1, 2, 1, 128, 160, 96, True, None),
+    # ... with the query tiles of a block of keys split over 4 blocks (kv_splits)
+    (1, 2, 1, 512, 384, 96, False, None),
+    (1, 2, 1, 512, 512, 128, True, None),
 )
 # flash_wgmma is persistent: these give each of up to 132 blocks about three work tiles
 PERSISTENT_CASES = (

@@ -1166,54 +1166,136 @@ def test_sections_change_only_the_order(c, kernel, monkeypatch, warm_kernels):
         assert bool((a == b).all()), f"{name} differs between section bounds 1 and 8"
     _check_grads(c, g8, inputs, dict(kernel=f"{kernel}_bwd", sections=8, **c))
 
+_FLAT_DQ = flash_wgmma_bwd.flat_dq   # the rule itself, whatever a test patched in
+
+
+def _flat_runs(monkeypatch, flat_on, run):
+    """(``run()``, what flat_dq chose in it) with flat_dq as the rule says
+    (``flat_on``) or never, on a cold hot-path cache."""
+    from cupy_attention import backward
+
+    chosen = []
+
+    def spy(p, cfg, mode, dq):
+        chosen.append(_FLAT_DQ(p, cfg, mode, dq))
+        return chosen[-1]
+
+    monkeypatch.setattr(flash_wgmma_bwd, "flat_dq",
+                        spy if flat_on else (lambda p, cfg, mode, dq: False))
+    monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
+    return run(), chosen
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("c", [
     dict(D=128, Sq=256, Sk=300, Hq=8, Hkv=4, B=2, causal=True, dtype="bfloat16"),
     dict(D=64, Sq=384, Sk=384, Hq=6, Hkv=3, B=2, causal=False, dtype="float16"),
     dict(D=64, Sq=256, Sk=200, Hq=4, Hkv=1, B=2, causal=True, dtype="bfloat16"),
     dict(D=96, Sq=192, Sk=250, Hq=4, Hkv=2, B=1, causal=True, dtype="float16"),
-], ids=["d128-causal-gqa2", "d64", "d64-causal-sk-shorter", "d96-causal"])
+    dict(D=72, Sq=192, Sk=192, Hq=2, Hkv=1, B=2, causal=True, dtype="bfloat16"),
+    dict(D=80, Sq=256, Sk=130, Hq=4, Hkv=4, B=1, causal=False, dtype="float16"),
+    dict(D=88, Sq=128, Sk=320, Hq=4, Hkv=2, B=2, causal=True, dtype="bfloat16"),
+    dict(D=104, Sq=256, Sk=256, Hq=2, Hkv=2, B=1, causal=True, dtype="float16"),
+    dict(D=112, Sq=192, Sk=200, Hq=8, Hkv=1, B=1, causal=True, dtype="bfloat16"),
+], ids=["d128-causal-gqa2", "d64", "d64-causal-sk-shorter", "d96-causal", "d72-causal",
+        "d80", "d88-causal-sk-longer", "d104-causal", "d112-causal-mqa"])
 def test_flat_dq_changes_only_the_layout(c, monkeypatch, warm_kernels):
     """dQ staged and added in its own order (flat_dq: the tiles of dQ, whole query
     tiles) gives the reference's gradients in both modes, and in the deterministic mode
     the same dQ, dK and dV bitwise as dq_accum's rows in order (the same additions in
-    the same order, only their place in dq_accum differs; where the rule keeps the
-    deterministic mode's rows in order, D = 96, the two runs are the same launch)."""
+    the same order, only their place in dq_accum differs)."""
     import cupy
 
     _skip_unless_device_runs("flash_wgmma")
-    from cupy_attention import backward
-    from cupy_attention.problem import Problem
-
     monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1)
     inputs = _inputs(c, seed_for("bwd-flat-dq", _case_id(c)), cupy)
     q, k, v, mask, out, lse, dout = inputs
-    flat = flash_wgmma_bwd.flat_dq
-    chosen = []
-
-    def spy(p: Problem, cfg, mode, dq):
-        chosen.append(flat(p, cfg, mode, dq))
-        return chosen[-1]
-
+    kw = dict(causal=c["causal"], kernel="flash_wgmma")
     runs = {}
     for on in (False, True):
-        monkeypatch.setattr(flash_wgmma_bwd, "flat_dq",
-                            spy if on else (lambda p, cfg, mode, dq: False))
-        monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
-        kw = dict(causal=c["causal"], kernel="flash_wgmma")
-        runs[on] = (ca.attention_backward(dout, q, k, v, out, lse, **kw),
-                    ca.attention_backward(dout, q, k, v, out, lse, deterministic=True, **kw))
-    assert chosen and chosen[0], "flat_dq should hold for these shapes' default mode"
+        runs[on], chosen = _flat_runs(monkeypatch, on, lambda: [
+            ca.attention_backward(dout, q, k, v, out, lse, deterministic=det, **kw)
+            for det in (False, True)])
+    assert chosen == [True, True], chosen
     for name, a, b in zip(("dq", "dk", "dv"), runs[False][1], runs[True][1]):
         assert bool((a == b).all()), f"deterministic {name} differs with dQ in its own order"
     for grads in runs[True]:
         _check_grads(c, grads, inputs, dict(kernel="flash_wgmma_bwd", flat_dq=True, **c))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(D=128, Sq=256, Sk=256, Hq=4, Hkv=2, B=2, causal=True, dtype="bfloat16", splits=2),
+    dict(D=64, Sq=512, Sk=384, Hq=2, Hkv=1, B=1, causal=False, dtype="float16", splits=3),
+    dict(D=96, Sq=256, Sk=320, Hq=4, Hkv=4, B=1, causal=False, dtype="bfloat16", splits=2),
+    dict(D=120, Sq=384, Sk=384, Hq=2, Hkv=1, B=1, causal=True, dtype="float16", splits=3),
+], ids=["d128-causal-2", "d64-3", "d96-2", "d120-causal-3"])
+def test_flat_dq_with_a_split(c, monkeypatch, warm_kernels):
+    """The split kernel (kv_splits blocks a block of keys, each over its share of the
+    query tiles) with dQ in its own order: the reference's gradients, and the split
+    taken with the FLAT build."""
+    import cupy
+
+    _skip_unless_device_runs("flash_wgmma")
+    splits = c["splits"]
+    monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1 if det else splits)
+    inputs = _inputs(c, seed_for("bwd-flat-split", _case_id(c)), cupy)
+    q, k, v, mask, out, lse, dout = inputs
+    names = []
+    real_plan = flash_wgmma_bwd._plan
+
+    def plan(*a):
+        planned = real_plan(*a)
+        names.append(planned[2][1].name)
+        return planned
+
+    monkeypatch.setattr(flash_wgmma_bwd, "_plan", plan)
+    grads, chosen = _flat_runs(monkeypatch, True, lambda: ca.attention_backward(
+        dout, q, k, v, out, lse, causal=c["causal"], kernel="flash_wgmma"))
+    assert chosen == [True], chosen
+    assert len(names) == 1 and names[0].endswith(",split,flat]"), names
+    _check_grads(c, grads, inputs, dict(kernel="flash_wgmma_bwd", flat_dq=True, **c))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c", [
+    dict(D=88, Sq=256, Sk=256, Hq=4, Hkv=2, B=1, causal=True, dtype="bfloat16", softcap=30.0),
+    dict(D=64, Sq=192, Sk=250, Hq=2, Hkv=1, B=2, causal=False, dtype="float16", softcap=5.0),
+    dict(D=64, Sq=256, Sk=256, Hq=2, Hkv=2, B=1, causal=True, dtype="bfloat16", dropout_p=0.2),
+    dict(D=96, Sq=192, Sk=300, Hq=4, Hkv=1, B=1, causal=False, dtype="float16", dropout_p=0.1),
+], ids=["d88-causal-softcap", "d64-softcap", "d64-causal-dropout", "d96-dropout"])
+def test_flat_dq_under_a_transform(c, monkeypatch, warm_kernels):
+    """Softcap and dropout with dQ in its own order: the deterministic mode's dQ, dK
+    and dV bitwise those of dq_accum's rows in order, and the default mode's within
+    the dtype's rounding of them (a misplaced fragment moves whole values)."""
+    import cupy
+
+    _skip_unless_device_runs("flash_wgmma")
+    monkeypatch.setattr(flash_wgmma_bwd, "kv_splits", lambda p, sms, det: 1)
+    q, k, v, _, _, _, dout = _inputs(c, seed_for("bwd-flat-transform", _case_id(c)), cupy)
+    kw = dict(causal=c["causal"], kernel="flash_wgmma", softcap=c.get("softcap"))
+    if c.get("dropout_p"):
+        kw.update(dropout_p=c["dropout_p"], dropout_seed=4242, dropout_offset=8)
+    out, lse = ca.attention(q, k, v, return_lse=True, **kw)
+    runs = {}
+    for on in (False, True):
+        runs[on], chosen = _flat_runs(monkeypatch, on, lambda: [
+            ca.attention_backward(dout, q, k, v, out, lse, deterministic=det, **kw)
+            for det in (False, True)])
+        assert not on or chosen == [True, True], chosen
+    eps = 2.0 ** -7 if c["dtype"] == "bfloat16" else 2.0 ** -10
+    for name, a, b in zip(("dq", "dk", "dv"), runs[True][1], runs[False][1]):
+        assert bool((a == b).all()), f"deterministic {name} differs with dQ in its own order"
+    for name, a, ref in zip(("dq", "dk", "dv"), runs[True][0], runs[False][1]):
+        a, ref = as_float(a), as_float(ref)
+        err, top = float(abs(a - ref).max()), float(abs(ref).max())
+        assert top > 0 and err <= 2 * eps * top, f"{name}: {err} against {top}"
+
+
 def test_flat_dq_rule():
     """flat_dq: the narrow kernel's tiles of dQ (64 and 128 queries, not the 80-query
     tiles' dQ^T), dQ in the dK/dV kernel, fixed lengths of whole query tiles, dq's rows
-    16-byte aligned; not under dropout or softcap."""
+    16-byte aligned; not under dropout in the atomic mode at D = 128."""
     from cupy_attention.problem import Problem
     from cupy_attention.variant import Variant
 
@@ -1236,12 +1318,12 @@ def test_flat_dq_rule():
     assert rule(64, det=True) is w.config(64, Variant(True), True).flat_fits
     assert not rule(128, causal=False)          # 80-query tiles: dQ^T
     assert rule(96) and rule(72, causal=False)  # 64 x 32 and 64 x 8 fragments beside 64 x 64
-    assert not rule(96, det=True)               # (the ordered mode's builds spilled there)
+    assert rule(96, det=True) and rule(120, det=True)
     assert not rule(96, causal=False) and not rule(256)   # dQ^T; the wide kernel
     assert not rule(128, sq=500)                # a partial query tile
-    assert not rule(128, dropout_p=0.1)
-    assert not rule(128, window=(64, 0), softcap=30.0)
-    assert rule(128, window=(64, 0))
+    assert not rule(128, dropout_p=0.1)         # (its build spilled 40 bytes)
+    assert rule(128, dropout_p=0.1, det=True) and rule(96, dropout_p=0.1)
+    assert rule(128, window=(64, 0), softcap=30.0) and rule(128, window=(64, 0))
     assert not rule(128, dq=Dq((1 << 20) + 2))  # rows not 16-byte aligned
     assert not rule(128, dq=Dq(1 << 20, row=132))
     names = [s.name for s in w.specs(w.config(128, Variant(True)), "bfloat16", Variant(True),

@@ -431,12 +431,11 @@ def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
 
 def flat_builds(c: Config, vt: Variant, mode: str) -> bool:
     """Whether the dK/dV kernel of ``c`` under ``vt`` in dQ ``mode`` has a FLAT build:
-    Config.flat_fits, dQ in that kernel, fixed lengths; not under dropout or softcap,
-    nor in the ordered mode past a multiple of 64, whose builds spilled 40, 8 and 8
-    bytes with it (ptxas of CUDA 13.5; D = 128, and D = 72-120)."""
+    Config.flat_fits, dQ in that kernel, fixed lengths; not under dropout in the
+    atomic mode at D = 128, whose builds spilled 32-40 bytes with it (ptxas of CUDA
+    13.5; the build without FLAT spills 0-8 there)."""
     return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not vt.ragged
-            and not vt.dropout and not vt.softcap
-            and not (mode == "ordered" and c.head_dim % 64))
+            and not (vt.dropout and mode == "atomic" and c.head_dim > 120))
 
 
 def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
@@ -559,8 +558,7 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
     c = config(p.head_dim, p.variant, deterministic, split)
-    # (not with a split: it compiles, but no GPU test has run it with whole query tiles)
-    flat = not split and flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
+    flat = flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
@@ -694,12 +692,14 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(True)), (104, Variant(True, (256, 0)))):
         out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
     # dQ in its own order (flat_dq) and its conversions: both tile shapes, every dQ
-    # mode, a window, ALiBi (not the split: passes keeps its rows in order, untimed)
+    # mode, a window, ALiBi, softcap, dropout
     for d, vt in ((64, Variant(False)), (64, Variant(True)), (128, Variant(True)),
                   (72, Variant(True)), (80, Variant(False)), (96, Variant(True)),
-                  (120, Variant(True)), (128, Variant(True, (256, 0))),
+                  (112, Variant(True)), (120, Variant(True)), (128, Variant(True, (256, 0))),
                   (64, Variant(True, dense="alibi")), (104, Variant(True, dense="alibi")),
-                  (128, Variant(True, dense="alibi"))):
+                  (128, Variant(True, dense="alibi")), (88, Variant(True, softcap=30.0)),
+                  (128, Variant(False, softcap=30.0)), (64, Variant(True, dropout=True)),
+                  (96, Variant(False, dropout=True)), (128, Variant(True, dropout=True))):
         dtype = ("float16", "bfloat16")[d // 8 % 2 ^ vt.causal]
         for mode in ("atomic", "ordered", "staggered"):
             c = config(d, vt, mode != "atomic")
@@ -721,6 +721,9 @@ def ci_specs() -> list[jit.KernelSpec]:
                              _dq_mode(config(d, vt, split=True), vt, False), True))
     vt = Variant(True, softcap=30.0)
     out.append(dkdv_spec(config(128, vt, split=True), "bfloat16", vt, "atomic", True))
+    # the split kernel with dQ in its own order (flat_dq): both fragment shapes
+    for d, vt in ((64, Variant(True)), (96, Variant(False)), (128, Variant(True))):
+        out.append(dkdv_spec(config(d, vt, split=True), "bfloat16", vt, "atomic", True, True))
     # flash_wgmma_bwd_dq (own_dq): every wide head dim, dtype and causal rotating, and
     # the variants, on their key tiles (dq_block_n)
     for i, d in enumerate(range(136, TILES[-1][0] + 1, 8)):
