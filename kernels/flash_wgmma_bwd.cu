@@ -1090,17 +1090,24 @@ struct Epilogue {
   // barrier): sdQ buffer `buf` added into tile it's rows of dq_accum, whose rows
   // past Sq the map skips, by the copy engine, one bulk group; the thread waits for
   // its read (bulk_wait_read) before that buffer is staged again, two tiles later.
+  // FLAT over packed sequences: the tiles whole within their sequence only (flat_tile);
+  // a sequence's last, partial tile keeps its rows in order (its box's rows past the
+  // sequence, zeros, land in the next sequence's rows).
+  __device__ __forceinline__ bool flat_tile(int it) const {
+    if constexpr (!VT::Seqs::kRagged) return FLAT;
+    else return FLAT && sched.m0(it) + KT::BLOCK_M <= p.fwd.seqlen_q;
+  }
   template <int N>
   __device__ __forceinline__ void stage_dq(const float (&dq)[N / 2], int it, int buf, int row0,
                                            int col0, int skip, int cols, int g, int t) const {
-    if constexpr (FLAT) {   // (every row kept; the columns below `cols`, from 0)
+    if (flat_tile(it)) {   // (every row kept; the columns below `cols`, from 0)
       const u32 at = st.dq(buf) + (threadIdx.x / 128) * (64 * N * 4) + (threadIdx.x % 128) * 16;
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
         if (8 * j < cols)
           st_shared_f32x4(at + 2048 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       }
-    } else {
+    } else if constexpr (!FLAT || VT::Seqs::kRagged) {
       // Column col0 + 8 dt + 2t is chunk col0 / 4 + 2 dt + t / 2 (col0 a multiple of 64:
       // the chunk's low bit is the lane's, dt's bits above it), bytes 8 (t % 2) on.
       const u32 lane = KT::DqTile::lane(st.dq(buf), row0 + g, col0 / 4 + t / 2) + 8 * (t % 2);
@@ -1148,18 +1155,19 @@ struct Epilogue {
   __device__ __forceinline__ void reduce_dq(const TmaMap& dq_map, int it, int buf) const {
     const int h = sched.head(it);
     int row = sched.m0(it), b = sched.b;
-    if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;
     const bool store = Sched::kOrdered && p.dq_store_first && sched.turn(it) == 0;
-    if constexpr (FLAT) {   // the tile's floats in its rows' place, one bulk copy
+    if (flat_tile(it)) {   // the tile's floats in its rows' place, one bulk copy
       // (the tile's first row of dq_accum in 32 bits: B Hq Sq < 2^32, delta's 16 GB;
       // the producer warpgroup's 24 registers spilled with the 64-bit products)
+      // (packed sequences: p's rows start at the sequence's, its batch strides are 0)
       constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
       const u32 first = u32(b) * u32(p.delta_batch_stride) + u32(h) * u32(p.delta_head_stride) +
                         u32(row);
       float* dst = p.dq_accum + u64(first) * KT::D;
       if (store) bulk_store(dst, st.dq(buf), BYTES);
       else bulk_reduce_add(dst, st.dq(buf), BYTES);
-    } else {
+    } else if constexpr (!FLAT || VT::Seqs::kRagged) {
+      if constexpr (VT::Seqs::kRagged) row += p.fwd.cu_seqlens_q[b], b = 0;  // (the map's rows)
 #pragma unroll
       for (int box = 0; box < KT::DQ_BOXES; ++box) {
         const u32 src = st.dq(buf) + box * KT::DqTile::BLOCK_BYTES;
@@ -1412,8 +1420,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   static_assert(!VT::Drop::enabled || KT::BLOCK_M == 64, "dropout: 64-query tiles");
   static_assert(!ORDERED || (!SPLIT && !VT::Seqs::kRagged),
                 "ordered dQ: fixed lengths, one block per key block");
-  static_assert(!FLAT || (KT::DQ_FLAT_FITS && DQ_HERE && !VT::Seqs::kRagged),
-                "dQ in its own order: the tiles of dQ, fixed lengths");
+  static_assert(!FLAT || (KT::DQ_FLAT_FITS && DQ_HERE && (!VT::Seqs::kRagged || DQ == kDqAtomic)),
+                "dQ in its own order: the tiles of dQ; packed sequences in the atomic mode");
   static_assert(!FLAT || KT::BLOCK_M * KT::D * 4 <= KT::DqTile::BYTES,
                 "a tile's dQ in its own order fits its sdQ buffer");
   // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
@@ -1702,15 +1710,32 @@ __device__ __forceinline__ void convert_flat_tile(const BwdParams& p, int m0, in
 // blocks leave and convert the tiles already complete while the rest run (it never
 // waits for the whole grid). Rows as flash_bwd_dq_convert's (convert_row), the sums
 // read through the L2 only; FLAT: a tile in its own order (convert_flat_tile). Without
-// TURNS (the atomic dQ in its own order), launched after the dK/dV kernel.
-// Grid: (query tiles, Hq, B), 256 threads (at most 41 registers: ptxas held
+// TURNS (the atomic dQ in its own order), launched after the dK/dV kernel; over packed
+// sequences (the atomic FLAT only) a sequence's last, partial tile is in rows.
+// Grid: (query tiles, Hq, B), packed sequences (virtual query tiles, Hq, 1); 256 threads (at most 41 registers: ptxas held
 // __launch_bounds__(256) alone to 32 and spilled 8 bytes).
 template <class KT, class VT, bool FLAT = false, bool TURNS = true>
 __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdParams p) {
   using T = typename KT::T;
   using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
   const FwdParams& f = p.fwd;
-  const int m0 = blockIdx.x * KT::BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+  int m0 = blockIdx.x * KT::BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+  static_assert(!VT::Seqs::kRagged || (FLAT && !TURNS), "packed sequences: the atomic FLAT");
+  if constexpr (VT::Seqs::kRagged) {   // grid (virtual query tiles, Hq, 1): seqs.cuh
+    int m;
+    VT::Seqs::locate_warp(f.cu_seqlens_q, f.batch, KT::BLOCK_M, blockIdx.x, b, m);
+    const int start = f.cu_seqlens_q[b], rows = f.cu_seqlens_q[b + 1] - start - m * KT::BLOCK_M;
+    if (rows <= 0) return;
+    m0 = start + m * KT::BLOCK_M, b = 0;
+    if (rows < KT::BLOCK_M) {   // the partial tile: its rows in order (flat_tile)
+      for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
+        convert_row<T, false>(static_cast<T*>(p.dq) + h * p.dq_head_stride +
+                                  (m0 + r) * p.dq_row_stride,
+                              p.dq_accum + (delta_row(p, 0, h) + m0 + r) * KT::D, KT::D,
+                              f.scale, threadIdx.x % ROW_LANES);
+      return;
+    }
+  }
   if (TURNS && threadIdx.x == 0) {
     const int lo = VT::kv_begin(f, m0), hi = VT::kv_end(f, m0 + KT::BLOCK_M - 1);
     const int adders =

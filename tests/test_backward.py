@@ -1295,7 +1295,8 @@ def test_flat_dq_under_a_transform(c, monkeypatch, warm_kernels):
 def test_flat_dq_rule():
     """flat_dq: the narrow kernel's tiles of dQ (64 and 128 queries, not the 80-query
     tiles' dQ^T), dQ in the dK/dV kernel, fixed lengths of whole query tiles, dq's rows
-    16-byte aligned; not under dropout in the atomic mode at D = 128."""
+    16-byte aligned (packed sequences: any lengths, the atomic mode); not under dropout
+    in the atomic mode at D = 128."""
     from cupy_attention.problem import Problem
     from cupy_attention.variant import Variant
 
@@ -1324,6 +1325,9 @@ def test_flat_dq_rule():
     assert not rule(128, dropout_p=0.1)         # (its build spilled 40 bytes)
     assert rule(128, dropout_p=0.1, det=True) and rule(96, dropout_p=0.1)
     assert rule(128, window=(64, 0), softcap=30.0) and rule(128, window=(64, 0))
+    # packed sequences: any lengths (a sequence's partial last tile keeps its rows in
+    # order), the atomic mode only
+    assert rule(96, sq=500, varlen=True) and not rule(96, sq=500, varlen=True, det=True)
     assert not rule(128, dq=Dq((1 << 20) + 2))  # rows not 16-byte aligned
     assert not rule(128, dq=Dq(1 << 20, row=132))
     names = [s.name for s in w.specs(w.config(128, Variant(True)), "bfloat16", Variant(True),

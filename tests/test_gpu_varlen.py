@@ -166,6 +166,48 @@ def test_varlen_backward(c):
             assert bool((g.view(cupy.uint16) == h.view(cupy.uint16)).all())
 
 
+@pytest.mark.parametrize("c", [
+    dict(family="flash_wgmma", causal=True, window=None, softcap=None, alibi=False,
+         head_dim=96, lengths=([64, 0, 190, 1, 128, 513], [64, 3, 190, 1, 200, 513]),
+         dtype="bfloat16", heads_kv=2, deterministic=False),
+    dict(family="flash_wgmma", causal=False, window=(100, 20), softcap=30.0, alibi=False,
+         head_dim=64, lengths=([256, 129, 0, 384], [256, 300, 7, 384]),
+         dtype="float16", heads_kv=4, deterministic=False),
+], ids=["d96-causal", "d64-window-softcap"])
+def test_varlen_backward_flat_dq(c, monkeypatch):
+    """Packed sequences with dQ in its own order (flat_dq): the tiles whole within
+    their sequence staged in the fragments' order, each sequence's partial last tile
+    in rows; the reference's gradients, and the same within rounding as rows in
+    order throughout."""
+    import cupy
+
+    from cupy_attention import varlen
+    from cupy_attention.families import flash_wgmma_bwd
+
+    _skip_unless(c)
+    q, k, v, cu_q, cu_k = _inputs(c, cupy)
+    kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
+    out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, kernel=c["family"], **kw)
+    rng = np.random.default_rng(11)
+    dout = cast(cupy.asarray(rng.standard_normal(q.shape).astype(np.float32)), c["dtype"], cupy)
+    rule, chosen, runs = flash_wgmma_bwd.flat_dq, [], {}
+    for on in (False, True):
+        monkeypatch.setattr(flash_wgmma_bwd, "flat_dq", (lambda *a: chosen.append(rule(*a))
+                                                         or chosen[-1]) if on else
+                            (lambda *a: False))
+        monkeypatch.setattr(varlen, "HOT_BACKWARD", varlen.HotCache(0))
+        runs[on] = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
+                                                kernel=c["family"], **kw)
+    assert chosen == [True], chosen
+    refs = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, **kw)
+    sames = _per_sequence_same(c, q, k, v, cu_q, cu_k, dout=dout, out=out)
+    eps = 2.0 ** -7 if c["dtype"] == "bfloat16" else 2.0 ** -10
+    for name, g, rows, r, s in zip(("dq", "dk", "dv"), runs[True], runs[False], refs, sames):
+        tolerance(_f64(g), r, s, c["dtype"], name, factor=3.0)
+        err, top = float(abs(_f64(g) - _f64(rows)).max()), float(abs(_f64(rows)).max())
+        assert err <= 2 * eps * top, f"{name}: {err} against {top} with rows in order"
+
+
 def test_varlen_empty_keys_and_errors():
     import cupy
 

@@ -418,8 +418,9 @@ def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
                  turns: bool = True) -> jit.KernelSpec:
     """flash_wgmma_bwd_dq_convert for the tiles of ``c`` under ``vt``'s band (its only
     use of the variant: which key blocks reach a tile, where it waits for their
-    ``turns``); ``flat``: from dq_accum in the tiles' own order (flat_dq)."""
-    band = Variant(vt.causal, vt.window) if turns else Variant()
+    ``turns``); ``flat``: from dq_accum in the tiles' own order (flat_dq), over
+    packed sequences where ``vt`` is ragged."""
+    band = Variant(vt.causal, vt.window) if turns else Variant(ragged=vt.ragged)
     traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     tail = "" if not flat else ", true" if turns else ", true, false"
     return jit.KernelSpec("flash_wgmma_bwd.cu",
@@ -431,10 +432,12 @@ def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
 
 def flat_builds(c: Config, vt: Variant, mode: str) -> bool:
     """Whether the dK/dV kernel of ``c`` under ``vt`` in dQ ``mode`` has a FLAT build:
-    Config.flat_fits, dQ in that kernel, fixed lengths; not under dropout in the
-    atomic mode at D = 128, whose builds spilled 32-40 bytes with it (ptxas of CUDA
-    13.5; the build without FLAT spills 0-8 there)."""
-    return (c.flat_fits and mode in ("atomic", "ordered", "staggered") and not vt.ragged
+    Config.flat_fits, dQ in that kernel (packed sequences: the atomic mode, their
+    partial tiles' rows in order); not under dropout in the atomic mode at D = 128,
+    whose builds spilled 32-40 bytes with it (ptxas of CUDA 13.5; the build without
+    FLAT spills 0-8 there)."""
+    return (c.flat_fits and mode in ("atomic", "ordered", "staggered")
+            and (not vt.ragged or mode == "atomic")
             and not (vt.dropout and mode == "atomic" and c.head_dim > 120))
 
 
@@ -442,11 +445,12 @@ def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
     """Whether the dK/dV kernel stages each tile's dQ in its own order and adds it
     into dq_accum as one 1-D bulk reduction (its FLAT; flash_wgmma_bwd_dq_convert puts
     the rows back in order): a build that has it (flat_builds), query tiles all whole
-    (a tile's floats take its rows' place in dq_accum) and dq's rows 16-byte aligned
-    (the conversion's stores). H200, 2026-11-29, same-run A/Bs: the backward 1.01-1.03x
-    at D = 64, 0.99-1.05x causal at D = 96 and 128, deterministic 1.01-1.06x
-    (notes-bwd-loops.md section 32)."""
-    return (flat_builds(c, p.variant, mode) and p.seqlen_q % c.block_m == 0
+    (a tile's floats take its rows' place in dq_accum; packed sequences: the tiles
+    whole within their sequence, the last partial one in rows) and dq's rows 16-byte
+    aligned (the conversion's stores). H200, 2026-11-29, same-run A/Bs: the backward
+    1.01-1.03x at D = 64, 0.99-1.05x causal at D = 96 and 128, deterministic
+    1.01-1.06x (notes-bwd-loops.md sections 32-33)."""
+    return (flat_builds(c, p.variant, mode) and (p.varlen or p.seqlen_q % c.block_m == 0)
             and _rows16(p, dq))
 
 
@@ -575,8 +579,9 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
     if flat and not counted(mode):   # after the dK/dV kernel, a tile a block
-        launches[2] = (kernels[2], (p.seqlen_q // c.block_m, p.heads_q, p.batch),
-                       (CONVERT_THREADS,), 0)
+        grid = ((flash_mma_bwd.blocks(p, p.seqlen_q, c.block_m), p.heads_q, 1) if p.varlen
+                else (p.seqlen_q // c.block_m, p.heads_q, p.batch))
+        launches[2] = (kernels[2], grid, (CONVERT_THREADS,), 0)
     elif counted(mode):
         if _rows16(p, t.dq):   # each tile as its turns complete
             launches[2] = (jit.Dependent(kernels[2]),
@@ -692,14 +697,16 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(True)), (104, Variant(True, (256, 0)))):
         out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
     # dQ in its own order (flat_dq) and its conversions: both tile shapes, every dQ
-    # mode, a window, ALiBi, softcap, dropout
+    # mode, a window, ALiBi, softcap, dropout, packed sequences
     for d, vt in ((64, Variant(False)), (64, Variant(True)), (128, Variant(True)),
                   (72, Variant(True)), (80, Variant(False)), (96, Variant(True)),
                   (112, Variant(True)), (120, Variant(True)), (128, Variant(True, (256, 0))),
                   (64, Variant(True, dense="alibi")), (104, Variant(True, dense="alibi")),
                   (128, Variant(True, dense="alibi")), (88, Variant(True, softcap=30.0)),
                   (128, Variant(False, softcap=30.0)), (64, Variant(True, dropout=True)),
-                  (96, Variant(False, dropout=True)), (128, Variant(True, dropout=True))):
+                  (96, Variant(False, dropout=True)), (128, Variant(True, dropout=True)),
+                  (64, Variant(False, ragged=True)), (96, Variant(True, ragged=True)),
+                  (128, Variant(True, (256, 0), 30.0, ragged=True))):
         dtype = ("float16", "bfloat16")[d // 8 % 2 ^ vt.causal]
         for mode in ("atomic", "ordered", "staggered"):
             c = config(d, vt, mode != "atomic")
