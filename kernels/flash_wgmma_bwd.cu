@@ -1158,8 +1158,8 @@ struct Epilogue {
     const bool store = Sched::kOrdered && p.dq_store_first && sched.turn(it) == 0;
     if (flat_tile(it)) {   // the tile's floats in its rows' place, one bulk copy
       // (the tile's first row of dq_accum in 32 bits: B Hq Sq < 2^32, delta's 16 GB;
-      // the producer warpgroup's 24 registers spilled with the 64-bit products)
-      // (packed sequences: p's rows start at the sequence's, its batch strides are 0)
+      // the producer warpgroup's 24 registers spilled with the 64-bit products; packed
+      // sequences: p's rows start at the sequence's, its batch strides are 0)
       constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
       const u32 first = u32(b) * u32(p.delta_batch_stride) + u32(h) * u32(p.delta_head_stride) +
                         u32(row);
@@ -1712,29 +1712,24 @@ __device__ __forceinline__ void convert_flat_tile(const BwdParams& p, int m0, in
 // read through the L2 only; FLAT: a tile in its own order (convert_flat_tile). Without
 // TURNS (the atomic dQ in its own order), launched after the dK/dV kernel; over packed
 // sequences (the atomic FLAT only) a sequence's last, partial tile is in rows.
-// Grid: (query tiles, Hq, B), packed sequences (virtual query tiles, Hq, 1); 256 threads (at most 41 registers: ptxas held
-// __launch_bounds__(256) alone to 32 and spilled 8 bytes).
+// Grid: (query tiles, Hq, B), packed sequences (virtual query tiles, Hq, 1); 256
+// threads (at most 41 registers: ptxas held __launch_bounds__(256) alone to 32 and
+// spilled 8 bytes).
 template <class KT, class VT, bool FLAT = false, bool TURNS = true>
 __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdParams p) {
   using T = typename KT::T;
   using Walk = QueryTileWalk<KT::BLOCK_M, KT::BLOCK_N, VT>;
   const FwdParams& f = p.fwd;
   int m0 = blockIdx.x * KT::BLOCK_M, h = blockIdx.y, b = blockIdx.z;
+  int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
   static_assert(!VT::Seqs::kRagged || (FLAT && !TURNS), "packed sequences: the atomic FLAT");
   if constexpr (VT::Seqs::kRagged) {   // grid (virtual query tiles, Hq, 1): seqs.cuh
     int m;
     VT::Seqs::locate_warp(f.cu_seqlens_q, f.batch, KT::BLOCK_M, blockIdx.x, b, m);
-    const int start = f.cu_seqlens_q[b], rows = f.cu_seqlens_q[b + 1] - start - m * KT::BLOCK_M;
+    const int start = f.cu_seqlens_q[b];
+    rows = cmin(KT::BLOCK_M, f.cu_seqlens_q[b + 1] - start - m * KT::BLOCK_M);
     if (rows <= 0) return;
     m0 = start + m * KT::BLOCK_M, b = 0;
-    if (rows < KT::BLOCK_M) {   // the partial tile: its rows in order (flat_tile)
-      for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
-        convert_row<T, false>(static_cast<T*>(p.dq) + h * p.dq_head_stride +
-                                  (m0 + r) * p.dq_row_stride,
-                              p.dq_accum + (delta_row(p, 0, h) + m0 + r) * KT::D, KT::D,
-                              f.scale, threadIdx.x % ROW_LANES);
-      return;
-    }
   }
   if (TURNS && threadIdx.x == 0) {
     const int lo = VT::kv_begin(f, m0), hi = VT::kv_end(f, m0 + KT::BLOCK_M - 1);
@@ -1745,15 +1740,14 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdPa
   }
   // (the acquire's thread, then the block: the sums are visible)
   if constexpr (TURNS) __syncthreads();
-  if constexpr (FLAT) {
-    convert_flat_tile<KT, TURNS>(p, m0, h, b);
+  if (FLAT && (!VT::Seqs::kRagged || rows == KT::BLOCK_M)) {   // (a packed partial tile: rows)
+    if constexpr (FLAT) convert_flat_tile<KT, TURNS>(p, m0, h, b);
   } else {
-    const int rows = cmin(KT::BLOCK_M, f.seqlen_q - m0);
     for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
-      convert_row<T, true>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
-                               (m0 + r) * p.dq_row_stride,
-                           p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D, KT::D, f.scale,
-                           threadIdx.x % ROW_LANES);
+      convert_row<T, TURNS>(static_cast<T*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride +
+                                (m0 + r) * p.dq_row_stride,
+                            p.dq_accum + (delta_row(p, b, h) + m0 + r) * KT::D, KT::D, f.scale,
+                            threadIdx.x % ROW_LANES);
   }
 }
 

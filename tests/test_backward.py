@@ -1171,8 +1171,9 @@ _FLAT_DQ = flash_wgmma_bwd.flat_dq   # the rule itself, whatever a test patched 
 
 def _flat_runs(monkeypatch, flat_on, run):
     """(``run()``, what flat_dq chose in it) with flat_dq as the rule says
-    (``flat_on``) or never, on a cold hot-path cache."""
-    from cupy_attention import backward
+    (``flat_on``) or never, on cold hot-path caches (attention_backward's and
+    attention_varlen_backward's)."""
+    from cupy_attention import backward, varlen
 
     chosen = []
 
@@ -1183,6 +1184,7 @@ def _flat_runs(monkeypatch, flat_on, run):
     monkeypatch.setattr(flash_wgmma_bwd, "flat_dq",
                         spy if flat_on else (lambda p, cfg, mode, dq: False))
     monkeypatch.setattr(backward, "_HOT", backward.HotCache(0))
+    monkeypatch.setattr(varlen, "HOT_BACKWARD", varlen.HotCache(0))
     return run(), chosen
 
 

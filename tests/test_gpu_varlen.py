@@ -20,6 +20,7 @@ from cupy_attention.varlen import (attention_varlen_backward_reference,
                                    attention_varlen_reference)
 
 from helpers import as_float, cast, prewarm_calls, seed_for, tolerance
+from test_backward import _flat_runs
 from test_gpu_variants import _same, _slopes
 
 pytestmark = pytest.mark.gpu
@@ -181,23 +182,16 @@ def test_varlen_backward_flat_dq(c, monkeypatch):
     order throughout."""
     import cupy
 
-    from cupy_attention import varlen
-    from cupy_attention.families import flash_wgmma_bwd
-
     _skip_unless(c)
     q, k, v, cu_q, cu_k = _inputs(c, cupy)
     kw = dict(causal=c["causal"], window=c["window"], softcap=c["softcap"])
     out, lse = ca.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, kernel=c["family"], **kw)
     rng = np.random.default_rng(11)
     dout = cast(cupy.asarray(rng.standard_normal(q.shape).astype(np.float32)), c["dtype"], cupy)
-    rule, chosen, runs = flash_wgmma_bwd.flat_dq, [], {}
+    runs = {}
     for on in (False, True):
-        monkeypatch.setattr(flash_wgmma_bwd, "flat_dq", (lambda *a: chosen.append(rule(*a))
-                                                         or chosen[-1]) if on else
-                            (lambda *a: False))
-        monkeypatch.setattr(varlen, "HOT_BACKWARD", varlen.HotCache(0))
-        runs[on] = ca.attention_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k,
-                                                kernel=c["family"], **kw)
+        runs[on], chosen = _flat_runs(monkeypatch, on, lambda: ca.attention_varlen_backward(
+            dout, q, k, v, out, lse, cu_q, cu_k, kernel=c["family"], **kw))
     assert chosen == [True], chosen
     refs = attention_varlen_backward_reference(dout, q, k, v, cu_q, cu_k, **kw)
     sames = _per_sequence_same(c, q, k, v, cu_q, cu_k, dout=dout, out=out)

@@ -562,13 +562,13 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
 
     staggered = deterministic and staggered_turns(p, multiprocessor_count(device_id))
     c = config(p.head_dim, p.variant, deterministic, split)
-    flat = flat_dq(p, c, _dq_mode(c, p.variant, deterministic, staggered), t.dq)
+    mode = _dq_mode(c, p.variant, deterministic, staggered)
+    flat = flat_dq(p, c, mode, t.dq)
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
     kernels = [jit.get_function(s, arch, device_id) for s in kspecs]
-    mode = _dq_mode(c, p.variant, deterministic, staggered)
     own = own_dq(c)
     dkdv = (c.block_n, c.threads(mode, p.variant, split), c.smem)
     launches = flash_mma_bwd.pass_list(p, kernels[:3], dkdv, dq, mode == "separate" and not own,
@@ -578,15 +578,14 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     if split:   # one 1-D grid of every (key block, KV head, batch, split); then the sums
         grid = (grid[0] * grid[1] * grid[2] * t.kv_splits,)
     launches[1] = (k_dkdv, grid, block, smem, maps)
-    if flat and not counted(mode):   # after the dK/dV kernel, a tile a block
-        grid = ((flash_mma_bwd.blocks(p, p.seqlen_q, c.block_m), p.heads_q, 1) if p.varlen
-                else (p.seqlen_q // c.block_m, p.heads_q, p.batch))
-        launches[2] = (kernels[2], grid, (CONVERT_THREADS,), 0)
+    # flash_wgmma_bwd_dq_convert: a query tile a block (packed: the virtual tiles)
+    tiles = (flash_mma_bwd.blocks(p, p.seqlen_q, c.block_m), p.heads_q,
+             1 if p.varlen else p.batch)
+    if flat and not counted(mode):   # after the dK/dV kernel
+        launches[2] = (kernels[2], tiles, (CONVERT_THREADS,), 0)
     elif counted(mode):
         if _rows16(p, t.dq):   # each tile as its turns complete
-            launches[2] = (jit.Dependent(kernels[2]),
-                           (-(-p.seqlen_q // c.block_m), p.heads_q, p.batch),
-                           (CONVERT_THREADS,), 0)
+            launches[2] = (jit.Dependent(kernels[2]), tiles, (CONVERT_THREADS,), 0)
         else:   # after the dK/dV kernel (dq's rows not 16-byte aligned)
             launches[2] = (jit.get_function(flash_bwd.convert_spec(p.dtype), arch, device_id),
                            ) + launches[2][1:]
