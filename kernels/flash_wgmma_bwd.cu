@@ -21,8 +21,10 @@
 //      past Sq or that attend nothing: by plain loads whose values are stored later
 //      in the tile, or by the producer warpgroup's stats warps; packed sequences in
 //      the narrow kernel without that warpgroup copy lse and delta by cp.async)
-//      into the other of two stages, while this one is computed (Producer). Two
-//      ways to split the work between the warpgroups:
+//      into the other of two stages, while this one is computed (Producer). Three
+//      ways to split the work between the warpgroups (the third,
+//      flash_wgmma_bwd_dkdv_mid at D = 136..192 in the default mode over fixed
+//      lengths, is described where it is defined, below the wide kernel):
 //
 //      flash_wgmma_bwd_dkdv, D = 64..128: BLOCK_N = 128 keys, warpgroup w owns keys
 //      64w..64w+63, the M = 64 rows of its S^T, dP^T, dV and dK products, and inside
@@ -1740,7 +1742,7 @@ __global__ void __launch_bounds__(256, 1) flash_wgmma_bwd_dq_convert(const BwdPa
   }
   // (the acquire's thread, then the block: the sums are visible)
   if constexpr (TURNS) __syncthreads();
-  if (FLAT && (!VT::Seqs::kRagged || rows == KT::BLOCK_M)) {   // (a packed partial tile: rows)
+  if (FLAT && rows == KT::BLOCK_M) {   // (a partial tile: rows)
     if constexpr (FLAT) convert_flat_tile<KT, TURNS>(p, m0, h, b);
   } else {
     for (int r = threadIdx.x / ROW_LANES; r < rows; r += ROW_BLOCK)
@@ -1882,6 +1884,447 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     epi.template store_dv<SPLIT>(acc, key0, lane);
   } else {
     epi.template store_dk<SPLIT>(acc, key0, lane);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// flash_wgmma_bwd_dkdv_mid, D = 136..192 in the default (atomic) mode over fixed
+// lengths: dK and dV as their transposes, so that a warpgroup's keys need not fill an
+// m64 tile (FlashAttention-3's dKV_swapAB at these head dims). BLOCK_N = 96 keys a
+// block, warpgroup w keys 48w..48w + 47; BLOCK_M = 64 queries a tile. Per tile a
+// warpgroup:
+//   issue S = Q K_w^T, dP = dout V_w^T    ss, both K-major, m64n48, over D_K
+//   P = exp2(S scale log2 e - lse2), dS = P (dP - delta), row statistics per thread
+//   P^T and dS^T to sPt, sdSt [key][query] (stmatrix .trans); the warpgroups meet
+//   issue dV^T += dout^T P_w              ss, A MN-major (head dim on M: D_BLOCKS m64
+//   issue dK^T += Q^T dS_w                  tiles), B K-major, N = 48
+//   issue dQ = dS K                        ss, both MN-major, over the block's 96 keys:
+//                                          warpgroup 0 the first DQ_BLOCKS0 64-column
+//                                          blocks of D, 1 the rest (an MN-major B in the
+//                                          128-byte swizzle starts on a 64-column block)
+//   release dout (after dV^T), the Q stage (after dK^T); dQ staged in its own order
+//   (FLAT: convert_flat_tile's layout, 64-column blocks) for the reducer, or, for a
+//   tile past Sq's last whole one, added from registers in rows.
+// Registers a consumer thread: dK^T and dV^T 3 x 24 each, S and dP 24 each, dQ 32 a
+// column block. The two warpgroups' different dQ widths: the tile loop is compiled
+// once per warpgroup (a wgmma on a branch of wg serialized every wgmma: ptxas C7519),
+// so their barriers are barrier.sync / barrier.arrive (not .aligned across the block).
+// The producer warpgroup (setmaxnreg 24): warp 0 loads Q (two stages, lse2 with it;
+// K and V with the first), warp 1 dout (one buffer, delta with it), warp 3 adds each
+// staged dQ into dq_accum (one bulk reduction a tile). Shared memory at D = 192:
+// K, V 36 KB each, Q 2 x 24, dout 24, sPt and sdSt 12 each, sdQ 48 (fp32): 217 KB.
+// dK * scale and dV are staged transposed back through sK and sV (stmatrix .trans)
+// and written with 16-byte stores: one block owns each key of a KV head.
+template <int D_, class T_>
+struct WgmmaBwdMidTraits {
+  using T = T_;
+  static constexpr int D = D_;
+  static constexpr int D_K = (D + 15) / 16 * 16;
+  static constexpr int BLOCK_M = 64;            // queries per tile
+  static constexpr int BLOCK_N = 96;            // keys per block
+  static constexpr int WG_KEYS = BLOCK_N / 2;   // a warpgroup's keys: N of its MMAs
+  static constexpr int CONSUMERS = 256;
+  static constexpr int THREADS = CONSUMERS + 128;
+  static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  static constexpr int D_BLOCKS = (D + 63) / 64;   // 64-column blocks; m64 tiles of dK^T, dV^T
+  static constexpr int QK_STEPS = D_K / 16;
+  static constexpr int KV_STEPS = BLOCK_M / 16;
+  static constexpr int DQ_STEPS = BLOCK_N / 16;
+  static constexpr int DQ_BLOCKS0 = (D_BLOCKS + 1) / 2;  // warpgroup 0's column blocks of dQ
+  // (TileScheduler, convert_flat_tile: dQ's tile in its own order by 64-column blocks)
+  static constexpr bool DQ_TRANSPOSED = false, DQ_SPLIT_ROWS = false, DQ_FLAT_FITS = true;
+  static constexpr int DQ_N = 64;
+  using KVTile = SwizzledTile<BLOCK_N, D_K>;
+  using QTile = SwizzledTile<BLOCK_M, D_K>;
+  using PdsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // P^T, dS^T: rows are keys
+  struct Storage {
+    unsigned char k[KVTile::BYTES];
+    unsigned char v[KVTile::BYTES];
+    unsigned char q[2][QTile::BYTES];
+    unsigned char dout[QTile::BYTES];
+    unsigned char pt[PdsTile::BYTES];
+    unsigned char ds[PdsTile::BYTES];
+    float dq[BLOCK_M * D];                 // a tile's dQ in its own order
+    float lse[2][BLOCK_M];                 // lse2 (lse2_of), per Q stage
+    float delta[BLOCK_M];
+  };
+  static constexpr int SMEM_BYTES = sizeof(Storage) + SMEM_SLACK;
+  struct Barriers {
+    u64 q_full[2], q_empty[2], do_full, do_empty, dq_full, dq_empty;
+  };
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit inputs");
+  static_assert(D % 8 == 0 && D > 128 && D <= 192, "D a multiple of 8 from 136 to 192");
+  static_assert(SMEM_BYTES <= 227 * 1024, "227 KB of shared memory");
+  static_assert(168 * THREADS >= PRODUCER_REGS * 128 + CONSUMER_REGS * CONSUMERS,
+                "the consumers take no more registers than the producer gave up");
+};
+
+template <class KT>
+struct MidSmem {
+  using S = typename KT::Storage;
+  using B = typename KT::Barriers;
+  u32 base, bars;
+  __device__ __forceinline__ explicit MidSmem(u32 base_)
+      : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+  __device__ __forceinline__ u32 q_full(int s) const { return bars + 8 * s; }
+  __device__ __forceinline__ u32 q_empty(int s) const { return bars + 16 + 8 * s; }
+  __device__ __forceinline__ u32 do_full() const { return bars + 32; }
+  __device__ __forceinline__ u32 do_empty() const { return bars + 40; }
+  __device__ __forceinline__ u32 dq_full() const { return bars + 48; }
+  __device__ __forceinline__ u32 dq_empty() const { return bars + 56; }
+  __device__ __forceinline__ u32 k() const { return CA_FIELD(base, S, k); }
+  __device__ __forceinline__ u32 v() const { return CA_FIELD(base, S, v); }
+  __device__ __forceinline__ u32 q(int s) const { return CA_FIELD(base, S, q) + s * KT::QTile::BYTES; }
+  __device__ __forceinline__ u32 dout() const { return CA_FIELD(base, S, dout); }
+  __device__ __forceinline__ u32 pt() const { return CA_FIELD(base, S, pt); }
+  __device__ __forceinline__ u32 ds() const { return CA_FIELD(base, S, ds); }
+  __device__ __forceinline__ u32 dq() const { return CA_FIELD(base, S, dq); }
+  __device__ __forceinline__ u32 lse(int s) const { return CA_FIELD(base, S, lse) + s * KT::BLOCK_M * 4; }
+  __device__ __forceinline__ u32 delta() const { return CA_FIELD(base, S, delta); }
+  __device__ __forceinline__ unsigned char* bytes(u32 a) const {
+    return shared_ptr<unsigned char>(wgmma_bwd_smem, a);
+  }
+  __device__ __forceinline__ float stat(u32 a) const { return *shared_ptr<const float>(wgmma_bwd_smem, a); }
+};
+
+// A warp's m64n48 accumulator x (rows row0 + g + 8 r, columns col0 + 8 nt + 2 t + c at
+// x[nt * 4 + 2 r + c]) times mul, in 16 bits, stored transposed into the swizzled
+// tile at `tile` (Tile: rows are x's columns): x's column col0 + j in row key0 + j,
+// its rows in chunks chunk0 (rows row0..row0 + 7) and chunk0 + 1 (row0 + 8..). Three
+// stmatrix .x4, each two n8 groups x both row halves.
+template <class Tile, class T>
+__device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[24], float mul,
+                                                 int key0, int chunk0, int lane) {
+  const int i = lane / 8, k = lane % 8;
+#pragma unroll
+  for (int q = 0; q < 3; ++q) {
+    u32 r[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int nt = 2 * q + m / 2, h = m % 2;
+      r[m] = MmaType<T>::pack(x[nt * 4 + 2 * h] * mul, x[nt * 4 + 2 * h + 1] * mul);
+    }
+    stmatrix_x4_trans(tile + Tile::offset(key0 + 8 * (2 * q + i / 2) + k, chunk0 + i % 2), r);
+  }
+}
+
+// P in place of S for a warp's m64n48 tile: s[nt * 4 + 2 r + c] is query i0 + 8 r,
+// key j0 + 8 nt + 2 t + c; lse2[r] its row's. TEST as p_from_s_tile's (0: no
+// per-element test, 1: every element, 2: where `partial`).
+template <class VT, int TEST>
+__device__ __forceinline__ void p_from_s_rows(float (&s)[24], const FwdParams& f,
+                                              typename VT::Head hd, const float (&lse2)[2],
+                                              int i0, int j0, int t, bool partial) {
+#pragma unroll
+  for (int nt = 0; nt < 6; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int i = i0 + 8 * r, j = j0 + 8 * nt + 2 * t + c;
+        float& x = s[nt * 4 + 2 * r + c];
+        const auto p_of = [&](float dot) {
+          if constexpr (VT::kTransform) return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
+          else return fast_exp2(fmaf(dot, f.scale_log2, -lse2[r]));
+        };
+        if constexpr (TEST == 2) {
+          x = !partial || VT::keep(f, i, j) ? p_of(x) : 0.f;
+        } else {
+          const float e = p_of(x);
+          x = TEST == 0 || VT::keep(f, i, j) ? e : 0.f;
+        }
+      }
+}
+
+template <class KT, class VT>
+__global__ void __launch_bounds__(KT::THREADS, 1)
+    flash_wgmma_bwd_dkdv_mid(const BwdParams args, const __grid_constant__ TmaMap q_map,
+                             const __grid_constant__ TmaMap k_map,
+                             const __grid_constant__ TmaMap v_map,
+                             const __grid_constant__ TmaMap dout_map) {
+  using T = typename KT::T;
+  static_assert(!VT::Seqs::kRagged && !VT::Drop::enabled && !VT::Logits::kTransform,
+                "fixed lengths, no dropout, no logits transform");
+  static_assert(!VT::Dense::reads, "no dense masks in this family");
+  const BwdParams& p = args;
+  const FwdParams& f = p.fwd;
+  int n_block, h_kv, b;
+  section_block<false>(ceil_div(f.seqlen_k, KT::BLOCK_N), f.heads_kv, n_block, h_kv, b);
+  const MidSmem<KT> st(storage_base(wgmma_bwd_smem));
+  using Sched = TileScheduler<KT, VT>;
+  using Walk = typename Sched::Walk;
+  const Sched sched(f, n_block, h_kv, b);
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbarrier_init(st.q_full(s), 33);   // the announcement, and each lane's lse2
+      mbarrier_init(st.q_empty(s), KT::CONSUMERS);   // every consumer thread
+    }
+    mbarrier_init(st.do_full(), 33);
+    mbarrier_init(st.do_empty(), KT::CONSUMERS);
+    mbarrier_init(st.dq_full(), KT::CONSUMERS);
+    mbarrier_init(st.dq_empty(), 1);
+  }
+  __syncthreads();
+  // A tile whose rows are all below Sq stages its dQ for the reducer; the last of a
+  // head whose rows reach past Sq adds its rows from registers.
+  const auto whole = [&](int it) { return sched.m0(it) + KT::BLOCK_M <= f.seqlen_q; };
+
+  if (threadIdx.x >= KT::CONSUMERS) {  // the producer warpgroup
+    setmaxnreg_dec<KT::PRODUCER_REGS>();
+    const int warp = (int(threadIdx.x) - KT::CONSUMERS) / 32;
+    constexpr u32 Q_BYTES = KT::QTile::BYTES, KV_BYTES = KT::KVTile::BYTES;
+    constexpr u32 Q_BLOCK = KT::QTile::BLOCK_BYTES, KV_BLOCK = KT::KVTile::BLOCK_BYTES;
+    if (warp == 0) {  // its first thread: Q into two stages (K and V with the first), dout
+      if (lane == 0) {
+        PipelineState<2> next;
+        #pragma unroll 1
+        for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
+          const int s = next.index(), h = sched.head(it), m0 = sched.m0(it);
+          const bool first = it == sched.begin;
+          if (it - sched.begin >= 2) mbarrier_wait(st.q_empty(s), next.phase() ^ 1);
+          mbarrier_arrive_expect_tx(st.q_full(s), first ? Q_BYTES + 2 * KV_BYTES : Q_BYTES);
+          if (first) {
+            tma_load_blocks<KT::D_BLOCKS>(st.k(), KV_BLOCK, k_map, sched.n0,
+                                          f.k_head_stride ? h_kv : 0, f.k_batch_stride ? b : 0,
+                                          st.q_full(s));
+            tma_load_blocks<KT::D_BLOCKS>(st.v(), KV_BLOCK, v_map, sched.n0,
+                                          f.v_head_stride ? h_kv : 0, f.v_batch_stride ? b : 0,
+                                          st.q_full(s));
+          }
+          tma_load_blocks<KT::D_BLOCKS>(st.q(s), Q_BLOCK, q_map, m0, f.q_head_stride ? h : 0,
+                                        f.q_batch_stride ? b : 0, st.q_full(s));
+          if (!first) mbarrier_wait(st.do_empty(), (it - sched.begin - 1) & 1);
+          mbarrier_arrive_expect_tx(st.do_full(), Q_BYTES);
+          tma_load_blocks<KT::D_BLOCKS>(st.dout(), Q_BLOCK, dout_map, m0,
+                                        p.dout_head_stride ? h : 0, p.dout_batch_stride ? b : 0,
+                                        st.do_full());
+        }
+      }
+      return;
+    }
+    if (warp == 1) {  // lse2 of each tile's rows, with its Q stage
+      PipelineState<2> next;
+      #pragma unroll 1
+      for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
+        const int s = next.index(), h = sched.head(it), m0 = sched.m0(it);
+        if (it - sched.begin >= 2) mbarrier_wait(st.q_empty(s), next.phase() ^ 1);
+        const float* lse = f.lse + b * f.lse_batch_stride + h * f.lse_head_stride + m0;
+        const int rows = Walk::row_hi(f, m0);
+#pragma unroll
+        for (int r = lane; r < KT::BLOCK_M; r += 32)
+          st_shared_u32(st.lse(s) + 4 * r,
+                        __float_as_uint(lse2_of(r < rows, r < rows ? lse[r] : 0.f)));
+        mbarrier_arrive(st.q_full(s));
+      }
+      return;
+    }
+    if (warp == 2) {  // delta of each tile's rows, with dout
+      #pragma unroll 1
+      for (int it = sched.begin; it < sched.end; ++it) {
+        const int h = sched.head(it), m0 = sched.m0(it);
+        if (it > sched.begin) mbarrier_wait(st.do_empty(), (it - sched.begin - 1) & 1);
+        const float* delta = p.delta + delta_row(p, b, h) + m0;
+        const int rows = Walk::row_hi(f, m0);
+#pragma unroll
+        for (int r = lane; r < KT::BLOCK_M; r += 32)
+          st_shared_u32(st.delta() + 4 * r, __float_as_uint(r < rows ? delta[r] : 0.f));
+        mbarrier_arrive(st.do_full());
+      }
+      return;
+    }
+    if (warp == 3 && lane == 0) {  // each whole tile's staged dQ into dq_accum
+      int staged = 0;
+      #pragma unroll 1
+      for (int it = sched.begin; it < sched.end; ++it) {
+        const int m0 = sched.m0(it);
+        if (m0 + KT::BLOCK_M > f.seqlen_q) continue;   // (whole tiles only)
+        mbarrier_wait(st.dq_full(), staged++ & 1);
+        // (the tile's first row of dq_accum in 32 bits, as Epilogue::reduce_dq)
+        const u32 first = u32(b) * u32(p.delta_batch_stride) +
+                          u32(sched.head(it)) * u32(p.delta_head_stride) + u32(m0);
+        bulk_reduce_add(p.dq_accum + u64(first) * KT::D, st.dq(), KT::BLOCK_M * KT::D * 4);
+        bulk_commit();
+        bulk_wait_read<0>();
+        mbarrier_arrive(st.dq_empty());
+      }
+      bulk_wait<0>();
+    }
+    return;
+  }
+  setmaxnreg_inc<KT::CONSUMER_REGS>();
+
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  const int wq = threadIdx.x / 32 % 4;   // the warp's rows 16 wq.. of an m64 tile
+  const int g = lane / 4, t = lane % 4;
+  const auto consume = [&](auto w_) {
+    constexpr int W = decltype(w_)::value;
+    constexpr int DQ_B0 = W ? KT::DQ_BLOCKS0 : 0;                       // first column block
+    constexpr int DQ_NB = W ? KT::D_BLOCKS - KT::DQ_BLOCKS0 : KT::DQ_BLOCKS0;
+    const int key0 = KT::WG_KEYS * W;   // the warpgroup's first key within the block
+    float dvt[KT::D_BLOCKS][24], dkt[KT::D_BLOCKS][24];   // head dim x the warpgroup's keys
+#pragma unroll
+    for (int mt = 0; mt < KT::D_BLOCKS; ++mt)
+#pragma unroll
+      for (int e = 0; e < 24; ++e) dvt[mt][e] = dkt[mt][e] = 0.f;
+    PipelineState<2> read;
+    int staged = 0;   // whole tiles' dQ staged so far (the reducer's count)
+    for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
+      const int s_idx = read.index(), m0 = sched.m0(it), h = sched.head(it);
+      const int do_parity = (it - sched.begin) & 1;
+      const u32 q_tile = st.q(s_idx);
+      mbarrier_wait(st.q_full(s_idx), read.phase());
+      if (Walk::row_lo(f, m0) > 0) {   // block-uniform: rows that attend nothing zeroed
+        mbarrier_wait(st.do_full(), do_parity);
+        const int lo = Walk::row_lo(f, m0);
+        zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(q_tile), lo, KT::BLOCK_M);
+        zero_rows<KT, typename KT::QTile, KT::BLOCK_M>(st.bytes(st.dout()), lo, KT::BLOCK_M);
+        fence_proxy_async();
+        role_barrier_sync(kBarFix, KT::CONSUMERS);
+      }
+      float s[24], dp[24];
+      wgmma_fence();
+      {
+        const u64 a = KT::QTile::kmajor(q_tile, 0, 0), bk = KT::KVTile::kmajor(st.k(), key0, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+          Wgmma<KT::WG_KEYS>::ss(s, desc_advance(a, KT::QTile::kmajor_offset(ks)),
+                                 desc_advance(bk, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+        wgmma_commit();
+      }
+      mbarrier_wait(st.do_full(), do_parity);
+      {
+        const u64 a = KT::QTile::kmajor(st.dout(), 0, 0), bv = KT::KVTile::kmajor(st.v(), key0, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+          Wgmma<KT::WG_KEYS>::ss(dp, desc_advance(a, KT::QTile::kmajor_offset(ks)),
+                                 desc_advance(bv, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+        wgmma_commit();
+      }
+      const int row = 16 * wq + g;
+      const float lse2[2] = {st.stat(st.lse(s_idx) + 4 * row), st.stat(st.lse(s_idx) + 4 * (row + 8))};
+      wgmma_wait<1>();
+      fence_regs(s);
+      const typename VT::Head hd = VT::Dense::head(f, b, h);
+      const int i0 = m0 + row, j0 = sched.n0 + key0;
+      const bool partial = VT::partial(f, m0 + 16 * wq, m0 + 16 * wq + 15, j0, j0 + KT::WG_KEYS - 1);
+      if (partial) p_from_s_rows<VT, 1>(s, f, hd, lse2, i0, j0, t, true);
+      else p_from_s_rows<VT, 0>(s, f, hd, lse2, i0, j0, t, false);
+      const float delta[2] = {st.stat(st.delta() + 4 * row), st.stat(st.delta() + 4 * (row + 8))};
+      wgmma_wait<0>();
+      fence_regs(dp);
+#pragma unroll
+      for (int e = 0; e < 24; ++e)   // (selected where P = 0: NaN past Sk or under the mask)
+        dp[e] = s[e] == 0.f ? 0.f : s[e] * (dp[e] - delta[e % 4 / 2]);
+      // P^T into this warpgroup's rows of sPt (its dV^T of tile it - 1, waited for, was
+      // their last reader); dS^T into its rows of sdSt once the other warpgroup's dQ of
+      // tile it - 1 is done with them
+      store_transposed<typename KT::PdsTile, T>(st.pt(), s, 1.f, key0, 2 * wq, lane);
+      if (it > sched.begin) role_barrier_sync(kBarDsFree0 + W, KT::CONSUMERS);
+      store_transposed<typename KT::PdsTile, T>(st.ds(), dp, 1.f, key0, 2 * wq, lane);
+      fence_proxy_async();
+      role_barrier_sync(kBarDs, KT::CONSUMERS);   // sPt, sdSt complete
+      wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+        const u64 a = KT::QTile::mnmajor(st.dout() + mt * KT::QTile::BLOCK_BYTES, 0);
+        const u64 bp = KT::PdsTile::kmajor(st.pt(), key0, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+          Wgmma<KT::WG_KEYS>::template ss<1, 0>(
+              dvt[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
+              desc_advance(bp, KT::PdsTile::kmajor_offset(ks)), 1, T{});
+      }
+      wgmma_commit();
+      float dq[32 * DQ_NB];
+      {
+        const u64 a = KT::PdsTile::mnmajor(st.ds(), 0);
+        const u64 bk = KT::KVTile::mnmajor(st.k() + DQ_B0 * KT::KVTile::BLOCK_BYTES, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::DQ_STEPS; ++ks)
+          Wgmma<64 * DQ_NB>::template ss<1, 1>(dq, desc_advance(a, KT::PdsTile::mnmajor_offset(ks)),
+                                               desc_advance(bk, KT::KVTile::mnmajor_offset(ks)),
+                                               ks > 0, T{});
+        wgmma_commit();
+      }
+#pragma unroll
+      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+        const u64 a = KT::QTile::mnmajor(q_tile + mt * KT::QTile::BLOCK_BYTES, 0);
+        const u64 bd = KT::PdsTile::kmajor(st.ds(), key0, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+          Wgmma<KT::WG_KEYS>::template ss<1, 0>(
+              dkt[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
+              desc_advance(bd, KT::PdsTile::kmajor_offset(ks)), 1, T{});
+      }
+      wgmma_commit();
+      // (each thread releases its own reads of lse and delta: compute-sanitizer's
+      // racecheck does not credit a lane's arrival for its warp's reads)
+      wgmma_wait<2>();   // dV^T done: dout and delta free
+      mbarrier_arrive(st.do_empty());
+      wgmma_wait<1>();   // dQ done: staged while dK^T runs
+      fence_regs(dq);
+      if (it + 1 < sched.end) role_barrier_arrive(kBarDsFree0 + 1 - W, KT::CONSUMERS);
+      // dQ: the fragment of column block DQ_B0 + c, float4 j of thread x at float4
+      // 1024 (DQ_B0 + c) + 128 j + x of the tile (convert_flat_tile's layout)
+      if (whole(it)) {
+        if (staged > 0) mbarrier_wait(st.dq_empty(), (staged - 1) & 1);
+        const u32 at = st.dq() + DQ_B0 * 16384 + (threadIdx.x % 128) * 16;
+#pragma unroll
+        for (int j = 0; j < 8 * DQ_NB; ++j)
+          if (64 * DQ_B0 + 8 * j < KT::D)
+            st_shared_f32x4(at + 2048 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        fence_proxy_async();
+        mbarrier_arrive(st.dq_full());
+        ++staged;
+      } else {   // rows below Sq, in row order
+        float* rows = p.dq_accum + (delta_row(p, b, h) + m0) * KT::D;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if (row + 8 * r < f.seqlen_q - m0) {
+#pragma unroll
+            for (int j = 0; j < 8 * DQ_NB; ++j) {
+              const int col = 64 * DQ_B0 + 8 * j + 2 * t;
+              if (64 * DQ_B0 + 8 * j < KT::D)
+                red_add_f32x2(rows + (row + 8 * r) * KT::D + col, dq[4 * j + 2 * r],
+                              dq[4 * j + 2 * r + 1]);
+            }
+          }
+      }
+      wgmma_wait<0>();   // dK^T done: the Q stage free
+#pragma unroll
+      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+        fence_regs(dvt[mt]);
+        fence_regs(dkt[mt]);
+      }
+      mbarrier_arrive(st.q_empty(s_idx));
+    }
+    // every warpgroup's MMAs on sK and sV done: dK^T * scale and dV^T staged there
+    // transposed, then written out in rows of 16 bytes
+    role_barrier_sync(kBarMmaDone, KT::CONSUMERS);
+#pragma unroll
+    for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+      store_transposed<typename KT::KVTile, T>(st.k(), dkt[mt], f.scale, key0, 8 * mt + 2 * wq, lane);
+      store_transposed<typename KT::KVTile, T>(st.v(), dvt[mt], 1.f, key0, 8 * mt + 2 * wq, lane);
+    }
+  };
+  if (wg == 0) consume(Int<0>{});
+  else consume(Int<1>{});
+  role_barrier_sync(kBarMmaDone, KT::CONSUMERS);   // sK, sV staged
+  constexpr int CHUNKS = KT::D / 8;
+  T* dk = static_cast<T*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  T* dv = static_cast<T*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+  const unsigned char* sk = st.bytes(st.k());
+  const unsigned char* sv = st.bytes(st.v());
+  for (int c = threadIdx.x; c < KT::BLOCK_N * CHUNKS; c += KT::CONSUMERS) {
+    const int r = c / CHUNKS, chunk = c % CHUNKS, j = sched.n0 + r;
+    if (j < f.seqlen_k) {
+      const u32 off = KT::KVTile::offset(r, chunk);
+      *reinterpret_cast<uint4*>(dk + j * p.dk_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sk + off);
+      *reinterpret_cast<uint4*>(dv + j * p.dv_row_stride + chunk * 8) =
+          *reinterpret_cast<const uint4*>(sv + off);
+    }
   }
 }
 

@@ -535,6 +535,11 @@ WGMMA_GRID = [
     dict(dtype="bfloat16", D=256, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=2),
     dict(dtype="float16", D=256, Sq=17, Sk=33, Hq=2, Hkv=2, magnitude=3.0),
     dict(dtype="float16", D=256, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, deterministic=True),
+    # flash_wgmma_bwd_dkdv_mid (D = 136-192, the default mode): MQA, whole query tiles
+    # only (dQ in its own order throughout), keys off its 96-key blocks
+    dict(dtype="bfloat16", D=144, Sq=640, Sk=640, causal=True, Hq=4, Hkv=1),
+    dict(dtype="float16", D=176, Sq=256, Sk=1000, Hq=3, Hkv=1, B=2),
+    dict(dtype="bfloat16", D=192, Sq=384, Sk=200, causal=True, Hq=2, Hkv=2, layout="bshd"),
     # D = 72-80 without a band: 64-query tiles on the producer warpgroup
     dict(dtype="bfloat16", D=80, Sq=1024, Sk=777, Hq=4, Hkv=2, B=2),
     dict(dtype="float16", D=72, Sq=520, Sk=256, Hq=4, Hkv=1, layout="bshd"),
@@ -856,7 +861,9 @@ def test_auto_picks_the_tensor_core_backward(warm_kernels):
     for dtype, d, mask_kind, want in (("bfloat16", 64, None, tensor_core),
                                       ("float16", 128, None, tensor_core),
                                       ("bfloat16", 80, None, tensor_core),
-                                      ("bfloat16", 160, None, tensor_core + "_wide"
+                                      ("bfloat16", 160, None, tensor_core + "_mid"
+                                       if hopper else tensor_core),
+                                      ("bfloat16", 200, None, tensor_core + "_wide"
                                        if hopper else tensor_core),
                                       ("bfloat16", 100, None, "flash_mma_bwd_dkdv"),
                                       ("bfloat16", 64, "bool", "flash_bwd_dkdv"),
@@ -1381,8 +1388,13 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
         assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
         for det in (False, True):
             got = names(d, Variant(causal), det)
+            if d <= 192 and not det:   # flash_wgmma_bwd_dkdv_mid: dQ in the kernel
+                assert got[1].startswith("flash_wgmma_bwd_dkdv_mid[") and ",flat," in got[2], got
+                continue
             assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
-        assert backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), False) is None
+        mid = backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), False)
+        assert (mid is None) == (d > 192)
+        assert backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), True) is None
     vt = Variant(True, ragged=True)   # packed sequences too
     for det in (False, True):
         got = names(256, vt, det)

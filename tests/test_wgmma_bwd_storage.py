@@ -24,7 +24,7 @@ from helpers import nvrtc_probe
 SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
                  key=lambda c: c.head_dim)
 # and the deterministic mode's (64-query tiles where the default takes 128: D = 64 with
-# ALiBi)
+# ALiBi), and flash_wgmma_bwd_dkdv_mid's (D = 136-192, the default mode)
 SHIPPED_ALL = sorted({fb.config(d, vt, det) for d in range(64, fb.TILES[-1][0] + 1, 8)
                       for det in (False, True) for vt in (Variant(), Variant(dense="alibi"))},
                      key=lambda c: (c.head_dim, c.block_m))
@@ -33,7 +33,7 @@ SHIPPED_ALL = sorted({fb.config(d, vt, det) for d in range(64, fb.TILES[-1][0] +
 def smem_probe(configs, lie: bool = False) -> str:
     lines = ['#include "flash_wgmma_bwd.cu"']
     for i, c in enumerate(configs):
-        traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, bf16>"
+        traits = c.traits("bfloat16")
         smem = c.smem + (16 if lie and i == 0 else 0)
         lines.append(f'static_assert({traits}::SMEM_BYTES == {smem}, '
                      f'"SMEM_BYTES D={c.head_dim} BM={c.block_m}");')
@@ -104,6 +104,10 @@ def threads_probe(lie: bool = False) -> str:
     the atomic one, with and without a split."""
     lines = ['#include "flash_wgmma_bwd.cu"']
     for c in SHIPPED_ALL:
+        if c.mid:   # (one launch shape: the default mode, fixed lengths, no split)
+            lines.append(f"static_assert({c.traits('bfloat16')}::THREADS == "
+                         f'{c.threads("atomic", Variant())}, "THREADS D={c.head_dim} mid");')
+            continue
         for vt in LAUNCH_VARIANTS:
             for mode, cpp in fb.DQ_MODES.items():
                 for split in (False, True) if mode == "atomic" else (False,):
@@ -129,8 +133,14 @@ def test_threads_probe_catches_a_wrong_count():
 
 def test_where_the_producer_warpgroup_runs():
     # beyond SHIPPED's tiles (config(d) knows no variant): the deterministic D = 64 with
-    # ALiBi on 64-query tiles, and 80-query tiles at D = 88-128 in place of 64 at 88-120
-    assert len(SHIPPED_ALL) == len(SHIPPED) + 2
+    # ALiBi on 64-query tiles, 80-query tiles at D = 88-128 in place of 64 at 88-120, and
+    # flash_wgmma_bwd_dkdv_mid at D = 136-192 (the default mode; ALiBi and the
+    # deterministic mode run the wide kernel there)
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 2 + 8
+    assert {c.head_dim for c in SHIPPED_ALL if c.mid} == set(range(136, 193, 8))
+    assert not fb.config(160, Variant(dense="alibi")).mid and not fb.config(160, Variant(), True).mid
+    assert fb.config(160, Variant(True, (64, 0))).mid and not fb.config(160, Variant(True), split=True).mid
+    assert fb.config(160, Variant(True)).threads("atomic", Variant(True)) == 384
     assert fb.config(128, Variant(dense="alibi")).block_m == 64
     assert fb.config(120, Variant(dense="alibi")).block_m == fb.config(128, Variant()).block_m == 80
     c = fb.config(128)

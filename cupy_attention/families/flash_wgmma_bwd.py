@@ -7,9 +7,12 @@ problem. Launch sequence on the caller's stream (the row kernels come from
 
 1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``
    and the ordered mode's turn counters);
-2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block) or
-   ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256, 64 keys a block, one warpgroup
-   holding dV and the other dK): dK, dV on wgmma, and dQ / scale added into
+2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block),
+   ``flash_wgmma_bwd_dkdv_mid`` (D = 136-192 in the default mode over fixed lengths
+   without dropout, softcap, ALiBi or a split: :func:`mid_fits`; 96 keys a block, dK
+   and dV as their transposes, dQ added in its own order) or
+   ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256 otherwise, 64 keys a block, one
+   warpgroup holding dV and the other dK): dK, dV on wgmma, and dQ / scale added into
    ``dq_accum`` with fp32 reductions: in any order (``"atomic"``), or with
    ``deterministic=True`` where :func:`ordered_dq` holds in a fixed order of key
    blocks (``"ordered"``: bitwise reproducible);
@@ -83,11 +86,17 @@ TILES = (
 class Config:
     head_dim: int
     block_m: int
+    mid: bool = False   # flash_wgmma_bwd_dkdv_mid (WgmmaBwdMidTraits; mid_fits)
 
     @property
     def wide(self) -> bool:
         """``WgmmaBwdTraits::WIDE``: flash_wgmma_bwd_dkdv_wide's split by role."""
-        return self.head_dim > 128
+        return self.head_dim > 128 and not self.mid
+
+    def traits(self, dtype: str) -> str:
+        if self.mid:
+            return f"WgmmaBwdMidTraits<{self.head_dim}, {CPP_DTYPE[dtype]}>"
+        return f"WgmmaBwdTraits<{self.head_dim}, {self.block_m}, {CPP_DTYPE[dtype]}>"
 
     def threads(self, dq: str, vt: Variant, split: bool = False) -> int:
         """The dK/dV kernel's threads, as ``BwdLaunch`` decides them: two MMA
@@ -95,7 +104,10 @@ class Config:
         (``PRODUCER_WG_FITS``: 64 or 80 queries, or 128 at D <= 64 with dV and dK
         from shared memory, not with ALiBi) in the ordered dQ modes and in the atomic
         one over fixed lengths without a split or softcap with ALiBi (not on 128-query
-        tiles); under dropout only where ``_drop_fits``."""
+        tiles); under dropout only where ``_drop_fits``. flash_wgmma_bwd_dkdv_mid
+        always has it."""
+        if self.mid:
+            return THREADS + 128
         atomic_fits = not (vt.ragged or split or (vt.softcap and vt.dense != "none")
                            or self.kv_ss)
         modes = ("ordered", "staggered") + (("atomic",) if atomic_fits else ())
@@ -113,14 +125,15 @@ class Config:
 
     @property
     def block_n(self) -> int:
-        """Keys per block: 64 per warpgroup, or 64 shared by both (wide)."""
-        return 64 if self.wide else 128
+        """Keys per block: 64 per warpgroup, 64 shared by both (wide), or 48 per
+        warpgroup (mid)."""
+        return 96 if self.mid else 64 if self.wide else 128
 
     @property
     def flat_fits(self) -> bool:
         """``WgmmaBwdTraits::DQ_FLAT_FITS``: the narrow kernel's tiles of dQ (64 and 128
         queries; not the 80-query tiles' dQ^T), which it may stage and add in their own
-        order (flat_dq)."""
+        order (flat_dq); flash_wgmma_bwd_dkdv_mid's always are."""
         return not self.wide and self.block_m != 80
 
     @property
@@ -135,7 +148,13 @@ class Config:
         (16-bit; rows of whole 64-column blocks; not in the wide kernel), two buffers
         of lse and delta (fp32), 1 KB for the alignment, then sP (wide: fp32) or sdQ
         (narrow: the tile's dQ in fp32 rows of D), and at KV_SS_FITS
-        P^T (16-bit, as sdS)."""
+        P^T (16-bit, as sdS). flash_wgmma_bwd_dkdv_mid: sK, sV, two buffers of sQ,
+        one of sdO, sPt and sdSt [key][query], one tile of dQ in fp32, lse per sQ
+        buffer and delta, 1 KB for the alignment."""
+        if self.mid:
+            d, bm, bn = flash_wgmma.d_pad(self.head_dim), self.block_m, self.block_n
+            return ((2 * bn * d + 3 * bm * d + 2 * bn * 64) * 2 + bm * self.head_dim * 4
+                    + 3 * bm * 4 + 1024)
         if self.wide:   # no sdS (no dQ in that kernel)
             return self._tiles - self._sds + self.block_n * self.block_m * 4
         pt = self.block_n * self.block_m * 2 if self.kv_ss else 0
@@ -201,12 +220,25 @@ def _narrow_rows(vt: Variant | None, deterministic: bool) -> bool:
     return bool(vt.softcap) or vt.dropout or ordered_pwg
 
 
+def mid_fits(head_dim: int, vt: Variant | None, deterministic: bool = False,
+             split: bool = False) -> bool:
+    """Whether flash_wgmma_bwd_dkdv_mid takes the backward: D = 136-192 in the default
+    mode over fixed lengths, no split, causal or a window (no dropout, softcap or
+    ALiBi: those run the wide kernel and its dQ pass)."""
+    return (MID_MIN_D <= head_dim <= MID_MAX_D and vt is not None and not deterministic
+            and not split and not vt.ragged and not vt.dropout and not vt.softcap
+            and vt.dense == "none")
+
+
 def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,
-           split: bool = False) -> Config | None:
+           split: bool = False, mid: bool = True) -> Config | None:
     """The tile config for ``head_dim`` (and the variant ``vt``, when given) in the
-    default or the deterministic mode, of the split kernel where ``split``."""
+    default or the deterministic mode, of the split kernel where ``split``; ``mid``:
+    flash_wgmma_bwd_dkdv_mid where it fits (mid_fits), else the wide kernel."""
     if head_dim % 8 or head_dim < 64:
         return None
+    if mid and mid_fits(head_dim, vt, deterministic, split):
+        return Config(head_dim, 64, True)
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
             narrow = bm == 128 and _narrow_rows(vt, deterministic)
@@ -226,6 +258,10 @@ def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False
 # Not ALiBi past ROWS80_ALIBI_MAX_D: at D = 128 its 80-query tiles spilled 12 bytes
 # and ptxas serialized every wgmma (C7512, both dQ modes, ptxas 12.9).
 ROWS80_MIN_D = 88
+# flash_wgmma_bwd_dkdv_mid's head dims (kernels/flash_wgmma_bwd.cu: dK^T and dV^T, 96
+# keys a block, dQ in the kernel) in place of the wide kernel and its dQ pass.
+MID_MIN_D = 136
+MID_MAX_D = 192
 ROWS80_ALIBI_MAX_D = 120
 
 
@@ -254,7 +290,12 @@ STAGGERED_MIN_BLOCKS_PER_SM = 8
 def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
               split: bool = False, flat: bool = False) -> jit.KernelSpec:
     """``flat``: dQ staged and added in its own order (the kernel's FLAT; flat_dq)."""
-    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
+    if c.mid:   # (always in its own order: atomic, fixed lengths, no split)
+        name = (f"flash_wgmma_bwd_dkdv_mid[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
+                f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
+        return jit.KernelSpec("flash_wgmma_bwd.cu",
+                              f"flash_wgmma_bwd_dkdv_mid<{c.traits(dtype)}, {vt.cpp()}>", name)
+    traits = c.traits(dtype)
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
     expr = (f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}"
             f"{', true' if flat else ''}>")
@@ -382,6 +423,7 @@ def specs(c: Config, dtype: str, vt: Variant, deterministic: bool,
     ordered dQ's staggered turns, where the variant has an upper bound; ``flat``: dQ
     in its own order, flat_dq)."""
     mode = _dq_mode(c, vt, deterministic, staggered)
+    flat = flat or c.mid   # (flash_wgmma_bwd_dkdv_mid's dQ is always in its own order)
     if own_dq(c):
         out = [flash_bwd.delta_spec(dtype), dkdv_spec(c, dtype, vt, mode, split),
                dq_spec(c.head_dim, dtype, vt)]
@@ -421,11 +463,11 @@ def convert_spec(c: Config, dtype: str, vt: Variant, flat: bool = False,
     ``turns``); ``flat``: from dq_accum in the tiles' own order (flat_dq), over
     packed sequences where ``vt`` is ragged."""
     band = Variant(vt.causal, vt.window) if turns else Variant(ragged=vt.ragged)
-    traits = f"WgmmaBwdTraits<{c.head_dim}, {c.block_m}, {CPP_DTYPE[dtype]}>"
     tail = "" if not flat else ", true" if turns else ", true, false"
     return jit.KernelSpec("flash_wgmma_bwd.cu",
-                          f"flash_wgmma_bwd_dq_convert<{traits}, {band.cpp()}{tail}>",
+                          f"flash_wgmma_bwd_dq_convert<{c.traits(dtype)}, {band.cpp()}{tail}>",
                           f"flash_wgmma_bwd_dq_convert[D={c.head_dim},BM={c.block_m},"
+                          f"{'mid,' if c.mid else ''}"
                           f"{SHORT_DTYPE[dtype]}{band.suffix()}{',flat' if flat else ''}"
                           f"{'' if turns else ',atomic'}]")
 
@@ -450,8 +492,8 @@ def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
     aligned (the conversion's stores). H200, 2026-11-29, same-run A/Bs: the backward
     1.01-1.03x at D = 64, 0.99-1.05x causal at D = 96 and 128, deterministic
     1.01-1.06x (notes-bwd-loops.md sections 32-33)."""
-    return (flat_builds(c, p.variant, mode) and (p.varlen or p.seqlen_q % c.block_m == 0)
-            and _rows16(p, dq))
+    whole = p.varlen or c.mid or p.seqlen_q % c.block_m == 0   # (mid: a partial tile in rows)
+    return flat_builds(c, p.variant, mode) and whole and _rows16(p, dq)
 
 
 # Split: each block's query tiles shared by kv_splits blocks (TileScheduler in
@@ -509,9 +551,9 @@ def _mma_dq_config(head_dim: int, vt: Variant) -> flash_mma_bwd.Config:
 
 @functools.lru_cache(maxsize=None)
 def _plan(head_dim: int, dtype: str, vt: Variant, deterministic: bool, split: bool = False,
-          staggered: bool = False, flat: bool = False):
+          staggered: bool = False, flat: bool = False, mid: bool = True):
     """(Config, flash_mma_bwd's Config for the deterministic dQ kernel, specs), memoized."""
-    c = config(head_dim, vt, deterministic, split)
+    c = config(head_dim, vt, deterministic, split, mid)
     return c, _mma_dq_config(head_dim, vt), specs(c, dtype, vt, deterministic, split, staggered,
                                                  flat)
 
@@ -546,7 +588,7 @@ def tensor_maps(p: Problem, t: flash_bwd.BwdTensors, c: Config,
         return None
     encoders = [tma.tile_maps(tma.map_geometry(batch, h, n, p.head_dim, s, box))
                 for h, n, s, box in zip(heads, rows, strides, boxes)]
-    if not c.wide and kv_rows is None:   # dq_accum: [B, Hq, Sq, D] fp32 (packed: [Hq, total_q, D])
+    if not (c.wide or c.mid) and kv_rows is None:   # dq_accum: [B, Hq, Sq, D] fp32 (packed: [Hq, total_q, D])
         encoders.append(tma.tile_maps(tma.fp32_rows_geometry(batch, p.heads_q, p.seqlen_q,
                                                              p.head_dim, c.block_m), tma.F32))
     return tma.MapBuffers(encoders)
@@ -564,7 +606,9 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     c = config(p.head_dim, p.variant, deterministic, split)
     mode = _dq_mode(c, p.variant, deterministic, staggered)
     flat = flat_dq(p, c, mode, t.dq)
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat)
+    mid = not c.mid or flat   # (flash_wgmma_bwd_dkdv_mid adds dQ in its own order only)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered,
+                          flat and mid, mid)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
@@ -705,7 +749,8 @@ def ci_specs() -> list[jit.KernelSpec]:
                   (128, Variant(False, softcap=30.0)), (64, Variant(True, dropout=True)),
                   (96, Variant(False, dropout=True)), (128, Variant(True, dropout=True)),
                   (64, Variant(False, ragged=True)), (96, Variant(True, ragged=True)),
-                  (128, Variant(True, (256, 0), 30.0, ragged=True))):
+                  (128, Variant(True, (256, 0), 30.0, ragged=True)),
+                  (136, Variant(False)), (160, Variant(True, (256, 0))), (192, Variant(True))):
         dtype = ("float16", "bfloat16")[d // 8 % 2 ^ vt.causal]
         for mode in ("atomic", "ordered", "staggered"):
             c = config(d, vt, mode != "atomic")

@@ -81,6 +81,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// Four 8x8 matrices of 16-bit values stored transposed: lane l supplies the address
+// of stored row l % 8 of matrix l / 8, and r[i] holds matrix i at (row g, cols
+// 2t..2t+1), which lands in stored rows 2t and 2t + 1 at position g (an accumulator's
+// C fragment written as its transpose: keys x queries from queries x keys).
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 // 16-byte global -> shared copy that bypasses L1; src_bytes = 0 writes zeros
 // (used for rows and columns past the tensor's end).
 __device__ __forceinline__ void cp_async_16(u32 dst, const void* src, bool valid) {

@@ -130,6 +130,10 @@ __device__ __forceinline__ void role_barrier_sync(int id, int count) {
   asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
 }
 
+__device__ __forceinline__ void role_barrier_arrive(int id, int count) {
+  asm volatile("barrier.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+}
+
 // Hand registers between warpgroups (every thread of the warpgroup runs it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
