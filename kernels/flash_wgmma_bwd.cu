@@ -1888,8 +1888,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 }
 
 // ---------------------------------------------------------------------------
-// flash_wgmma_bwd_dkdv_mid, D = 136..192 in the default (atomic) mode over fixed
-// lengths: dK and dV as their transposes, so that a warpgroup's keys need not fill an
+// flash_wgmma_bwd_dkdv_mid, D = 136..192 over fixed lengths, both dQ modes: dK and dV
+// as their transposes, so that a warpgroup's keys need not fill an
 // m64 tile (FlashAttention-3's dKV_swapAB at these head dims). BLOCK_N = 96 keys a
 // block, warpgroup w keys 48w..48w + 47; BLOCK_M = 64 queries a tile. Per tile a
 // warpgroup:
@@ -1904,14 +1904,18 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 //                                          128-byte swizzle starts on a 64-column block)
 //   release dout (after dV^T), the Q stage (after dK^T); dQ staged in its own order
 //   (FLAT: convert_flat_tile's layout, 64-column blocks) for the reducer, or, for a
-//   tile past Sq's last whole one, added from registers in rows.
+//   tile past Sq's last whole one, added from registers in rows (kDqAtomic only: the
+//   host gives the ordered modes whole tiles). kDqOrdered, kDqStaggered: the reducer
+//   takes each tile's turn (TileScheduler's orders, the counters of Epilogue::wait_turn)
+//   before its addition and passes it once the addition completed.
 // Registers a consumer thread: dK^T and dV^T 3 x 24 each, S and dP 24 each, dQ 32 a
 // column block. The two warpgroups' different dQ widths: the tile loop is compiled
 // once per warpgroup (a wgmma on a branch of wg serialized every wgmma: ptxas C7519),
 // so their barriers are barrier.sync / barrier.arrive (not .aligned across the block).
-// The producer warpgroup (setmaxnreg 24): warp 0 loads Q (two stages, lse2 with it;
-// K and V with the first), warp 1 dout (one buffer, delta with it), warp 3 adds each
-// staged dQ into dq_accum (one bulk reduction a tile). Shared memory at D = 192:
+// The producer warpgroup (setmaxnreg 24): warp 0's first thread loads Q (two stages; K
+// and V with the first) and dout (one buffer), warp 1 stores lse2 with each Q stage,
+// warp 2 delta with dout, warp 3 adds each staged dQ into dq_accum (one bulk reduction
+// a tile). Shared memory at D = 192:
 // K, V 36 KB each, Q 2 x 24, dout 24, sPt and sdSt 12 each, sdQ 48 (fp32): 217 KB.
 // dK * scale and dV are staged transposed back through sK and sV (stmatrix .trans)
 // and written with 16-byte stores: one block owns each key of a KV head.
@@ -2036,7 +2040,7 @@ __device__ __forceinline__ void p_from_s_rows(float (&s)[24], const FwdParams& f
       }
 }
 
-template <class KT, class VT>
+template <class KT, class VT, int DQ = kDqAtomic>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dkdv_mid(const BwdParams args, const __grid_constant__ TmaMap q_map,
                              const __grid_constant__ TmaMap k_map,
@@ -2046,14 +2050,20 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   static_assert(!VT::Seqs::kRagged && !VT::Drop::enabled && !VT::Logits::kTransform,
                 "fixed lengths, no dropout, no logits transform");
   static_assert(!VT::Dense::reads, "no dense masks in this family");
+  static_assert(DQ != kDqSeparate, "dQ in the kernel");
+  constexpr bool ORDERED = DQ >= kDqOrdered;
+  // The ordered modes: flash_wgmma_bwd_dq_convert, this grid's programmatic dependent,
+  // may start on the SMs it leaves (it waits on each tile's turn count)
+  if constexpr (ORDERED) launch_dependents();
   const BwdParams& p = args;
   const FwdParams& f = p.fwd;
   int n_block, h_kv, b;
   section_block<false>(ceil_div(f.seqlen_k, KT::BLOCK_N), f.heads_kv, n_block, h_kv, b);
   const MidSmem<KT> st(storage_base(wgmma_bwd_smem));
-  using Sched = TileScheduler<KT, VT>;
+  using Sched = TileScheduler<KT, VT, ORDERED, DQ == kDqStaggered>;
   using Walk = typename Sched::Walk;
-  const Sched sched(f, n_block, h_kv, b);
+  if constexpr (ORDERED) n_block = Sched::ordered_block(f, n_block);
+  const Sched sched(f, n_block, h_kv, b, 0, 1, p.dq_rotate != 0);
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
@@ -2078,7 +2088,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     if (warp == 0) {  // its first thread: Q into two stages (K and V with the first), dout
       if (lane == 0) {
         PipelineState<2> next;
-        #pragma unroll 1
+#pragma unroll 1
         for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
           const int s = next.index(), h = sched.head(it), m0 = sched.m0(it);
           const bool first = it == sched.begin;
@@ -2105,7 +2115,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     }
     if (warp == 1) {  // lse2 of each tile's rows, with its Q stage
       PipelineState<2> next;
-      #pragma unroll 1
+#pragma unroll 1
       for (int it = sched.begin; it < sched.end; ++it, next.advance()) {
         const int s = next.index(), h = sched.head(it), m0 = sched.m0(it);
         if (it - sched.begin >= 2) mbarrier_wait(st.q_empty(s), next.phase() ^ 1);
@@ -2120,7 +2130,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       return;
     }
     if (warp == 2) {  // delta of each tile's rows, with dout
-      #pragma unroll 1
+#pragma unroll 1
       for (int it = sched.begin; it < sched.end; ++it) {
         const int h = sched.head(it), m0 = sched.m0(it);
         if (it > sched.begin) mbarrier_wait(st.do_empty(), (it - sched.begin - 1) & 1);
@@ -2135,18 +2145,40 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     }
     if (warp == 3 && lane == 0) {  // each whole tile's staged dQ into dq_accum
       int staged = 0;
-      #pragma unroll 1
+#pragma unroll 1
       for (int it = sched.begin; it < sched.end; ++it) {
-        const int m0 = sched.m0(it);
+        const int m0 = sched.m0(it), h = sched.head(it);
         if (m0 + KT::BLOCK_M > f.seqlen_q) continue;   // (whole tiles only)
         mbarrier_wait(st.dq_full(), staged++ & 1);
         // (the tile's first row of dq_accum in 32 bits, as Epilogue::reduce_dq)
-        const u32 first = u32(b) * u32(p.delta_batch_stride) +
-                          u32(sched.head(it)) * u32(p.delta_head_stride) + u32(m0);
-        bulk_reduce_add(p.dq_accum + u64(first) * KT::D, st.dq(), KT::BLOCK_M * KT::D * 4);
-        bulk_commit();
-        bulk_wait_read<0>();
-        mbarrier_arrive(st.dq_empty());
+        const u32 first = u32(b) * u32(p.delta_batch_stride) + u32(h) * u32(p.delta_head_stride) +
+                          u32(m0);
+        float* dst = p.dq_accum + u64(first) * KT::D;
+        constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
+        if constexpr (ORDERED) {
+          // the tile's turn (Epilogue::wait_turn, pass_turn): the key blocks before
+          // this one (Sched::turn) have added theirs; the first stores where the host
+          // says every tile has one (p.dq_store_first)
+          const int turn = sched.turn(it);
+          int* counter = dq_turns(p) + (i64(b) * f.heads_q + h) * ceil_div(f.seqlen_q, KT::BLOCK_M) +
+                         m0 / KT::BLOCK_M;
+          while (ld_acquire_gpu(counter) != turn) {
+          }
+          fence_proxy_async_global();
+          if (p.dq_store_first && turn == 0) bulk_store(dst, st.dq(), BYTES);
+          else bulk_reduce_add(dst, st.dq(), BYTES);
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbarrier_arrive(st.dq_empty());   // sdQ free once read; the turn once added
+          bulk_wait<0>();
+          fence_proxy_async_global();
+          red_release_gpu_add(counter, 1);
+        } else {
+          bulk_reduce_add(dst, st.dq(), BYTES);
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbarrier_arrive(st.dq_empty());
+        }
       }
       bulk_wait<0>();
     }
@@ -2277,7 +2309,8 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         fence_proxy_async();
         mbarrier_arrive(st.dq_full());
         ++staged;
-      } else {   // rows below Sq, in row order
+      } else if constexpr (!ORDERED) {   // rows below Sq, in row order (the ordered modes:
+                                         // whole tiles only, the host's flat_dq)
         float* rows = p.dq_accum + (delta_row(p, b, h) + m0) * KT::D;
 #pragma unroll
         for (int r = 0; r < 2; ++r)

@@ -539,6 +539,8 @@ WGMMA_GRID = [
     # only (dQ in its own order throughout), keys off its 96-key blocks
     dict(dtype="bfloat16", D=144, Sq=640, Sk=640, causal=True, Hq=4, Hkv=1),
     dict(dtype="float16", D=176, Sq=256, Sk=1000, Hq=3, Hkv=1, B=2),
+    dict(dtype="float16", D=176, Sq=512, Sk=700, causal=True, Hq=4, Hkv=2, deterministic=True),
+    dict(dtype="bfloat16", D=152, Sq=640, Sk=640, Hq=2, Hkv=1, deterministic=True),
     dict(dtype="bfloat16", D=192, Sq=384, Sk=200, causal=True, Hq=2, Hkv=2, layout="bshd"),
     # D = 72-80 without a band: 64-query tiles on the producer warpgroup
     dict(dtype="bfloat16", D=80, Sq=1024, Sk=777, Hq=4, Hkv=2, B=2),
@@ -1384,17 +1386,24 @@ def test_deterministic_dq_is_ordered_where_the_narrow_kernel_stages_it():
     assert ",BM=64," in names(64, vt, True)[1] and ",ordered-dq" in names(64, vt, True)[1]
     assert flash_wgmma_bwd.config(64, vt, True).threads("ordered", vt) == 256  # atomic only
     assert flash_wgmma_bwd.config(64, vt, False).threads("atomic", vt) == 384
-    for d, causal in ((136, True), (256, False)):
-        assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
-        for det in (False, True):
-            got = names(d, Variant(causal), det)
-            if d <= 192 and not det:   # flash_wgmma_bwd_dkdv_mid: dQ in the kernel
-                assert got[1].startswith("flash_wgmma_bwd_dkdv_mid[") and ",flat," in got[2], got
-                continue
-            assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
-        mid = backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), False)
-        assert (mid is None) == (d > 192)
-        assert backward_families()["flash_wgmma"].dq_accum_shape(prob(d, causal), True) is None
+    # D = 136-192 (flash_wgmma_bwd_dkdv_mid): dQ in the kernel in both modes, ordered in
+    # the deterministic one over whole query tiles (else the wide kernel and its pass)
+    for det, mode in ((False, ",atomic-dq]"), (True, ",ordered-dq]")):
+        got = names(136, Variant(True), det)
+        assert got[1].startswith("flash_wgmma_bwd_dkdv_mid[") and got[1].endswith(mode), got
+        assert got[2].startswith("flash_wgmma_bwd_dq_convert[") and ",flat" in got[2], got
+    assert flash_wgmma_bwd.ordered_dq(Problem(2, 8, 2, 1024, 1200, 136, "bfloat16", "bhsd", True,
+                                              "none", 136 ** -0.5, 0))
+    assert not flash_wgmma_bwd.ordered_dq(prob(136, True))   # Sq = 1000: not whole tiles
+    families = backward_families()["flash_wgmma"]
+    assert families.dq_accum_shape(prob(136, True), False) is not None
+    d, causal = 256, False
+    assert not flash_wgmma_bwd.ordered_dq(prob(d, causal)), d
+    for det in (False, True):
+        got = names(d, Variant(causal), det)
+        assert "-dq" not in got[1] and got[2].startswith("flash_wgmma_bwd_dq"), got
+    assert families.dq_accum_shape(prob(d, causal), False) is None
+    assert families.dq_accum_shape(prob(d, causal), True) is None
     vt = Variant(True, ragged=True)   # packed sequences too
     for det in (False, True):
         got = names(256, vt, det)
@@ -1447,7 +1456,13 @@ def _ordered_case(c, seed):
     # reach (a short window, Sk > Sq), GQA 3
     dict(dtype="float16", D=112, Sq=200, Sk=700, B=2, Hq=6, Hkv=2, causal=True,
          window=(64, 0)),
-], ids=["d128-full", "d64-causal-sk-longer", "d96-window", "d112-few-tiles"])
+    # flash_wgmma_bwd_dkdv_mid (96-key blocks, its reducer warp takes the turns)
+    dict(dtype="bfloat16", D=160, Sq=1024, Sk=1000, B=2, Hq=4, Hkv=2, causal=True),
+    dict(dtype="float16", D=192, Sq=2048, Sk=2048, B=1, Hq=2, Hkv=1, causal=False),
+    # a head's 20 key blocks split across waves (132 SMs): lockstep, not rotated
+    dict(dtype="bfloat16", D=168, Sq=1280, Sk=1900, B=2, Hq=8, Hkv=4, causal=False),
+], ids=["d128-full", "d64-causal-sk-longer", "d96-window", "d112-few-tiles", "d160-mid",
+        "d192-mid", "d168-mid-split-head"])
 @pytest.mark.parametrize("staggered", [False, True], ids=["lockstep", "staggered"])
 def test_ordered_dq_is_bitwise_reproducible(c, staggered, monkeypatch, warm_kernels):
     """The deterministic mode's ordered dQ (flash_wgmma_bwd_dkdv, kDqOrdered, and under
@@ -1575,6 +1590,10 @@ def test_rotated_turns_only_without_a_band_and_within_one_wave():
     assert not rot(prob(2048, 2048, causal=True), 132)
     assert not rot(prob(2048, 2048, window=(256, 256)), 132)
     assert not rot(prob(2048, 2048, varlen=True, max_seqlen_q=2048, max_seqlen_k=2048), 132)
+    # the mid kernel (96 keys a block): not where a wave holds part of a head's blocks
+    assert rot(prob(2048, 2048, d=160), 132), "22 blocks a head: 6 heads a wave"
+    assert not rot(prob(8192, 8192, d=160), 132), "86 blocks a head: 46 SMs on a split one"
+    assert rot(prob(1280, 1900, d=168), 10 ** 4), "one wave"
 
     def turn(n, j, big_n, t):   # the kernel's rotated_turn, mirrored
         return min(j, big_n - 1 - n) if n + j < t else big_n - 1 - n + min(n + j - t + 1, big_n)

@@ -134,11 +134,10 @@ def test_threads_probe_catches_a_wrong_count():
 def test_where_the_producer_warpgroup_runs():
     # beyond SHIPPED's tiles (config(d) knows no variant): the deterministic D = 64 with
     # ALiBi on 64-query tiles, 80-query tiles at D = 88-128 in place of 64 at 88-120, and
-    # flash_wgmma_bwd_dkdv_mid at D = 136-192 (the default mode; ALiBi and the
-    # deterministic mode run the wide kernel there)
+    # flash_wgmma_bwd_dkdv_mid at D = 136-192 (both modes; ALiBi runs the wide kernel)
     assert len(SHIPPED_ALL) == len(SHIPPED) + 2 + 8
     assert {c.head_dim for c in SHIPPED_ALL if c.mid} == set(range(136, 193, 8))
-    assert not fb.config(160, Variant(dense="alibi")).mid and not fb.config(160, Variant(), True).mid
+    assert not fb.config(160, Variant(dense="alibi")).mid and fb.config(160, Variant(), True).mid
     assert fb.config(160, Variant(True, (64, 0))).mid and not fb.config(160, Variant(True), split=True).mid
     assert fb.config(160, Variant(True)).threads("atomic", Variant(True)) == 384
     assert fb.config(128, Variant(dense="alibi")).block_m == 64

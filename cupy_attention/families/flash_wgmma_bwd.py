@@ -8,9 +8,10 @@ problem. Launch sequence on the caller's stream (the row kernels come from
 1. ``flash_bwd_delta``: ``delta = rowsum(dout * out)`` (and zeroes ``dq_accum``
    and the ordered mode's turn counters);
 2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block),
-   ``flash_wgmma_bwd_dkdv_mid`` (D = 136-192 in the default mode over fixed lengths
-   without dropout, softcap, ALiBi or a split: :func:`mid_fits`; 96 keys a block, dK
-   and dV as their transposes, dQ added in its own order) or
+   ``flash_wgmma_bwd_dkdv_mid`` (D = 136-192 over fixed lengths without dropout,
+   softcap, ALiBi or a split: :func:`mid_fits`; 96 keys a block, dK and dV as their
+   transposes, dQ added in its own order, in the deterministic mode over whole query
+   tiles in a fixed order) or
    ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256 otherwise, 64 keys a block, one
    warpgroup holding dV and the other dK): dK, dV on wgmma, and dQ / scale added into
    ``dq_accum`` with fp32 reductions: in any order (``"atomic"``), or with
@@ -222,12 +223,13 @@ def _narrow_rows(vt: Variant | None, deterministic: bool) -> bool:
 
 def mid_fits(head_dim: int, vt: Variant | None, deterministic: bool = False,
              split: bool = False) -> bool:
-    """Whether flash_wgmma_bwd_dkdv_mid takes the backward: D = 136-192 in the default
-    mode over fixed lengths, no split, causal or a window (no dropout, softcap or
-    ALiBi: those run the wide kernel and its dQ pass)."""
-    return (MID_MIN_D <= head_dim <= MID_MAX_D and vt is not None and not deterministic
-            and not split and not vt.ragged and not vt.dropout and not vt.softcap
-            and vt.dense == "none")
+    """Whether flash_wgmma_bwd_dkdv_mid takes the backward: D = 136-192 over fixed
+    lengths, no split, causal or a window, in both modes (no dropout, softcap or ALiBi:
+    those run the wide kernel and its dQ pass). Its dQ is always added in its own
+    order: where that cannot run (flat_dq) the wide kernel takes the launch."""
+    del deterministic   # (both modes: the deterministic one's dQ in a fixed order)
+    return (MID_MIN_D <= head_dim <= MID_MAX_D and vt is not None and not split
+            and not vt.ragged and not vt.dropout and not vt.softcap and vt.dense == "none")
 
 
 def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,
@@ -290,11 +292,11 @@ STAGGERED_MIN_BLOCKS_PER_SM = 8
 def dkdv_spec(c: Config, dtype: str, vt: Variant, dq: str,
               split: bool = False, flat: bool = False) -> jit.KernelSpec:
     """``flat``: dQ staged and added in its own order (the kernel's FLAT; flat_dq)."""
-    if c.mid:   # (always in its own order: atomic, fixed lengths, no split)
+    if c.mid:   # (dQ always in its own order: fixed lengths, no split)
         name = (f"flash_wgmma_bwd_dkdv_mid[D={c.head_dim},BM={c.block_m},BN={c.block_n},"
-                f"{SHORT_DTYPE[dtype]}{vt.suffix()}]")
-        return jit.KernelSpec("flash_wgmma_bwd.cu",
-                              f"flash_wgmma_bwd_dkdv_mid<{c.traits(dtype)}, {vt.cpp()}>", name)
+                f"{SHORT_DTYPE[dtype]}{vt.suffix()},{dq}-dq]")
+        return jit.KernelSpec("flash_wgmma_bwd.cu", f"flash_wgmma_bwd_dkdv_mid<{c.traits(dtype)}, "
+                              f"{vt.cpp()}, {DQ_MODES[dq]}>", name)
     traits = c.traits(dtype)
     kernel = "flash_wgmma_bwd_dkdv_wide" if c.wide else "flash_wgmma_bwd_dkdv"
     expr = (f"{kernel}<{traits}, {vt.cpp()}, {DQ_MODES[dq]}, {'true' if split else 'false'}"
@@ -398,14 +400,28 @@ def rotated_turns(p: Problem, sms: int) -> bool:
         return False
     c = config(p.head_dim, p.variant, deterministic=True)
     blocks = -(-p.seqlen_k // c.block_n)
+    if c.mid and sms % blocks > sms // ROTATED_SPLIT_HEAD and blocks * p.heads_kv * p.batch > sms:
+        return False
     return blocks <= -(-p.seqlen_q // c.block_m) and blocks <= sms
+
+
+# A head's rotated blocks wait on each other cyclically, so the blocks of a head that a
+# wave holds only in part (sms % blocks of them) wait for the rest to start. The mid
+# kernel (one sdQ buffer: a turn's wait stalls its next tile) measured 0.86-0.89x the
+# wide kernel and its dQ pass with 86 key blocks a head (S = 8k, 46 of 132 SMs on a
+# split head) and 1.13-1.17x with 22 (S = 2k, none split): H200, 2026-11-29,
+# notes-bwd-loops.md section 37. Rotated only where at most sms / ROTATED_SPLIT_HEAD
+# blocks sit on a split head, or the grid is one wave.
+ROTATED_SPLIT_HEAD = 16
 
 
 def ordered_dq(p: Problem) -> bool:
     """Whether the deterministic backward of ``p`` takes the ordered dQ (one kernel
     fewer than the separate dQ pass, which recomputes P and dS)."""
     c = config(p.head_dim, p.variant, deterministic=True)
-    return c is not None and _ordered(c, p.variant)
+    # (the mid kernel orders whole query tiles only: else the wide kernel's dQ pass)
+    whole = c is not None and (not c.mid or p.seqlen_q % c.block_m == 0)
+    return whole and _ordered(c, p.variant)
 
 
 def dq_turns(p: Problem) -> int:
@@ -492,7 +508,8 @@ def flat_dq(p: Problem, c: Config, mode: str, dq) -> bool:
     aligned (the conversion's stores). H200, 2026-11-29, same-run A/Bs: the backward
     1.01-1.03x at D = 64, 0.99-1.05x causal at D = 96 and 128, deterministic
     1.01-1.06x (notes-bwd-loops.md sections 32-33)."""
-    whole = p.varlen or c.mid or p.seqlen_q % c.block_m == 0   # (mid: a partial tile in rows)
+    # (the mid kernel's atomic mode adds a partial last tile in rows)
+    whole = p.varlen or (c.mid and mode == "atomic") or p.seqlen_q % c.block_m == 0
     return flat_builds(c, p.variant, mode) and whole and _rows16(p, dq)
 
 
@@ -609,6 +626,7 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     mid = not c.mid or flat   # (flash_wgmma_bwd_dkdv_mid adds dQ in its own order only)
     c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered,
                           flat and mid, mid)
+    mode = _dq_mode(c, p.variant, deterministic, staggered)   # (the wide kernel's, if not mid)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
@@ -728,7 +746,7 @@ def ci_specs() -> list[jit.KernelSpec]:
     out.append(dkdv_spec(config(96, vt), "float16", vt, "atomic"))
     # the ordered dQ's staggered turns (causal), and both orders under a window or
     # with softcap (64-query tiles)
-    for d in range(64, 129, 8):
+    for d in list(range(64, 129, 8)) + [136, 168, 192]:
         vt = Variant(True)
         out.append(dkdv_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt,
                              "staggered"))
@@ -737,8 +755,10 @@ def ci_specs() -> list[jit.KernelSpec]:
             out.append(dkdv_spec(config(d, vt, True), "bfloat16", vt, mode))
     # the ordered dQ's conversion per tile: each tile shape, a band, a window
     for d, vt in ((64, Variant(False)), (72, Variant(True)), (96, Variant(False)),
-                  (128, Variant(True)), (104, Variant(True, (256, 0)))):
-        out.append(convert_spec(config(d, vt, True), ("float16", "bfloat16")[d % 16 // 8], vt))
+                  (128, Variant(True)), (104, Variant(True, (256, 0))), (160, Variant(True)),
+                  (192, Variant(False))):
+        c = config(d, vt, True)
+        out.append(convert_spec(c, ("float16", "bfloat16")[d % 16 // 8], vt, c.mid))
     # dQ in its own order (flat_dq) and its conversions: both tile shapes, every dQ
     # mode, a window, ALiBi, softcap, dropout, packed sequences
     for d, vt in ((64, Variant(False)), (64, Variant(True)), (128, Variant(True)),
