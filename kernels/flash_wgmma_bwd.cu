@@ -1897,15 +1897,17 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 //   P = exp2(S scale log2 e - lse2), dS = P (dP - delta), row statistics per thread
 //   P^T and dS^T to sPt, sdSt [key][query] (stmatrix .trans); the warpgroups meet
 //   issue dV^T += dout^T P_w              ss, A MN-major (head dim on M: D_BLOCKS m64
-//   issue dK^T += Q^T dS_w                  tiles), B K-major, N = 48
+//                                          tiles), B K-major, N = 48
 //   issue dQ = dS K                        ss, both MN-major, over the block's 96 keys:
 //                                          warpgroup 0 the first DQ_BLOCKS0 64-column
 //                                          blocks of D, 1 the rest (an MN-major B in the
 //                                          128-byte swizzle starts on a 64-column block)
-//   release dout (after dV^T), the Q stage (after dK^T); dQ staged in its own order
+//   issue dK^T += Q^T dS_w                 as dV^T
+//   release dout (after dV^T: every consumer thread arrives, so racecheck credits each
+//   its own reads of delta); dQ staged in its own order while dK^T runs
 //   (FLAT: convert_flat_tile's layout, 64-column blocks) for the reducer, or, for a
 //   tile past Sq's last whole one, added from registers in rows (kDqAtomic only: the
-//   host gives the ordered modes whole tiles). kDqOrdered, kDqStaggered: the reducer
+//   host gives the ordered modes whole tiles); release the Q stage (after dK^T). kDqOrdered, kDqStaggered: the reducer
 //   takes each tile's turn (TileScheduler's orders, the counters of Epilogue::wait_turn)
 //   before its addition and passes it once the addition completed.
 // Registers a consumer thread: dK^T and dV^T 3 x 24 each, S and dP 24 each, dQ 32 a
