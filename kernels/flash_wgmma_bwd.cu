@@ -1075,6 +1075,42 @@ __device__ __forceinline__ void issue_dq_t(float (&dq)[KT::DQ_N / 2], u32 k_a, u
 }
 
 // ---------------------------------------------------------------------------
+// kDqOrdered, kDqStaggered, by the thread that adds a tile's dQ (BLOCK_M rows): tile
+// it's turn counter (dq_turns, one per batch, query head and query tile: the additions
+// done). wait spins until the key blocks before this one (Sched::turn; wait_for: `mine`
+// of them) have added theirs, then orders the copy engine's addition after that read,
+// and returns the counter; pass waits for this block's addition of the tile to complete (all but the
+// thread's PENDING latest bulk groups) and counts it, a release that the next block's
+// acquire reads.
+template <int BLOCK_M>
+struct DqTurn {
+  template <class Sched>
+  __device__ __forceinline__ static int* counter(const BwdParams& p, const Sched& sched, int it) {
+    const FwdParams& f = p.fwd;
+    const int tiles = ceil_div(f.seqlen_q, BLOCK_M);
+    return dq_turns(p) + (i64(sched.b) * f.heads_q + sched.head(it)) * tiles +
+           sched.m0(it) / BLOCK_M;
+  }
+  __device__ __forceinline__ static void wait_for(const int* c, int mine) {
+    while (ld_acquire_gpu(c) != mine) {
+    }
+    fence_proxy_async_global();
+  }
+  template <class Sched>
+  __device__ __forceinline__ static int* wait(const BwdParams& p, const Sched& sched, int it) {
+    int* c = counter(p, sched, it);
+    wait_for(c, sched.turn(it));
+    return c;
+  }
+  template <int PENDING>
+  __device__ __forceinline__ static void pass(int* c) {
+    bulk_wait<PENDING>();
+    fence_proxy_async_global();
+    red_release_gpu_add(c, 1);
+  }
+};
+
+// ---------------------------------------------------------------------------
 // Epilogue: the dQ reductions (per tile) and the dK, dV stores (once).
 template <class KT, class Sched, bool FLAT = false>
 struct Epilogue {
@@ -1180,36 +1216,17 @@ struct Epilogue {
     bulk_commit();
   }
 
-  // kDqOrdered, kDqStaggered, by the thread that issues reduce_dq: tile it's turn counter
-  // (dq_turns, one per batch, query head and query tile: the additions done).
-  // wait_turn spins until the key blocks before this one (Sched::turn) have added
-  // theirs, then orders the copy engine's addition after that read; pass_turn waits
-  // for this block's addition of tile it to complete (all but the thread's PENDING
-  // latest bulk groups) and counts it, a release that the next block's acquire reads.
-  __device__ __forceinline__ int* turn_counter(int it) const {
-    const FwdParams& f = p.fwd;
-    const int tiles = ceil_div(f.seqlen_q, KT::BLOCK_M);
-    return dq_turns(p) + (i64(sched.b) * f.heads_q + sched.head(it)) * tiles +
-           sched.m0(it) / KT::BLOCK_M;
-  }
-  // (wait_turn returns the counter, for pass_turn.)
+  // kDqOrdered, kDqStaggered: DqTurn's, for tile it.
   __device__ __forceinline__ int* wait_turn(int it) const {
-    int* counter = turn_counter(it);
-    const int mine = sched.turn(it);
-    while (ld_acquire_gpu(counter) != mine) {
-    }
-    fence_proxy_async_global();
-    return counter;
+    return DqTurn<KT::BLOCK_M>::wait(p, sched, it);
   }
   template <int PENDING>
   __device__ __forceinline__ void pass_turn(int* counter) const {
-    bulk_wait<PENDING>();
-    fence_proxy_async_global();
-    red_release_gpu_add(counter, 1);
+    DqTurn<KT::BLOCK_M>::template pass<PENDING>(counter);
   }
   template <int PENDING>
   __device__ __forceinline__ void pass_turn(int it) const {
-    pass_turn<PENDING>(turn_counter(it));
+    pass_turn<PENDING>(DqTurn<KT::BLOCK_M>::counter(p, sched, it));
   }
 
   // One warp: its 16 keys key0.. of acc * mul (a warpgroup's dK or dV fragment)
@@ -2014,34 +2031,6 @@ __device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[24],
   }
 }
 
-// P in place of S for a warp's m64n48 tile: s[nt * 4 + 2 r + c] is query i0 + 8 r,
-// key j0 + 8 nt + 2 t + c; lse2[r] its row's. TEST as p_from_s_tile's (0: no
-// per-element test, 1: every element, 2: where `partial`).
-template <class VT, int TEST>
-__device__ __forceinline__ void p_from_s_rows(float (&s)[24], const FwdParams& f,
-                                              typename VT::Head hd, const float (&lse2)[2],
-                                              int i0, int j0, int t, bool partial) {
-#pragma unroll
-  for (int nt = 0; nt < 6; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int i = i0 + 8 * r, j = j0 + 8 * nt + 2 * t + c;
-        float& x = s[nt * 4 + 2 * r + c];
-        const auto p_of = [&](float dot) {
-          if constexpr (VT::kTransform) return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
-          else return fast_exp2(fmaf(dot, f.scale_log2, -lse2[r]));
-        };
-        if constexpr (TEST == 2) {
-          x = !partial || VT::keep(f, i, j) ? p_of(x) : 0.f;
-        } else {
-          const float e = p_of(x);
-          x = TEST == 0 || VT::keep(f, i, j) ? e : 0.f;
-        }
-      }
-}
-
 template <class KT, class VT, int DQ = kDqAtomic>
 __global__ void __launch_bounds__(KT::THREADS, 1)
     flash_wgmma_bwd_dkdv_mid(const BwdParams args, const __grid_constant__ TmaMap q_map,
@@ -2158,23 +2147,17 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         float* dst = p.dq_accum + u64(first) * KT::D;
         constexpr u32 BYTES = KT::BLOCK_M * KT::D * 4;
         if constexpr (ORDERED) {
-          // the tile's turn (Epilogue::wait_turn, pass_turn): the key blocks before
-          // this one (Sched::turn) have added theirs; the first stores where the host
-          // says every tile has one (p.dq_store_first)
+          // the tile's turn (DqTurn); the first stores where the host says every tile
+          // has one (p.dq_store_first)
+          int* counter = DqTurn<KT::BLOCK_M>::counter(p, sched, it);
           const int turn = sched.turn(it);
-          int* counter = dq_turns(p) + (i64(b) * f.heads_q + h) * ceil_div(f.seqlen_q, KT::BLOCK_M) +
-                         m0 / KT::BLOCK_M;
-          while (ld_acquire_gpu(counter) != turn) {
-          }
-          fence_proxy_async_global();
+          DqTurn<KT::BLOCK_M>::wait_for(counter, turn);
           if (p.dq_store_first && turn == 0) bulk_store(dst, st.dq(), BYTES);
           else bulk_reduce_add(dst, st.dq(), BYTES);
           bulk_commit();
           bulk_wait_read<0>();
           mbarrier_arrive(st.dq_empty());   // sdQ free once read; the turn once added
-          bulk_wait<0>();
-          fence_proxy_async_global();
-          red_release_gpu_add(counter, 1);
+          DqTurn<KT::BLOCK_M>::pass<0>(counter);
         } else {
           bulk_reduce_add(dst, st.dq(), BYTES);
           bulk_commit();
@@ -2239,11 +2222,15 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
       const float lse2[2] = {st.stat(st.lse(s_idx) + 4 * row), st.stat(st.lse(s_idx) + 4 * (row + 8))};
       wgmma_wait<1>();
       fence_regs(s);
+      // P in place of S: the variant's score, masked elements selected to 0 where the
+      // warp's rows x keys are partial (Scores::map over the m64n48 C fragments)
       const typename VT::Head hd = VT::Dense::head(f, b, h);
-      const int i0 = m0 + row, j0 = sched.n0 + key0;
-      const bool partial = VT::partial(f, m0 + 16 * wq, m0 + 16 * wq + 15, j0, j0 + KT::WG_KEYS - 1);
-      if (partial) p_from_s_rows<VT, 1>(s, f, hd, lse2, i0, j0, t, true);
-      else p_from_s_rows<VT, 0>(s, f, hd, lse2, i0, j0, t, false);
+      const int i0 = m0 + 16 * wq, j0 = sched.n0 + key0;
+      const bool partial = VT::partial(f, i0, i0 + 15, j0, j0 + KT::WG_KEYS - 1);
+      Scores<VT>::map(MmaFrag<KT::WG_KEYS / 8>(lane), [&](int x) -> float& { return s[x]; }, f, i0,
+                      j0, partial, 0.f, [&](float dot, int r, int, int i, int j) {
+                        return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
+                      });
       const float delta[2] = {st.stat(st.delta() + 4 * row), st.stat(st.delta() + 4 * (row + 8))};
       wgmma_wait<0>();
       fence_regs(dp);
