@@ -221,13 +221,11 @@ def _narrow_rows(vt: Variant | None, deterministic: bool) -> bool:
     return bool(vt.softcap) or vt.dropout or ordered_pwg
 
 
-def mid_fits(head_dim: int, vt: Variant | None, deterministic: bool = False,
-             split: bool = False) -> bool:
+def mid_fits(head_dim: int, vt: Variant | None, split: bool = False) -> bool:
     """Whether flash_wgmma_bwd_dkdv_mid takes the backward: D = 136-192 over fixed
     lengths, no split, causal or a window, in both modes (no dropout, softcap or ALiBi:
     those run the wide kernel and its dQ pass). Its dQ is always added in its own
     order: where that cannot run (flat_dq) the wide kernel takes the launch."""
-    del deterministic   # (both modes: the deterministic one's dQ in a fixed order)
     return (MID_MIN_D <= head_dim <= MID_MAX_D and vt is not None and not split
             and not vt.ragged and not vt.dropout and not vt.softcap and vt.dense == "none")
 
@@ -239,7 +237,7 @@ def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False
     flash_wgmma_bwd_dkdv_mid where it fits (mid_fits), else the wide kernel."""
     if head_dim % 8 or head_dim < 64:
         return None
-    if mid and mid_fits(head_dim, vt, deterministic, split):
+    if mid and mid_fits(head_dim, vt, split):
         return Config(head_dim, 64, True)
     for bound, bm, _reason in TILES:
         if head_dim <= bound:
@@ -623,10 +621,12 @@ def passes(p: Problem, t: flash_bwd.BwdTensors, device_id: int, arch: str,
     c = config(p.head_dim, p.variant, deterministic, split)
     mode = _dq_mode(c, p.variant, deterministic, staggered)
     flat = flat_dq(p, c, mode, t.dq)
-    mid = not c.mid or flat   # (flash_wgmma_bwd_dkdv_mid adds dQ in its own order only)
-    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered,
-                          flat and mid, mid)
-    mode = _dq_mode(c, p.variant, deterministic, staggered)   # (the wide kernel's, if not mid)
+    if c.mid and not flat:   # (flash_wgmma_bwd_dkdv_mid adds dQ in its own order only)
+        c = config(p.head_dim, p.variant, deterministic, split, mid=False)
+        mode = _dq_mode(c, p.variant, deterministic, staggered)
+        flat = flat_dq(p, c, mode, t.dq)
+    c, dq, kspecs = _plan(p.head_dim, p.dtype, p.variant, deterministic, split, staggered, flat,
+                          c.mid)
     maps = tensor_maps(p, t, c) if flash_mma_bwd.vectorizable(p, t) else None
     if maps is None:   # writes dK, dV itself: no split; without a dq_accum its dQ pass
         return flash_mma_bwd.passes(p, t, device_id, arch, deterministic or t.dq_accum is None)
