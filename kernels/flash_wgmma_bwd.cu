@@ -335,6 +335,9 @@ enum WgmmaBwdBarrier : int {
                     // 6 is kBarDsFree0 + 1)
   kBarFix = 7,      // a tile's rows zeroed after its copies landed (Producer::fix)
   kBarMmaDone = 8,  // narrow with the producer warpgroup: the consumers' MMAs on sK, sV done
+  kBarMidP = 9,       // mid: P^T in sPt (warpgroup 0 arrives, 1 waits)
+  kBarMidPFree = 10,  // mid: warpgroup 1 has read P, 0 may store the next tile's
+  kBarMidDsFree = 11, // mid: warpgroup 0's dQ is done with sdSt, 1 may store the next dS^T
 };
 
 // Where the dK/dV kernel's dQ goes (its template parameter DQ).
@@ -1906,31 +1909,39 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 
 // ---------------------------------------------------------------------------
 // flash_wgmma_bwd_dkdv_mid, D = 136..192 over fixed lengths, both dQ modes: dK and dV
-// as their transposes, so that a warpgroup's keys need not fill an
-// m64 tile (FlashAttention-3's dKV_swapAB at these head dims). BLOCK_N = 96 keys a
-// block, warpgroup w keys 48w..48w + 47; BLOCK_M = 64 queries a tile. Per tile a
-// warpgroup:
-//   issue S = Q K_w^T, dP = dout V_w^T    ss, both K-major, m64n48, over D_K
-//   P = exp2(S scale log2 e - lse2), dS = P (dP - delta), row statistics per thread
-//   P^T and dS^T to sPt, sdSt [key][query] (stmatrix .trans); the warpgroups meet
-//   issue dV^T += dout^T P_w              ss, A MN-major (head dim on M: D_BLOCKS m64
-//                                          tiles), B K-major, N = 48
-//   issue dQ = dS K                        ss, both MN-major, over the block's 96 keys:
+// as their transposes (head dim on wgmma's M: FlashAttention-3's dKV_swapAB at these
+// head dims), the two consumer warpgroups split by role over the block's keys.
+// BLOCK_N = 96 keys a block, BLOCK_M = 64 queries a tile. Per tile:
+//   warpgroup 0: issue S = Q K^T          ss, both K-major, m64n96, over D_K
+//                P = exp2(S scale log2 e - lse2) (Scores::map); release the Q stage's
+//                lse; P^T to sPt [key][query] (stmatrix .trans) once warpgroup 1 has
+//                read the last tile's (kBarMidPFree); hand it over (kBarMidP)
+//                issue dV^T += dout^T P   ss, A MN-major (D_BLOCKS m64 tiles), B K-major
+//   warpgroup 1: issue dP = dout V^T      as S; release dout and delta
+//                P read back from sPt (ldmatrix .trans), dS = P (dP - delta); dS^T to
+//                sdSt once warpgroup 0's dQ of the last tile is done with it
+//                (kBarMidDsFree); hand it over (kBarDs)
+//                issue dK^T += Q^T dS      as dV^T
+//   both:        issue dQ = dS K          ss, both MN-major, over the block's 96 keys:
 //                                          warpgroup 0 the first DQ_BLOCKS0 64-column
 //                                          blocks of D, 1 the rest (an MN-major B in the
 //                                          128-byte swizzle starts on a 64-column block)
-//   issue dK^T += Q^T dS_w                 as dV^T
-//   release dout (after dV^T: every consumer thread arrives, so racecheck credits each
-//   its own reads of delta); dQ staged in its own order while dK^T runs
-//   (FLAT: convert_flat_tile's layout, 64-column blocks) for the reducer, or, for a
-//   tile past Sq's last whole one, added from registers in rows (kDqAtomic only: the
-//   host gives the ordered modes whole tiles); release the Q stage (after dK^T). kDqOrdered, kDqStaggered: the reducer
-//   takes each tile's turn (TileScheduler's orders, the counters of Epilogue::wait_turn)
-//   before its addition and passes it once the addition completed.
-// Registers a consumer thread: dK^T and dV^T 3 x 24 each, S and dP 24 each, dQ 32 a
-// column block. The two warpgroups' different dQ widths: the tile loop is compiled
-// once per warpgroup (a wgmma on a branch of wg serialized every wgmma: ptxas C7519),
-// so their barriers are barrier.sync / barrier.arrive (not .aligned across the block).
+//                release dout (0, after dV^T) or the Q stage (1, after dK^T); dQ staged
+//                in its own order (FLAT: convert_flat_tile's layout, 64-column blocks)
+//                for the reducer, or, for a tile past Sq's last whole one, added from
+//                registers in rows (kDqAtomic only: the host gives the ordered modes
+//                whole tiles). kDqOrdered, kDqStaggered: the reducer takes each tile's
+//                turn (TileScheduler's orders, DqTurn) before its addition and passes
+//                it once the addition completed.
+// Every GEMM runs at N = 96 (two m64n48 halves asked about 1.4x the shared-memory
+// bandwidth a key), and warpgroup 0's S and P of the next tile overlap warpgroup 1's
+// dS and dK^T. Every consumer thread waits for the Q stage first (K and V land with the
+// first tile's Q; warpgroup 1's dP reads V before anything of the stage) and releases
+// its own reads (racecheck credits a thread's arrival for its reads only).
+// Registers a consumer thread: dV^T or dK^T 3 x 48, S or dP 48, dQ 32 a column block.
+// The two warpgroups' different roles and dQ widths: the tile loop is compiled once
+// per warpgroup (a wgmma on a branch of wg serialized every wgmma: ptxas C7519), so
+// their barriers are barrier.sync / barrier.arrive (not .aligned across the block).
 // The producer warpgroup (setmaxnreg 24): warp 0's first thread loads Q (two stages; K
 // and V with the first) and dout (one buffer), warp 1 stores lse2 with each Q stage,
 // warp 2 delta with dout, warp 3 adds each staged dQ into dq_accum (one bulk reduction
@@ -1945,7 +1956,6 @@ struct WgmmaBwdMidTraits {
   static constexpr int D_K = (D + 15) / 16 * 16;
   static constexpr int BLOCK_M = 64;            // queries per tile
   static constexpr int BLOCK_N = 96;            // keys per block
-  static constexpr int WG_KEYS = BLOCK_N / 2;   // a warpgroup's keys: N of its MMAs
   static constexpr int CONSUMERS = 256;
   static constexpr int THREADS = CONSUMERS + 128;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
@@ -2010,17 +2020,17 @@ struct MidSmem {
   __device__ __forceinline__ float stat(u32 a) const { return *shared_ptr<const float>(wgmma_bwd_smem, a); }
 };
 
-// A warp's m64n48 accumulator x (rows row0 + g + 8 r, columns col0 + 8 nt + 2 t + c at
+// A warp's m64nN accumulator x (rows row0 + g + 8 r, columns col0 + 8 nt + 2 t + c at
 // x[nt * 4 + 2 r + c]) times mul, in 16 bits, stored transposed into the swizzled
 // tile at `tile` (Tile: rows are x's columns): x's column col0 + j in row key0 + j,
-// its rows in chunks chunk0 (rows row0..row0 + 7) and chunk0 + 1 (row0 + 8..). Three
+// its rows in chunks chunk0 (rows row0..row0 + 7) and chunk0 + 1 (row0 + 8..). N / 16
 // stmatrix .x4, each two n8 groups x both row halves.
-template <class Tile, class T>
-__device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[24], float mul,
+template <class Tile, class T, int N>
+__device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[N / 2], float mul,
                                                  int key0, int chunk0, int lane) {
   const int i = lane / 8, k = lane % 8;
 #pragma unroll
-  for (int q = 0; q < 3; ++q) {
+  for (int q = 0; q < N / 16; ++q) {
     u32 r[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -2028,6 +2038,20 @@ __device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[24],
       r[m] = MmaType<T>::pack(x[nt * 4 + 2 * h] * mul, x[nt * 4 + 2 * h + 1] * mul);
     }
     stmatrix_x4_trans(tile + Tile::offset(key0 + 8 * (2 * q + i / 2) + k, chunk0 + i % 2), r);
+  }
+}
+// The inverse: p[e] the 16-bit pair of x[2 e], x[2 e + 1] (store_transposed's layout)
+// read back from the tile by ldmatrix .trans.
+template <class Tile, int N>
+__device__ __forceinline__ void load_transposed(u32 tile, u32 (&p)[N / 4], int key0, int chunk0,
+                                                int lane) {
+  const int i = lane / 8, k = lane % 8;
+#pragma unroll
+  for (int q = 0; q < N / 16; ++q) {
+    u32 r[4];
+    ldmatrix_x4_trans(r, tile + Tile::offset(key0 + 8 * (2 * q + i / 2) + k, chunk0 + i % 2));
+#pragma unroll
+    for (int m = 0; m < 4; ++m) p[2 * (2 * q + m / 2) + m % 2] = r[m];
   }
 }
 
@@ -2174,22 +2198,27 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   const int wq = threadIdx.x / 32 % 4;   // the warp's rows 16 wq.. of an m64 tile
   const int g = lane / 4, t = lane % 4;
+  const int row = 16 * wq + g;           // this thread's rows row, row + 8 of a tile
+  // Roles (each warpgroup over all 96 keys): warpgroup 0 S, P and dV^T, warpgroup 1 dP,
+  // dS and dK^T; dQ by both, warpgroup 0 the first DQ_BLOCKS0 64-column blocks.
   const auto consume = [&](auto w_) {
     constexpr int W = decltype(w_)::value;
+    constexpr int N = KT::BLOCK_N;
     constexpr int DQ_B0 = W ? KT::DQ_BLOCKS0 : 0;                       // first column block
     constexpr int DQ_NB = W ? KT::D_BLOCKS - KT::DQ_BLOCKS0 : KT::DQ_BLOCKS0;
-    const int key0 = KT::WG_KEYS * W;   // the warpgroup's first key within the block
-    float dvt[KT::D_BLOCKS][24], dkt[KT::D_BLOCKS][24];   // head dim x the warpgroup's keys
+    float acc[KT::D_BLOCKS][N / 2];   // warpgroup 0: dV^T, 1: dK^T / scale (head dim x keys)
 #pragma unroll
     for (int mt = 0; mt < KT::D_BLOCKS; ++mt)
 #pragma unroll
-      for (int e = 0; e < 24; ++e) dvt[mt][e] = dkt[mt][e] = 0.f;
+      for (int e = 0; e < N / 2; ++e) acc[mt][e] = 0.f;
     PipelineState<2> read;
     int staged = 0;   // whole tiles' dQ staged so far (the reducer's count)
     for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
       const int s_idx = read.index(), m0 = sched.m0(it), h = sched.head(it);
       const int do_parity = (it - sched.begin) & 1;
       const u32 q_tile = st.q(s_idx);
+      // (both warpgroups: K and V land with the first tile's Q, and warpgroup 1's dP
+      // reads V before anything else of the stage)
       mbarrier_wait(st.q_full(s_idx), read.phase());
       if (Walk::row_lo(f, m0) > 0) {   // block-uniform: rows that attend nothing zeroed
         mbarrier_wait(st.do_full(), do_parity);
@@ -2199,66 +2228,100 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         fence_proxy_async();
         role_barrier_sync(kBarFix, KT::CONSUMERS);
       }
-      float s[24], dp[24];
-      wgmma_fence();
-      {
-        const u64 a = KT::QTile::kmajor(q_tile, 0, 0), bk = KT::KVTile::kmajor(st.k(), key0, 0);
-#pragma unroll
-        for (int ks = 0; ks < KT::QK_STEPS; ++ks)
-          Wgmma<KT::WG_KEYS>::ss(s, desc_advance(a, KT::QTile::kmajor_offset(ks)),
-                                 desc_advance(bk, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
-        wgmma_commit();
-      }
-      mbarrier_wait(st.do_full(), do_parity);
-      {
-        const u64 a = KT::QTile::kmajor(st.dout(), 0, 0), bv = KT::KVTile::kmajor(st.v(), key0, 0);
-#pragma unroll
-        for (int ks = 0; ks < KT::QK_STEPS; ++ks)
-          Wgmma<KT::WG_KEYS>::ss(dp, desc_advance(a, KT::QTile::kmajor_offset(ks)),
-                                 desc_advance(bv, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
-        wgmma_commit();
-      }
-      const int row = 16 * wq + g;
-      const float lse2[2] = {st.stat(st.lse(s_idx) + 4 * row), st.stat(st.lse(s_idx) + 4 * (row + 8))};
-      wgmma_wait<1>();
-      fence_regs(s);
-      // P in place of S: the variant's score, masked elements selected to 0 where the
-      // warp's rows x keys are partial (Scores::map over the m64n48 C fragments)
-      const typename VT::Head hd = VT::Dense::head(f, b, h);
-      const int i0 = m0 + 16 * wq, j0 = sched.n0 + key0;
-      const bool partial = VT::partial(f, i0, i0 + 15, j0, j0 + KT::WG_KEYS - 1);
-      Scores<VT>::map(MmaFrag<KT::WG_KEYS / 8>(lane), [&](int x) -> float& { return s[x]; }, f, i0,
-                      j0, partial, 0.f, [&](float dot, int r, int, int i, int j) {
-                        return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
-                      });
-      const float delta[2] = {st.stat(st.delta() + 4 * row), st.stat(st.delta() + 4 * (row + 8))};
-      wgmma_wait<0>();
-      fence_regs(dp);
-#pragma unroll
-      for (int e = 0; e < 24; ++e)   // (selected where P = 0: NaN past Sk or under the mask)
-        dp[e] = s[e] == 0.f ? 0.f : s[e] * (dp[e] - delta[e % 4 / 2]);
-      // P^T into this warpgroup's rows of sPt (its dV^T of tile it - 1, waited for, was
-      // their last reader); dS^T into its rows of sdSt once the other warpgroup's dQ of
-      // tile it - 1 is done with them
-      store_transposed<typename KT::PdsTile, T>(st.pt(), s, 1.f, key0, 2 * wq, lane);
-      if (it > sched.begin) role_barrier_sync(kBarDsFree0 + W, KT::CONSUMERS);
-      store_transposed<typename KT::PdsTile, T>(st.ds(), dp, 1.f, key0, 2 * wq, lane);
-      fence_proxy_async();
-      role_barrier_sync(kBarDs, KT::CONSUMERS);   // sPt, sdSt complete
-      wgmma_fence();
-#pragma unroll
-      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-        const u64 a = KT::QTile::mnmajor(st.dout() + mt * KT::QTile::BLOCK_BYTES, 0);
-        const u64 bp = KT::PdsTile::kmajor(st.pt(), key0, 0);
-#pragma unroll
-        for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-          Wgmma<KT::WG_KEYS>::template ss<1, 0>(
-              dvt[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
-              desc_advance(bp, KT::PdsTile::kmajor_offset(ks)), 1, T{});
-      }
-      wgmma_commit();
+      const int i0 = m0 + 16 * wq, j0 = sched.n0;
+      const bool partial = VT::partial(f, i0, i0 + 15, j0, j0 + N - 1);
+      float x[N / 2];   // warpgroup 0: S, then P; 1: dP, then dS
       float dq[32 * DQ_NB];
-      {
+      if constexpr (W == 0) {
+        // S = Q K^T over the block's keys; P (Scores::map: the variant's score, masked
+        // elements selected to 0 where the warp's rows x keys are partial); P^T to sPt
+        // once warpgroup 1 has read the last tile's (kBarMidPFree), handed over
+        // (kBarMidP); dV^T += dout^T P
+        wgmma_fence();
+        {
+          const u64 a = KT::QTile::kmajor(q_tile, 0, 0), bk = KT::KVTile::kmajor(st.k(), 0, 0);
+#pragma unroll
+          for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+            Wgmma<N>::ss(x, desc_advance(a, KT::QTile::kmajor_offset(ks)),
+                         desc_advance(bk, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+          wgmma_commit();
+        }
+        const float lse2[2] = {st.stat(st.lse(s_idx) + 4 * row),
+                               st.stat(st.lse(s_idx) + 4 * (row + 8))};
+        wgmma_wait<0>();
+        fence_regs(x);
+        mbarrier_arrive(st.q_empty(s_idx));   // (this thread's reads of Q and lse done)
+        const typename VT::Head hd = VT::Dense::head(f, b, h);
+        Scores<VT>::map(MmaFrag<N / 8>(lane), [&](int e) -> float& { return x[e]; }, f, i0, j0,
+                        partial, 0.f, [&](float dot, int r, int, int i, int j) {
+                          return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
+                        });
+        if (it > sched.begin) role_barrier_sync(kBarMidPFree, KT::CONSUMERS);
+        store_transposed<typename KT::PdsTile, T, N>(st.pt(), x, 1.f, 0, 2 * wq, lane);
+        fence_proxy_async();
+        role_barrier_arrive(kBarMidP, KT::CONSUMERS);
+        warpgroup_barrier(0);
+        mbarrier_wait(st.do_full(), do_parity);
+        wgmma_fence();
+#pragma unroll
+        for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+          const u64 a = KT::QTile::mnmajor(st.dout() + mt * KT::QTile::BLOCK_BYTES, 0);
+          const u64 bp = KT::PdsTile::kmajor(st.pt(), 0, 0);
+#pragma unroll
+          for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+            Wgmma<N>::template ss<1, 0>(acc[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
+                                        desc_advance(bp, KT::PdsTile::kmajor_offset(ks)), 1, T{});
+        }
+        wgmma_commit();
+        role_barrier_sync(kBarDs, KT::CONSUMERS);   // this tile's dS^T in sdSt
+      } else {
+        // dP = dout V^T over the block's keys; dS = P (dP - delta), P read back from sPt;
+        // dS^T to sdSt once warpgroup 0's dQ of the last tile is done with it
+        // (kBarMidDsFree), handed over (kBarDs); dK^T += Q^T dS
+        mbarrier_wait(st.do_full(), do_parity);
+        wgmma_fence();
+        {
+          const u64 a = KT::QTile::kmajor(st.dout(), 0, 0), bv = KT::KVTile::kmajor(st.v(), 0, 0);
+#pragma unroll
+          for (int ks = 0; ks < KT::QK_STEPS; ++ks)
+            Wgmma<N>::ss(x, desc_advance(a, KT::QTile::kmajor_offset(ks)),
+                         desc_advance(bv, KT::KVTile::kmajor_offset(ks)), ks > 0, T{});
+          wgmma_commit();
+        }
+        const float delta[2] = {st.stat(st.delta() + 4 * row), st.stat(st.delta() + 4 * (row + 8))};
+        wgmma_wait<0>();
+        fence_regs(x);
+        mbarrier_arrive(st.do_empty());   // (this thread's reads of dout and delta done)
+        role_barrier_sync(kBarMidP, KT::CONSUMERS);
+        u32 pp[N / 4];   // P in 16 bits, the C fragments' pairs
+        load_transposed<typename KT::PdsTile, N>(st.pt(), pp, 0, 2 * wq, lane);
+        if (it + 1 < sched.end) role_barrier_arrive(kBarMidPFree, KT::CONSUMERS);
+#pragma unroll
+        for (int e = 0; e < N / 4; ++e) {   // (selected where P = 0 on partial warps: NaN
+                                            // past Sk or under the mask)
+          const float p0 = to_float(T{u16(pp[e] & 0xFFFFu)}), p1 = to_float(T{u16(pp[e] >> 16)});
+          const float dl = delta[e % 2];
+          x[2 * e] = partial && p0 == 0.f ? 0.f : p0 * (x[2 * e] - dl);
+          x[2 * e + 1] = partial && p1 == 0.f ? 0.f : p1 * (x[2 * e + 1] - dl);
+        }
+        if (it > sched.begin) role_barrier_sync(kBarMidDsFree, KT::CONSUMERS);
+        store_transposed<typename KT::PdsTile, T, N>(st.ds(), x, 1.f, 0, 2 * wq, lane);
+        fence_proxy_async();
+        role_barrier_arrive(kBarDs, KT::CONSUMERS);
+        warpgroup_barrier(1);
+        wgmma_fence();
+#pragma unroll
+        for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+          const u64 a = KT::QTile::mnmajor(q_tile + mt * KT::QTile::BLOCK_BYTES, 0);
+          const u64 bd = KT::PdsTile::kmajor(st.ds(), 0, 0);
+#pragma unroll
+          for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+            Wgmma<N>::template ss<1, 0>(acc[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
+                                        desc_advance(bd, KT::PdsTile::kmajor_offset(ks)), 1, T{});
+        }
+        wgmma_commit();
+      }
+      {   // dQ = dS K: this warpgroup's column blocks
         const u64 a = KT::PdsTile::mnmajor(st.ds(), 0);
         const u64 bk = KT::KVTile::mnmajor(st.k() + DQ_B0 * KT::KVTile::BLOCK_BYTES, 0);
 #pragma unroll
@@ -2268,24 +2331,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                                                ks > 0, T{});
         wgmma_commit();
       }
-#pragma unroll
-      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-        const u64 a = KT::QTile::mnmajor(q_tile + mt * KT::QTile::BLOCK_BYTES, 0);
-        const u64 bd = KT::PdsTile::kmajor(st.ds(), key0, 0);
-#pragma unroll
-        for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-          Wgmma<KT::WG_KEYS>::template ss<1, 0>(
-              dkt[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
-              desc_advance(bd, KT::PdsTile::kmajor_offset(ks)), 1, T{});
-      }
-      wgmma_commit();
-      // (each thread releases its own reads of lse and delta: compute-sanitizer's
-      // racecheck does not credit a lane's arrival for its warp's reads)
-      wgmma_wait<2>();   // dV^T done: dout and delta free
-      mbarrier_arrive(st.do_empty());
-      wgmma_wait<1>();   // dQ done: staged while dK^T runs
+      wgmma_wait<1>();   // dV^T (dK^T) done: dout (the Q stage) free
+      if constexpr (W == 0) mbarrier_arrive(st.do_empty());
+      else mbarrier_arrive(st.q_empty(s_idx));
+      wgmma_wait<0>();   // dQ done
       fence_regs(dq);
-      if (it + 1 < sched.end) role_barrier_arrive(kBarDsFree0 + 1 - W, KT::CONSUMERS);
+#pragma unroll
+      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) fence_regs(acc[mt]);
+      if (W == 0 && it + 1 < sched.end) role_barrier_arrive(kBarMidDsFree, KT::CONSUMERS);
       // dQ: the fragment of column block DQ_B0 + c, float4 j of thread x at float4
       // 1024 (DQ_B0 + c) + 128 j + x of the tile (convert_flat_tile's layout)
       if (whole(it)) {
@@ -2313,22 +2366,14 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
             }
           }
       }
-      wgmma_wait<0>();   // dK^T done: the Q stage free
-#pragma unroll
-      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-        fence_regs(dvt[mt]);
-        fence_regs(dkt[mt]);
-      }
-      mbarrier_arrive(st.q_empty(s_idx));
     }
     // every warpgroup's MMAs on sK and sV done: dK^T * scale and dV^T staged there
     // transposed, then written out in rows of 16 bytes
     role_barrier_sync(kBarMmaDone, KT::CONSUMERS);
 #pragma unroll
-    for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-      store_transposed<typename KT::KVTile, T>(st.k(), dkt[mt], f.scale, key0, 8 * mt + 2 * wq, lane);
-      store_transposed<typename KT::KVTile, T>(st.v(), dvt[mt], 1.f, key0, 8 * mt + 2 * wq, lane);
-    }
+    for (int mt = 0; mt < KT::D_BLOCKS; ++mt)
+      store_transposed<typename KT::KVTile, T, N>(W ? st.k() : st.v(), acc[mt], W ? f.scale : 1.f,
+                                                 0, 8 * mt + 2 * wq, lane);
   };
   if (wg == 0) consume(Int<0>{});
   else consume(Int<1>{});
