@@ -314,8 +314,24 @@ def test_forward(c, device_cc):
     assert out_b.outside_untouched() and lse_b.outside_untouched()
 
 
+def _mid_alibi_cases():
+    """ALiBi (per-head and per-(batch, head) slopes) on flash_wgmma_bwd_dkdv_mid's head
+    dims, with a window and causal, both dQ modes."""
+    out = []
+    for idx, (d, causal, window, batch) in enumerate(((136, True, (-1, -1), 2),
+                                                     (160, False, (128, 0), 1),
+                                                     (192, False, (-1, -1), 2),
+                                                     (176, True, (-1, -1), 1))):
+        out.append(pytest.param(dict(
+            family="flash_wgmma", causal=causal, window=window, softcap=None, alibi=True,
+            batch=batch, head_dim=d, shape=((384, 517), (517, 384), (640, 640))[idx % 3],
+            dtype=DTYPES[idx % 2], layout=LAYOUTS[idx % 2], heads_kv=HKV[idx % 3],
+            deterministic=idx % 2 == 1), id=f"flash_wgmma-mid-alibi-d{d}"))
+    return out
+
+
 @pytest.mark.parametrize("c", _cases(BWD_FAMILIES) + _alibi_cases(BWD_FAMILIES)
-                         + _softcap_bwd_cases())
+                         + _softcap_bwd_cases() + _mid_alibi_cases())
 def test_backward(c, device_cc):
     import cupy
 

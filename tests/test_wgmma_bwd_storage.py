@@ -24,9 +24,10 @@ from helpers import nvrtc_probe
 SHIPPED = sorted({fb.config(d) for d in range(64, fb.TILES[-1][0] + 1, 8)},
                  key=lambda c: c.head_dim)
 # and the deterministic mode's (64-query tiles where the default takes 128: D = 64 with
-# ALiBi), and flash_wgmma_bwd_dkdv_mid's (D = 136-192, the default mode)
+# ALiBi), flash_wgmma_bwd_dkdv_mid's (D = 136-192) and, under softcap, the wide kernel's there
 SHIPPED_ALL = sorted({fb.config(d, vt, det) for d in range(64, fb.TILES[-1][0] + 1, 8)
-                      for det in (False, True) for vt in (Variant(), Variant(dense="alibi"))},
+                      for det in (False, True)
+                      for vt in (Variant(), Variant(dense="alibi"), Variant(softcap=30.0))},
                      key=lambda c: (c.head_dim, c.block_m))
 
 
@@ -134,10 +135,13 @@ def test_threads_probe_catches_a_wrong_count():
 def test_where_the_producer_warpgroup_runs():
     # beyond SHIPPED's tiles (config(d) knows no variant): the deterministic D = 64 with
     # ALiBi on 64-query tiles, 80-query tiles at D = 88-128 in place of 64 at 88-120, and
-    # flash_wgmma_bwd_dkdv_mid at D = 136-192 (both modes; ALiBi runs the wide kernel)
-    assert len(SHIPPED_ALL) == len(SHIPPED) + 2 + 8
+    # flash_wgmma_bwd_dkdv_mid at D = 136-192 (both modes, ALiBi too; softcap runs the wide
+    # kernel there, and 64-query tiles at D = 88-120 where the plain non-causal kernel takes
+    # 80)
+    assert len(SHIPPED_ALL) == len(SHIPPED) + 2 + 8 + 5
     assert {c.head_dim for c in SHIPPED_ALL if c.mid} == set(range(136, 193, 8))
-    assert not fb.config(160, Variant(dense="alibi")).mid and fb.config(160, Variant(), True).mid
+    assert fb.config(160, Variant(dense="alibi")).mid and fb.config(160, Variant(), True).mid
+    assert not fb.config(160, Variant(softcap=30.0)).mid
     assert fb.config(160, Variant(True, (64, 0))).mid and not fb.config(160, Variant(True), split=True).mid
     assert fb.config(160, Variant(True)).threads("atomic", Variant(True)) == 384
     assert fb.config(128, Variant(dense="alibi")).block_m == 64

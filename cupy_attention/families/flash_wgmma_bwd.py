@@ -223,11 +223,12 @@ def _narrow_rows(vt: Variant | None, deterministic: bool) -> bool:
 
 def mid_fits(head_dim: int, vt: Variant | None, split: bool = False) -> bool:
     """Whether flash_wgmma_bwd_dkdv_mid takes the backward: D = 136-192 over fixed
-    lengths, no split, causal or a window, in both modes (no dropout, softcap or ALiBi:
+    lengths, no split, causal or a window, ALiBi, in both modes (no dropout or softcap:
     those run the wide kernel and its dQ pass). Its dQ is always added in its own
     order: where that cannot run (flat_dq) the wide kernel takes the launch."""
     return (MID_MIN_D <= head_dim <= MID_MAX_D and vt is not None and not split
-            and not vt.ragged and not vt.dropout and not vt.softcap and vt.dense == "none")
+            and not vt.ragged and not vt.dropout and not vt.softcap
+            and vt.dense in ("none", "alibi"))
 
 
 def config(head_dim: int, vt: Variant | None = None, deterministic: bool = False,
