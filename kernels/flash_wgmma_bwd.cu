@@ -1924,8 +1924,9 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 //                issue dK^T += Q^T dS      as dV^T
 //   both:        issue dQ = dS K          ss, both MN-major, over the block's 96 keys:
 //                                          warpgroup 0 the first DQ_BLOCKS0 64-column
-//                                          blocks of D, 1 the rest (an MN-major B in the
-//                                          128-byte swizzle starts on a 64-column block)
+//                                          blocks of D (the fewer: it computes P), 1 the
+//                                          rest (an MN-major B in the 128-byte swizzle
+//                                          starts on a 64-column block)
 //                release dout (0, after dV^T) or the Q stage (1, after dK^T); dQ staged
 //                in its own order (FLAT: convert_flat_tile's layout, 64-column blocks)
 //                for the reducer, or, for a tile past Sq's last whole one, added from
@@ -1963,7 +1964,10 @@ struct WgmmaBwdMidTraits {
   static constexpr int QK_STEPS = D_K / 16;
   static constexpr int KV_STEPS = BLOCK_M / 16;
   static constexpr int DQ_STEPS = BLOCK_N / 16;
-  static constexpr int DQ_BLOCKS0 = (D_BLOCKS + 1) / 2;  // warpgroup 0's column blocks of dQ
+  // warpgroup 0's column blocks of dQ: the fewer, since its P's exponentials are the
+  // longer of the two roles' work off the tensor pipe (one of three blocks against two:
+  // 1.04-1.13x, notes-bwd-loops.md section 40)
+  static constexpr int DQ_BLOCKS0 = D_BLOCKS / 2;
   // (TileScheduler, convert_flat_tile: dQ's tile in its own order by 64-column blocks)
   static constexpr bool DQ_TRANSPOSED = false, DQ_SPLIT_ROWS = false, DQ_FLAT_FITS = true;
   static constexpr int DQ_N = 64;
