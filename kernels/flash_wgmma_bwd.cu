@@ -2215,6 +2215,21 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
     for (int mt = 0; mt < KT::D_BLOCKS; ++mt)
 #pragma unroll
       for (int e = 0; e < N / 2; ++e) acc[mt][e] = 0.f;
+    // acc += X^T Y over a tile's queries: X (dout or Q) MN-major, its 64-column blocks
+    // on M; Y (sPt or sdSt) K-major, the block's keys on N
+    const auto accumulate_transposed = [&](u32 x, u32 y) {
+      wgmma_fence();
+#pragma unroll
+      for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
+        const u64 a = KT::QTile::mnmajor(x + mt * KT::QTile::BLOCK_BYTES, 0);
+        const u64 b = KT::PdsTile::kmajor(y, 0, 0);
+#pragma unroll
+        for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+          Wgmma<N>::template ss<1, 0>(acc[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
+                                      desc_advance(b, KT::PdsTile::kmajor_offset(ks)), 1, T{});
+      }
+      wgmma_commit();
+    };
     PipelineState<2> read;
     int staged = 0;   // whole tiles' dQ staged so far (the reducer's count)
     for (int it = sched.begin; it < sched.end; ++it, read.advance()) {
@@ -2266,17 +2281,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         role_barrier_arrive(kBarMidP, KT::CONSUMERS);
         warpgroup_barrier(0);
         mbarrier_wait(st.do_full(), do_parity);
-        wgmma_fence();
-#pragma unroll
-        for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-          const u64 a = KT::QTile::mnmajor(st.dout() + mt * KT::QTile::BLOCK_BYTES, 0);
-          const u64 bp = KT::PdsTile::kmajor(st.pt(), 0, 0);
-#pragma unroll
-          for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-            Wgmma<N>::template ss<1, 0>(acc[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
-                                        desc_advance(bp, KT::PdsTile::kmajor_offset(ks)), 1, T{});
-        }
-        wgmma_commit();
+        accumulate_transposed(st.dout(), st.pt());
         role_barrier_sync(kBarDs, KT::CONSUMERS);   // this tile's dS^T in sdSt
       } else {
         // dP = dout V^T over the block's keys; dS = P (dP - delta), P read back from sPt;
@@ -2313,17 +2318,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         fence_proxy_async();
         role_barrier_arrive(kBarDs, KT::CONSUMERS);
         warpgroup_barrier(1);
-        wgmma_fence();
-#pragma unroll
-        for (int mt = 0; mt < KT::D_BLOCKS; ++mt) {
-          const u64 a = KT::QTile::mnmajor(q_tile + mt * KT::QTile::BLOCK_BYTES, 0);
-          const u64 bd = KT::PdsTile::kmajor(st.ds(), 0, 0);
-#pragma unroll
-          for (int ks = 0; ks < KT::KV_STEPS; ++ks)
-            Wgmma<N>::template ss<1, 0>(acc[mt], desc_advance(a, KT::QTile::mnmajor_offset(ks)),
-                                        desc_advance(bd, KT::PdsTile::kmajor_offset(ks)), 1, T{});
-        }
-        wgmma_commit();
+        accumulate_transposed(q_tile, st.ds());
       }
       {   // dQ = dS K: this warpgroup's column blocks
         const u64 a = KT::PdsTile::mnmajor(st.ds(), 0);
