@@ -2026,12 +2026,12 @@ struct MidSmem {
 
 // A warp's m64nN accumulator x (rows row0 + g + 8 r, columns col0 + 8 nt + 2 t + c at
 // x[nt * 4 + 2 r + c]) times mul, in 16 bits, stored transposed into the swizzled
-// tile at `tile` (Tile: rows are x's columns): x's column col0 + j in row key0 + j,
-// its rows in chunks chunk0 (rows row0..row0 + 7) and chunk0 + 1 (row0 + 8..). N / 16
+// tile at `tile` (Tile: rows are x's columns): x's column col0 + j in row j, its
+// rows in chunks chunk0 (rows row0..row0 + 7) and chunk0 + 1 (row0 + 8..). N / 16
 // stmatrix .x4, each two n8 groups x both row halves.
 template <class Tile, class T, int N>
 __device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[N / 2], float mul,
-                                                 int key0, int chunk0, int lane) {
+                                                 int chunk0, int lane) {
   const int i = lane / 8, k = lane % 8;
 #pragma unroll
   for (int q = 0; q < N / 16; ++q) {
@@ -2041,19 +2041,18 @@ __device__ __forceinline__ void store_transposed(u32 tile, const float (&x)[N / 
       const int nt = 2 * q + m / 2, h = m % 2;
       r[m] = MmaType<T>::pack(x[nt * 4 + 2 * h] * mul, x[nt * 4 + 2 * h + 1] * mul);
     }
-    stmatrix_x4_trans(tile + Tile::offset(key0 + 8 * (2 * q + i / 2) + k, chunk0 + i % 2), r);
+    stmatrix_x4_trans(tile + Tile::offset(8 * (2 * q + i / 2) + k, chunk0 + i % 2), r);
   }
 }
 // The inverse: p[e] the 16-bit pair of x[2 e], x[2 e + 1] (store_transposed's layout)
 // read back from the tile by ldmatrix .trans.
 template <class Tile, int N>
-__device__ __forceinline__ void load_transposed(u32 tile, u32 (&p)[N / 4], int key0, int chunk0,
-                                                int lane) {
+__device__ __forceinline__ void load_transposed(u32 tile, u32 (&p)[N / 4], int chunk0, int lane) {
   const int i = lane / 8, k = lane % 8;
 #pragma unroll
   for (int q = 0; q < N / 16; ++q) {
     u32 r[4];
-    ldmatrix_x4_trans(r, tile + Tile::offset(key0 + 8 * (2 * q + i / 2) + k, chunk0 + i % 2));
+    ldmatrix_x4_trans(r, tile + Tile::offset(8 * (2 * q + i / 2) + k, chunk0 + i % 2));
 #pragma unroll
     for (int m = 0; m < 4; ++m) p[2 * (2 * q + m / 2) + m % 2] = r[m];
   }
@@ -2276,7 +2275,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
                           return fast_exp2(VT::shifted(f, hd, i, j, dot, -lse2[r]));
                         });
         if (it > sched.begin) role_barrier_sync(kBarMidPFree, KT::CONSUMERS);
-        store_transposed<typename KT::PdsTile, T, N>(st.pt(), x, 1.f, 0, 2 * wq, lane);
+        store_transposed<typename KT::PdsTile, T, N>(st.pt(), x, 1.f, 2 * wq, lane);
         fence_proxy_async();
         role_barrier_arrive(kBarMidP, KT::CONSUMERS);
         warpgroup_barrier(0);
@@ -2303,7 +2302,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
         mbarrier_arrive(st.do_empty());   // (this thread's reads of dout and delta done)
         role_barrier_sync(kBarMidP, KT::CONSUMERS);
         u32 pp[N / 4];   // P in 16 bits, the C fragments' pairs
-        load_transposed<typename KT::PdsTile, N>(st.pt(), pp, 0, 2 * wq, lane);
+        load_transposed<typename KT::PdsTile, N>(st.pt(), pp, 2 * wq, lane);
         if (it + 1 < sched.end) role_barrier_arrive(kBarMidPFree, KT::CONSUMERS);
 #pragma unroll
         for (int e = 0; e < N / 4; ++e) {   // (selected where P = 0 on partial warps: NaN
@@ -2314,7 +2313,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
           x[2 * e + 1] = partial && p1 == 0.f ? 0.f : p1 * (x[2 * e + 1] - dl);
         }
         if (it > sched.begin) role_barrier_sync(kBarMidDsFree, KT::CONSUMERS);
-        store_transposed<typename KT::PdsTile, T, N>(st.ds(), x, 1.f, 0, 2 * wq, lane);
+        store_transposed<typename KT::PdsTile, T, N>(st.ds(), x, 1.f, 2 * wq, lane);
         fence_proxy_async();
         role_barrier_arrive(kBarDs, KT::CONSUMERS);
         warpgroup_barrier(1);
@@ -2372,7 +2371,7 @@ __global__ void __launch_bounds__(KT::THREADS, 1)
 #pragma unroll
     for (int mt = 0; mt < KT::D_BLOCKS; ++mt)
       store_transposed<typename KT::KVTile, T, N>(W ? st.k() : st.v(), acc[mt], W ? f.scale : 1.f,
-                                                 0, 8 * mt + 2 * wq, lane);
+                                                 8 * mt + 2 * wq, lane);
   };
   if (wg == 0) consume(Int<0>{});
   else consume(Int<1>{});
