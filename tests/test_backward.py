@@ -535,8 +535,8 @@ WGMMA_GRID = [
     dict(dtype="bfloat16", D=256, Sq=2048, Sk=2048, causal=True, Hq=2, Hkv=2),
     dict(dtype="float16", D=256, Sq=17, Sk=33, Hq=2, Hkv=2, magnitude=3.0),
     dict(dtype="float16", D=256, Sq=512, Sk=256, causal=True, Hq=2, Hkv=1, deterministic=True),
-    # flash_wgmma_bwd_dkdv_mid (D = 136-192, the default mode): MQA, whole query tiles
-    # only (dQ in its own order throughout), keys off its 96-key blocks
+    # flash_wgmma_bwd_dkdv_mid (D = 136-192, both dQ modes): MQA, whole query tiles
+    # (test_gpu_variants' mid cases take a partial one), keys off its 96-key blocks
     dict(dtype="bfloat16", D=144, Sq=640, Sk=640, causal=True, Hq=4, Hkv=1),
     dict(dtype="float16", D=176, Sq=256, Sk=1000, Hq=3, Hkv=1, B=2),
     dict(dtype="float16", D=176, Sq=512, Sk=700, causal=True, Hq=4, Hkv=2, deterministic=True),

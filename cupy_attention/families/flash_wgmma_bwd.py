@@ -9,9 +9,9 @@ problem. Launch sequence on the caller's stream (the row kernels come from
    and the ordered mode's turn counters);
 2. ``flash_wgmma_bwd_dkdv`` (D = 64-128, 128 keys a block),
    ``flash_wgmma_bwd_dkdv_mid`` (D = 136-192 over fixed lengths without dropout,
-   softcap, ALiBi or a split: :func:`mid_fits`; 96 keys a block, dK and dV as their
-   transposes, dQ added in its own order, in the deterministic mode over whole query
-   tiles in a fixed order) or
+   softcap or a split: :func:`mid_fits`; 96 keys a block, one warpgroup holding dV^T
+   and the other dK^T, dQ added in its own order, in the deterministic mode over whole
+   query tiles in a fixed order) or
    ``flash_wgmma_bwd_dkdv_wide`` (D = 136-256 otherwise, 64 keys a block, one
    warpgroup holding dV and the other dK): dK, dV on wgmma, and dQ / scale added into
    ``dq_accum`` with fp32 reductions: in any order (``"atomic"``), or with
@@ -126,8 +126,8 @@ class Config:
 
     @property
     def block_n(self) -> int:
-        """Keys per block: 64 per warpgroup, 64 shared by both (wide), or 48 per
-        warpgroup (mid)."""
+        """Keys per block: 64 per warpgroup, 64 shared by both (wide), or 96 shared by
+        both (mid)."""
         return 96 if self.mid else 64 if self.wide else 128
 
     @property
