@@ -1061,8 +1061,8 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 
 
 def test_sections_only_under_an_upper_bound():
-    """base.section: sections of (head, batch) pairs for the causal grids up to 4k keys,
-    the largest divisor of the pairs up to the bound; one pair after another elsewhere
+    """base.section: sections of (head, batch) pairs for the causal grids, the largest
+    divisor of the pairs up to the bound and up to 16k keys over a section's pairs; one pair after another elsewhere
     (and in the ordered dQ modes, whose turns rely on the grid's order)."""
     from cupy_attention.families import base
     from cupy_attention.problem import Problem
@@ -1083,8 +1083,10 @@ def test_sections_only_under_an_upper_bound():
     assert section(prob(8, 16), "ordered", 16) == 1, "the ordered dQ keeps the grid's order"
     assert section(prob(8, 16), "staggered", 16) == 1
     assert section(prob(8, 16, varlen=True), "atomic", 16) == 1
-    assert section(prob(2, 16, s=4096), "atomic", 16) == 8
-    assert section(prob(2, 16, s=8192), "atomic", 16) == 1, "long keys: the L2"
+    assert section(prob(2, 16, s=4096), "atomic", 16) == 4, "16k keys a section"
+    assert section(prob(2, 16, s=8192), "atomic", 16) == 2
+    assert section(prob(2, 16, s=3000), "atomic", 16) == 4, "divisors of 32 up to 5"
+    assert section(prob(2, 16, s=16384), "atomic", 16) == 1, "long keys: the L2"
     assert base.section_grid(16, 16, 8, 8) == (128, 16, 1)
     assert base.section_grid(16, 16, 8, 1) == (16, 16, 8)
     # flash_mma's kernels: the 16-byte builds of the causal fixed-length variants

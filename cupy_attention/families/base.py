@@ -129,10 +129,16 @@ class HotLaunch:
 # block near the end. Sections of G pairs go block by block over G pairs, so each
 # section starts its heaviest blocks first. H200, bf16, B*S = 16k, flash_wgmma's
 # backward (benchmarks/results/notes-bwd-loops.md section 21): 3-4% at D = 128 and
-# 2.5-3.6% at D = 256 for S = 2k-4k, nothing at 8k, 1.6-3.5% lost at D = 128,
-# S = 16k (a section's query tiles outgrow the L2): up to SECTION_MAX_KEYS keys only.
+# 2.5-3.6% at D = 256 for S = 2k-4k with G up to 8. A section's pairs walk their
+# query tiles at once, so G shrinks as the keys grow: G * Sk up to SECTION_KEYS
+# (section 42: a per-block trace at S = 8k, G = 1, D = 128: the last pair's heaviest
+# blocks ran 5.6% past the SMs' mean finish; G = 2-4 there ran 1.02-1.04x, G = 4 at 4k
+# 1.01-1.03x over G = 8; at 16k keys G = 2 or 4 read 0.98-1.02x G = 1). flash_mma's
+# forward takes FWD_SECTION_KEYS: with 16k it lost up to 3.6% at 4k (G = 4 against
+# 8); with 32k it keeps G = 8 at 4k and gains 3-11% at 8k (G = 4 against 1).
 SECTION = 8
-SECTION_MAX_KEYS = 4096
+SECTION_KEYS = 16384
+FWD_SECTION_KEYS = 32768
 
 
 def sectioned(vt: Variant) -> bool:
@@ -141,14 +147,15 @@ def sectioned(vt: Variant) -> bool:
     return not vt.ragged and not vt.cache and bool(vt.band_flags[1])
 
 
-def section(p: Problem, heads: int) -> int:
+def section(p: Problem, heads: int, keys: int = SECTION_KEYS) -> int:
     """G (head, batch) pairs a section of a tile grid over ``heads`` heads of each batch
     entry; 1: one pair after another. The largest divisor of B * heads up to SECTION
-    (``CUPY_ATTENTION_SECTION`` overrides that bound), where ``sectioned`` holds, up to
-    SECTION_MAX_KEYS keys."""
-    if not sectioned(p.variant) or p.seqlen_k > SECTION_MAX_KEYS:
+    (``CUPY_ATTENTION_SECTION`` overrides that bound) and up to ``keys`` keys over the
+    section's pairs, where ``sectioned`` holds."""
+    if not sectioned(p.variant):
         return 1
     bound = int(os.environ.get("CUPY_ATTENTION_SECTION", SECTION))
+    bound = min(bound, keys // max(1, p.seqlen_k))
     pairs = heads * p.batch
     return max((g for g in range(1, max(1, bound) + 1)
                 if pairs % g == 0 and pairs // g <= 65535), default=1)

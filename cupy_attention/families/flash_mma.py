@@ -8,7 +8,8 @@ from .. import jit
 from ..params import FWD_DTYPE
 from ..problem import Problem
 from ..variant import Variant
-from .base import CPP_DTYPE, SHORT_DTYPE, Family, HotLaunch, Tensors, section, section_grid, sectioned
+from .base import (CPP_DTYPE, FWD_SECTION_KEYS, SHORT_DTYPE, Family, HotLaunch, Tensors, section,
+                   section_grid, sectioned)
 
 # Tile heuristics: the first row whose bound covers the head dim padded to 16.
 # Each config is (BLOCK_M, BLOCK_N, warps, stages); a warp owns BLOCK_M / warps
@@ -224,7 +225,7 @@ class FlashMma(Family):
             blocks = (grid(vec) if grid else None) or (
                 (p.seqlen_q // block_m + p.batch, p.heads_q, 1) if p.varlen  # common/seqs.cuh
                 else section_grid(-(-p.seqlen_q // block_m), p.heads_q, p.batch,
-                                  section(p, p.heads_q) if sec else 1))
+                                  section(p, p.heads_q, FWD_SECTION_KEYS) if sec else 1))
             return jit.get_function(kspec, arch, device_id), blocks, (threads,), smem
 
         return HotLaunch(p, t, strides_aligned(p.head_dim, (t.q, t.k, t.v, t.out)), variant, extra)
