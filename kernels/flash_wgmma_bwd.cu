@@ -379,13 +379,26 @@ extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
 
 // The Storage fields' shared addresses from one 32-bit base (storage.cuh), and plain
 // pointers for the fields read or written by ordinary loads and stores.
+// A kernel's shared memory by address: its Storage from `base` (1024-byte aligned,
+// storage_base) and its Barriers in the alignment slack (slack_addr). BwdSmem, MidSmem
+// and DqSmem name the fields of their kernels' Storage and Barriers.
 template <class KT>
-struct BwdSmem {
+struct SmemView {
   using S = typename KT::Storage;
   using B = typename KT::Barriers;
   u32 base, bars;
-  __device__ __forceinline__ explicit BwdSmem(u32 base_)
+  __device__ __forceinline__ explicit SmemView(u32 base_)
       : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+  __device__ __forceinline__ unsigned char* bytes(u32 a) const {
+    return shared_ptr<unsigned char>(wgmma_bwd_smem, a);
+  }
+};
+
+template <class KT>
+struct BwdSmem : SmemView<KT> {
+  using V = SmemView<KT>;
+  using typename V::S, V::base, V::bars, V::bytes;
+  using V::V;
   __device__ __forceinline__ u32 full(int stage) const { return bars + 8 * stage; }
   __device__ __forceinline__ u32 empty(int stage) const { return bars + 8 * (KT::kStages + stage); }
   __device__ __forceinline__ u32 dq_full(int buf) const { return bars + 8 * (2 * KT::kStages + buf); }
@@ -409,9 +422,6 @@ struct BwdSmem {
     return shared_ptr<const float>(wgmma_bwd_smem, stats(stage));
   }
   __device__ __forceinline__ const float* delta(int stage) const { return lse(stage) + KT::BLOCK_M; }
-  __device__ __forceinline__ unsigned char* bytes(u32 a) const {
-    return shared_ptr<unsigned char>(wgmma_bwd_smem, a);
-  }
   __device__ __forceinline__ float* p_slots() const {  // the wide kernel's P^T
     return shared_ptr<float>(wgmma_bwd_smem, CA_FIELD(base, S, p));
   }
@@ -1997,12 +2007,10 @@ struct WgmmaBwdMidTraits {
 };
 
 template <class KT>
-struct MidSmem {
-  using S = typename KT::Storage;
-  using B = typename KT::Barriers;
-  u32 base, bars;
-  __device__ __forceinline__ explicit MidSmem(u32 base_)
-      : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+struct MidSmem : SmemView<KT> {
+  using V = SmemView<KT>;
+  using typename V::S, V::base, V::bars, V::bytes;
+  using V::V;
   __device__ __forceinline__ u32 q_full(int s) const { return bars + 8 * s; }
   __device__ __forceinline__ u32 q_empty(int s) const { return bars + 16 + 8 * s; }
   __device__ __forceinline__ u32 do_full() const { return bars + 32; }
@@ -2018,9 +2026,6 @@ struct MidSmem {
   __device__ __forceinline__ u32 dq() const { return CA_FIELD(base, S, dq); }
   __device__ __forceinline__ u32 lse(int s) const { return CA_FIELD(base, S, lse) + s * KT::BLOCK_M * 4; }
   __device__ __forceinline__ u32 delta() const { return CA_FIELD(base, S, delta); }
-  __device__ __forceinline__ unsigned char* bytes(u32 a) const {
-    return shared_ptr<unsigned char>(wgmma_bwd_smem, a);
-  }
   __device__ __forceinline__ float stat(u32 a) const { return *shared_ptr<const float>(wgmma_bwd_smem, a); }
 };
 
@@ -2471,12 +2476,10 @@ struct WgmmaBwdDqTraits {
 };
 
 template <class KT>
-struct DqSmem {
-  using S = typename KT::Storage;
-  using B = typename KT::Barriers;
-  u32 base, bars;
-  __device__ __forceinline__ explicit DqSmem(u32 base_)
-      : base(base_), bars(slack_addr<B, S>(wgmma_bwd_smem, base_)) {}
+struct DqSmem : SmemView<KT> {
+  using V = SmemView<KT>;
+  using typename V::S, typename V::B, V::base, V::bars, V::bytes;
+  using V::V;
   __device__ __forceinline__ u32 q() const { return CA_FIELD(base, S, q); }
   __device__ __forceinline__ u32 dout() const { return CA_FIELD(base, S, dout); }
   __device__ __forceinline__ u32 k(int i) const {
