@@ -37,7 +37,8 @@
 //        wait for dP^T; dS^T = P^T (dP^T - delta) in registers while dV runs
 //        issue dK_w += dS^T Q       wgmma rs, Q MN-major, N = D
 //        (DQ_HERE) once the other warpgroup's dQ of the last tile is done with
-//        sdS (kBarDsFree), dS^T to sdS [key][query]; the two warpgroups meet
+//        sdS (kBarDsFree), dS^T to sdS [key][query] (one stmatrix a k16 step);
+//        the two warpgroups meet
 //        (kBarDs: sdS complete), then (with the producer warpgroup, dK is issued
 //        after dQ instead, and dQ staged while dK runs)
 //        issue dQ = dS K            wgmma ss, A = dS (sdS read MN-major: TRANS_A),
@@ -51,8 +52,10 @@
 //                                   BLOCK_M = 80 (non-causal D = 88-128, the
 //                                   producer warpgroup): dQ^T = K^T dS^T, the 64
 //                                   head-dim rows of sK's block w, N = 80, staged
-//                                   transposed into one sdQ buffer; dV is issued
-//                                   after dS^T is computed (LATE_DV)
+//                                   transposed into one sdQ buffer. dV is issued
+//                                   after dS^T is computed (LATE_DV) at BLOCK_M =
+//                                   80, and at 64 without a logits transform or
+//                                   dropout (FlashAttention-4's Hopper order)
 //        wait for everything; release the stage; dQ / scale into sdQ
 //      buffer it % 2 (fp32, the 128-byte swizzle of 32-column blocks: no bank
 //      conflicts beyond the two wavefronts of a warp's float2 stores); after the
@@ -234,11 +237,14 @@ struct WgmmaBwdTraits {
   static constexpr int D_BLOCKS = (D + 63) / 64;
   static constexpr int DQ_N = DQ_TRANSPOSED ? BLOCK_M : DQ_SPLIT_ROWS ? D : 64;
   // dV issued once dS^T is computed, not while: P^T's 16-bit copy is then not live
-  // beside S^T and dP^T in fp32 (at BLOCK_M = 80, 584-900 B spilled with it).
+  // beside S^T and dP^T in fp32 (at BLOCK_M = 80, 584-900 B spilled with it). The
+  // kernel adds the 64-query tiles where P^T is not rescaled (flash_wgmma_bwd_dkdv).
   static constexpr bool LATE_DV = DQ_TRANSPOSED;
   // Warpgroup w's first column of dQ, and how many from it it keeps.
   __device__ static constexpr int dq_col0(int w) { return DQ_SPLIT_ROWS ? 0 : 64 * w; }
   __device__ static constexpr int dq_cols(int w) { return DQ_SPLIT_ROWS ? D : cmin(D - 64 * w, 64); }
+  // Every warpgroup keeps all DQ_N columns (stage_dq then tests none)
+  static constexpr bool DQ_ALL_COLS = DQ_SPLIT_ROWS || D >= 128;
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
@@ -1011,16 +1017,30 @@ __device__ __forceinline__ u32 ds_fragment(const float (&x)[KT::BLOCK_M / 2], in
 }
 
 // dS^T (or P^T: sP) [key][query] for dS K: fragment (ks, e) holds key key0 + g + 8
-// (e % 2), queries 16 ks + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2). The caller
-// fences and publishes.
-template <class KT, class Src>
-__device__ __forceinline__ void store_ds(u32 ds_tile, const Src& x, int key0, int g, int t) {
-  const u32 lane = KT::DsTile::lane(ds_tile, key0 + g, 0) + 4 * t;
+// (e % 2), queries 16 ks + 8 (e / 2) + 2t, +1 (n8 group 2 ks + e / 2), so the four
+// fragments of a k16 step are the four 8x8 matrices of one stmatrix: lane l gives row
+// key0 + l % 8 + 8 (l / 8 % 2) at chunk 2 ks + l / 16 (DsTile::at: one XOR a step).
+// STMATRIX = false: a 32-bit store a fragment (with a logits transform, where ptxas
+// of CUDA 13 spilled 8 bytes at D = 128 with stmatrix). The caller fences and
+// publishes.
+template <class KT, bool STMATRIX = true, class Src>
+__device__ __forceinline__ void store_ds(u32 ds_tile, const Src& x, int key0, int lane) {
+  if constexpr (STMATRIX) {
+    const u32 base = KT::DsTile::lane(ds_tile, key0 + lane % 8 + 8 * (lane / 8 % 2), lane / 16);
 #pragma unroll
-  for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks) {
+      const u32 r[4] = {ds_fragment<KT>(x, ks, 0), ds_fragment<KT>(x, ks, 1),
+                        ds_fragment<KT>(x, ks, 2), ds_fragment<KT>(x, ks, 3)};
+      stmatrix_x4(KT::DsTile::at(base, 0, 2 * ks), r);
+    }
+  } else {
+    const u32 base = KT::DsTile::lane(ds_tile, key0 + lane / 4, 0) + 4 * (lane % 4);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      st_shared_u32(KT::DsTile::at(lane, 8 * (e % 2), 2 * ks + e / 2), ds_fragment<KT>(x, ks, e));
+    for (int ks = 0; ks < KT::KV_STEPS; ++ks)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        st_shared_u32(KT::DsTile::at(base, 8 * (e % 2), 2 * ks + e / 2), ds_fragment<KT>(x, ks, e));
+  }
 }
 
 // Issue x (=) A B^T over D_K: 64 keys of `a_tile` (from row a_row0, K-major) against
@@ -1155,7 +1175,7 @@ struct Epilogue {
       const u32 at = st.dq(buf) + (threadIdx.x / 128) * (64 * N * 4) + (threadIdx.x % 128) * 16;
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
-        if (8 * j < cols)
+        if (KT::DQ_ALL_COLS || 8 * j < cols)
           st_shared_f32x4(at + 2048 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       }
     } else if constexpr (!FLAT || VT::Seqs::kRagged) {
@@ -1167,7 +1187,7 @@ struct Epilogue {
         const bool zero = VT::Seqs::kRagged && sched.m0(it) + row0 + g + 8 * r >= p.fwd.seqlen_q;
 #pragma unroll
         for (int dt = 0; dt < N / 8; ++dt) {
-          if (8 * dt >= skip && 8 * dt < cols)
+          if (8 * dt >= skip && (KT::DQ_ALL_COLS || 8 * dt < cols))
             st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
                             zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
         }
@@ -1515,7 +1535,12 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
   static_assert(!KT::DQ_TRANSPOSED || PWG || !DQ_HERE,
                 "dQ^T's single sdQ buffer takes the producer warpgroup's handshake");
-  static_assert(!KT::LATE_DV || (!VT::Logits::kTransform && !VT::Drop::enabled),
+  // dV issued once dS^T is computed (LATE_DV) on the 64-query tiles too, as
+  // FlashAttention-4's Hopper kernel does: 1.004-1.022x at D = 96 and 128, causal
+  // (H200; notes-bwd-loops.md §43)
+  constexpr bool LATE_DV = KT::LATE_DV || (KT::BLOCK_M == 64 && !VT::Logits::kTransform &&
+                                           !VT::Drop::enabled);
+  static_assert(!LATE_DV || (!VT::Logits::kTransform && !VT::Drop::enabled),
                 "dV after dS^T: P^T must not be scaled by d s / d dot yet, nor dP^T by dropout");
 
   PipelineState<KT::kStages> read;  // the stage of the tile consumed
@@ -1561,7 +1586,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       if constexpr (KV_SS) {
         // P^T into this warpgroup's rows of sP, which its dV of tile it - 1 (waited
         // for) was the last to read
-        store_ds<KT>(st.pt(), s, key0, g, t);
+        store_ds<KT>(st.pt(), s, key0, lane);
         fence_proxy_async();
         warpgroup_barrier(wg);
         wgmma_fence();
@@ -1577,7 +1602,7 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       wgmma_fence();
       issue_accumulate<KT>(dv, pa, o_tile);
     };
-    if constexpr (!KT::LATE_DV) {
+    if constexpr (!LATE_DV) {
       if constexpr (VT::Drop::enabled) {
         wgmma_wait<0>();
         fence_regs(dp);
@@ -1588,14 +1613,14 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
     // (Under dropout dP^T was waited for above and this wait finds only dV in flight;
     // without it ptxas spilled 16 bytes at D = 128 with window, softcap, packed
     // sequences and dropout.)
-    wgmma_wait<KT::LATE_DV ? 0 : 1>();
+    wgmma_wait<LATE_DV ? 0 : 1>();
     fence_regs(dp);
     // dS^T's select only where the tile is partial: in code of its own where that
     // spills nothing (not the 80- or 128-query tiles past D = 64, nor packed
     // sequences: 16-260 bytes, ptxas of CUDA 13)
     if (!DS_SPLIT || partial) ds_from_dp<KT>(dp, s, st.delta(stage), t);  // warp-uniform
     else ds_from_dp<KT, false>(dp, s, st.delta(stage), t);
-    if constexpr (KT::LATE_DV) issue_dv();
+    if constexpr (LATE_DV) issue_dv();
     if constexpr (!KV_SS) pack_a<typename KT::T>(da, dp);
     if constexpr (!DQ_FIRST) {
       wgmma_fence();
@@ -1610,8 +1635,8 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
       // notes-bwd-loops.md §16 and §20.)
       if (it > sched.begin) named_barrier_sync(kBarDsFree0 + wg, KT::CONSUMERS);
       else if constexpr (PWG) warpgroup_barrier(wg);
-      if constexpr (KV_SS) store_ds<KT>(st.ds(), dp, key0, g, t);
-      else store_ds<KT>(st.ds(), da, key0, g, t);
+      if constexpr (KV_SS) store_ds<KT>(st.ds(), dp, key0, lane);
+      else store_ds<KT, !VT::Logits::kTransform>(st.ds(), da, key0, lane);
       fence_proxy_async();  // also publishes sdQ of tile it - 1 (staged below)
       if (!PWG && threadIdx.x == 0)
         bulk_wait_read<0>();  // tile it - 2's sdQ read

@@ -81,6 +81,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
+// Four 8x8 matrices of 16-bit values stored: lane l supplies the address of stored row
+// l % 8 of matrix l / 8, and r[i] holds matrix i at (row g, cols 2t..2t+1), as an
+// accumulator's C fragment (one instruction where st_shared_u32 takes four).
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};"
+               :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
 // Four 8x8 matrices of 16-bit values stored transposed: lane l supplies the address
 // of stored row l % 8 of matrix l / 8, and r[i] holds matrix i at (row g, cols
 // 2t..2t+1), which lands in stored rows 2t and 2t + 1 at position g (an accumulator's
