@@ -236,15 +236,12 @@ struct WgmmaBwdTraits {
   static constexpr bool DQ_TRANSPOSED = BLOCK_M % 64 != 0;
   static constexpr int D_BLOCKS = (D + 63) / 64;
   static constexpr int DQ_N = DQ_TRANSPOSED ? BLOCK_M : DQ_SPLIT_ROWS ? D : 64;
-  // dV issued once dS^T is computed, not while: P^T's 16-bit copy is then not live
-  // beside S^T and dP^T in fp32 (at BLOCK_M = 80, 584-900 B spilled with it). The
-  // kernel adds the 64-query tiles where P^T is not rescaled (flash_wgmma_bwd_dkdv).
-  static constexpr bool LATE_DV = DQ_TRANSPOSED;
-  // Warpgroup w's first column of dQ, and how many from it it keeps.
+  // Warpgroup w's first column of dQ, and how many from it it keeps (a constant where
+  // every warpgroup keeps DQ_N: stage_dq's column tests then fold away).
   __device__ static constexpr int dq_col0(int w) { return DQ_SPLIT_ROWS ? 0 : 64 * w; }
-  __device__ static constexpr int dq_cols(int w) { return DQ_SPLIT_ROWS ? D : cmin(D - 64 * w, 64); }
-  // Every warpgroup keeps all DQ_N columns (stage_dq then tests none)
-  static constexpr bool DQ_ALL_COLS = DQ_SPLIT_ROWS || D >= 128;
+  __device__ static constexpr int dq_cols(int w) {
+    return DQ_SPLIT_ROWS ? D : D >= 128 ? 64 : cmin(D - 64 * w, 64);
+  }
   using KVTile = SwizzledTile<BLOCK_N, D_K>;
   using QTile = SwizzledTile<BLOCK_M, D_K>;
   using DsTile = SwizzledTile<BLOCK_N, BLOCK_M>;  // dS^T: rows are keys
@@ -1175,7 +1172,7 @@ struct Epilogue {
       const u32 at = st.dq(buf) + (threadIdx.x / 128) * (64 * N * 4) + (threadIdx.x % 128) * 16;
 #pragma unroll
       for (int j = 0; j < N / 8; ++j) {
-        if (KT::DQ_ALL_COLS || 8 * j < cols)
+        if (8 * j < cols)
           st_shared_f32x4(at + 2048 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       }
     } else if constexpr (!FLAT || VT::Seqs::kRagged) {
@@ -1187,7 +1184,7 @@ struct Epilogue {
         const bool zero = VT::Seqs::kRagged && sched.m0(it) + row0 + g + 8 * r >= p.fwd.seqlen_q;
 #pragma unroll
         for (int dt = 0; dt < N / 8; ++dt) {
-          if (8 * dt >= skip && (KT::DQ_ALL_COLS || 8 * dt < cols))
+          if (8 * dt >= skip && 8 * dt < cols)
             st_shared_f32x2(KT::DqTile::at(lane, 8 * r, 2 * dt), zero ? 0.f : dq[dt * 4 + 2 * r],
                             zero ? 0.f : dq[dt * 4 + 2 * r + 1]);
         }
@@ -1535,11 +1532,12 @@ __global__ void __launch_bounds__((BwdLaunch<KT, VT, DQ, SPLIT>::THREADS), 1)
   const int dq_row0 = (KT::DQ_SPLIT_ROWS ? 64 * wg : 0) + 16 * (warp % 4);
   static_assert(!KT::DQ_TRANSPOSED || PWG || !DQ_HERE,
                 "dQ^T's single sdQ buffer takes the producer warpgroup's handshake");
-  // dV issued once dS^T is computed (LATE_DV) on the 64-query tiles too, as
-  // FlashAttention-4's Hopper kernel does: 1.004-1.022x at D = 96 and 128, causal
-  // (H200; notes-bwd-loops.md §43)
-  constexpr bool LATE_DV = KT::LATE_DV || (KT::BLOCK_M == 64 && !VT::Logits::kTransform &&
-                                           !VT::Drop::enabled);
+  // dV issued once dS^T is computed, not while (LATE_DV): on the 80-query tiles P^T's
+  // 16-bit copy is then not live beside S^T and dP^T in fp32 (584-900 B spilled with
+  // it); on the 64-query tiles as FlashAttention-4's Hopper kernel does, 1.004-1.022x
+  // at D = 96 and 128, causal (H200; notes-bwd-loops.md §43). Not where P^T is rescaled.
+  constexpr bool LATE_DV = KT::DQ_TRANSPOSED || (KT::BLOCK_M == 64 && !VT::Logits::kTransform &&
+                                                 !VT::Drop::enabled);
   static_assert(!LATE_DV || (!VT::Logits::kTransform && !VT::Drop::enabled),
                 "dV after dS^T: P^T must not be scaled by d s / d dot yet, nor dP^T by dropout");
 

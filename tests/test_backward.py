@@ -1062,8 +1062,9 @@ def test_kv_splits_fill_the_gpu_only_where_the_grid_is_small():
 
 def test_sections_only_under_an_upper_bound():
     """base.section: sections of (head, batch) pairs for the causal grids, the largest
-    divisor of the pairs up to the bound and up to 16k keys over a section's pairs; one pair after another elsewhere
-    (and in the ordered dQ modes, whose turns rely on the grid's order)."""
+    divisor of the pairs up to the bound and up to 16k keys over a section's pairs; one
+    pair after another elsewhere (and in the ordered dQ modes, whose turns rely on the
+    grid's order)."""
     from cupy_attention.families import base
     from cupy_attention.problem import Problem
 
