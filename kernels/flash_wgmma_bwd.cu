@@ -380,11 +380,11 @@ struct BwdLaunch {
 
 extern __shared__ __align__(1024) unsigned char wgmma_bwd_smem[];
 
-// The Storage fields' shared addresses from one 32-bit base (storage.cuh), and plain
-// pointers for the fields read or written by ordinary loads and stores.
 // A kernel's shared memory by address: its Storage from `base` (1024-byte aligned,
-// storage_base) and its Barriers in the alignment slack (slack_addr). BwdSmem, MidSmem
-// and DqSmem name the fields of their kernels' Storage and Barriers.
+// storage_base; the fields' addresses from that one 32-bit base, storage.cuh) and its
+// Barriers in the alignment slack (slack_addr). BwdSmem, MidSmem and DqSmem name the
+// fields of their kernels' Storage and Barriers, and plain pointers for the fields
+// read or written by ordinary loads and stores.
 template <class KT>
 struct SmemView {
   using S = typename KT::Storage;

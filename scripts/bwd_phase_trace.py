@@ -63,9 +63,9 @@ __device__ __forceinline__ unsigned ca_trace_wait(u32 bar, int parity) {{  // fa
 
 
 def patch(tree: str) -> None:
-    """Copy this checkout's package, kernels and scripts to `tree` and stamp its loop."""
+    """Copy this checkout's package and kernels to `tree` and stamp its loop."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for part in ("cupy_attention", "kernels", "scripts"):
+    for part in ("cupy_attention", "kernels"):
         shutil.copytree(os.path.join(root, part), os.path.join(tree, part), dirs_exist_ok=True)
     path = os.path.join(tree, "kernels", "flash_wgmma_bwd.cu")
     src = open(path).read()
@@ -114,6 +114,10 @@ def run(cases, json_path: str | None) -> None:
     out = []
     for d, s, causal in cases:
         b, h = 16384 // s, 2048 // d
+        # the trace's slots: one per (block, tile); 128-key blocks, 64 or more queries a tile
+        if b * h * -(-s // 128) > MAX_BLOCKS or -(-s // 64) > MAX_TILES:
+            raise SystemExit(f"D={d} S={s}: more blocks or tiles a block than the trace "
+                             f"holds ({MAX_BLOCKS} blocks, {MAX_TILES} tiles)")
         rng = cupy.random.default_rng(0)
 
         def mk():
