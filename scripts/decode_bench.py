@@ -24,13 +24,18 @@ side by side, the layout FlashInfer's paged decode reads).
     python scripts/decode_bench.py --shape 1,32,8,1,32768,128 --pages 0,1,16,64
     python scripts/decode_bench.py --layouts nhd,hnd --no-torch
     python scripts/decode_bench.py --peers fa4,flashinfer --json decode-peers.json
+    python scripts/decode_bench.py --prefill --pages 0,16,1 --peers fa4,flashinfer --no-torch
+
+``--prefill``: the chunked-prefill shapes of the README (many query rows against a cached
+prefix, causal bottom-right); every row then also reads TFLOPs of the attended scores.
 
 ``--peers``: FlashAttention-4's Hopper kernels (``flash_attn.cute``: ``flash_attn_func``
 on contiguous [B, Sk, Hkv, D] caches, ``flash_attn_varlen_func`` with ``page_table`` and
 ``seqused_k`` on paged ones; its split heuristic, ``num_splits=0``, except on sm_90, where
 it asserts "SplitKV not supported on SM 9.0" and runs one split) and FlashInfer
 (``BatchDecodeWithPagedKVCacheWrapper``, tensor cores, NHD pages [pages, 2, page, Hkv, D];
-its plan is made once, outside the timing; paged only), where installed
+at Sq > 1 ``BatchPrefillWithPagedKVCacheWrapper``, causal; its plan is made once, outside
+the timing; paged only), where installed
 (``../shared/tools/peers.md``). Their rows read the same bytes as ours, from caches
 allocated the same way; a peer that declines a shape records its error.
 """
@@ -57,6 +62,10 @@ from cupy_attention.interop import external_stream  # noqa: E402
 # (B, Hq, Hkv, Sq, Sk, D): the shapes of issue 35's anchor table.
 ANCHORS = ((1, 32, 8, 1, 32768, 128), (8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 4096, 128),
            (128, 32, 8, 1, 2048, 128), (8, 32, 8, 4, 8192, 128))
+# (B, Hq, Hkv, Sq, Sk, D): chunked prefill, Sq new queries against Sk keys in all (the
+# README's table: B x Sq tokens of prompt over caches of 4k-16k keys).
+PREFILL = ((4, 32, 8, 256, 4096, 128), (4, 32, 8, 1024, 4096, 128), (1, 32, 8, 2048, 16384, 128),
+           (8, 32, 8, 128, 8192, 128), (4, 32, 8, 512, 8192, 64))
 MAX_SETS = 8
 
 
@@ -75,6 +84,13 @@ ORDERED_PAGES = False   # --page-order ordered: every paged table in memory orde
 
 def kv_bytes(b, hkv, sk, d) -> int:
     return b * sk * hkv * d * 2 * 2
+
+
+def causal_flops(b, hq, sq, sk, d) -> int:
+    """FLOPs of the attended scores (4 D each: Q K^T and P V) under the causal mask
+    aligned bottom-right, query row i seeing keys 0 .. Sk - Sq + i."""
+    seen = sum(min(sk, max(0, sk - sq + i + 1)) for i in range(sq))
+    return 4 * d * b * hq * seen
 
 
 def make_set(cupy, rng, shape, page, dtype, layout="nhd"):
@@ -243,21 +259,26 @@ def bench_flashinfer(torch, shape, page, dtype, reps, l2):
     b, hq, hkv, sq, sk, d = shape
     if not page:
         raise ValueError("FlashInfer's decode reads paged caches only")
-    if sq != 1:
-        raise ValueError("FlashInfer's batch decode wrapper: one query token per request")
     tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
     per = -(-sk // page)
     table = _torch_pages(torch, b * per)
-    sets = [(torch.randn(b, hq, d, device="cuda", dtype=tdt),
+    sets = [(torch.randn(b * sq, hq, d, device="cuda", dtype=tdt),
              torch.randn(b * per, 2, page, hkv, d, device="cuda", dtype=tdt))
             for _ in range(n_sets(per_set, l2))]
     workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
-                                                            use_tensor_cores=True)
     indptr = torch.arange(0, b * per + 1, per, dtype=torch.int32, device="cuda")
     last = torch.full((b,), sk - (per - 1) * page, dtype=torch.int32, device="cuda")
-    wrapper.plan(indptr, table, last, hq, hkv, d, page, q_data_type=tdt, kv_data_type=tdt)
+    if sq == 1:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                use_tensor_cores=True)
+        wrapper.plan(indptr, table, last, hq, hkv, d, page, q_data_type=tdt,
+                     kv_data_type=tdt)
+    else:   # chunked prefill: Sq queries a sequence, causal bottom-right
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        qo_indptr = torch.arange(0, b * sq + 1, sq, dtype=torch.int32, device="cuda")
+        wrapper.plan(qo_indptr, indptr, table, last, hq, hkv, d, page, causal=True,
+                     q_data_type=tdt, kv_data_type=tdt)
     return time_torch(torch, lambda q, cache: wrapper.run(q, cache), sets, reps, per_set)
 
 
@@ -278,6 +299,8 @@ def choice_list(choices):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", action="store_true", help="the issue's full grid (long)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="the chunked-prefill shapes (PREFILL) instead of the decode anchors")
     ap.add_argument("--shape", action="append", default=[],
                     help="B,Hq,Hkv,Sq,Sk,D (repeatable)")
     ap.add_argument("--pages", default="0,16,1", help="page sizes, 0 = contiguous")
@@ -335,7 +358,7 @@ def main() -> int:
         except ImportError:
             torch = None
     shapes = ([tuple(int(x) for x in s.split(",")) for s in a.shape]
-              or (grid_shapes() if a.grid else list(ANCHORS)))
+              or (grid_shapes() if a.grid else list(PREFILL) if a.prefill else list(ANCHORS)))
     pages = [int(x) for x in a.pages.split(",")]
     from cupy_attention.bench import _git_commit
 
@@ -351,7 +374,7 @@ def main() -> int:
     print(f"{report['device']}  commit {commit}{'+dirty' if dirty else ''}  {a.dtype}  "
           f"{report['date']}")
     print(f"{'B':>4} {'Hq':>3} {'Hkv':>3} {'Sq':>3} {'Sk':>7} {'D':>4} {'impl':>18} "
-          f"{'TB/s':>6} {'us':>9} {'spread':>7}")
+          f"{'TB/s':>6} {'TFLOPs':>7} {'us':>9} {'spread':>7}")
     for shape in shapes:
         b, hq, hkv, sq, sk, d = shape
         if 2 * kv_bytes(b, hkv, sk, d) > a.max_gib * 2**30:
@@ -377,6 +400,9 @@ def main() -> int:
                     r = bench_torch(torch, shape, impl, a.dtype, a.reps, l2)
             except Exception as exc:  # an unsupported shape in one backend
                 r = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+            if "seconds" in r and impl in ("ours", "fa4", "flashinfer"):
+                # (torch's rows run without the mask at Sq > 1: no causal FLOPs)
+                r["tflops"] = causal_flops(b, hq, sq, sk, d) / r["seconds"] / 1e12
             row = dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, Sk=sk, D=d, impl=impl, page=page,
                        layout=layout, **r)
             report["rows"].append(row)
@@ -384,7 +410,8 @@ def main() -> int:
                 print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>18}  {r['error']}")
             else:
                 print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>18} "
-                      f"{r['tbps']:6.2f} {r['seconds'] * 1e6:9.1f} {r['spread_pct']:6.1f}%")
+                      f"{r['tbps']:6.2f} {r.get('tflops', float('nan')):7.1f} "
+                      f"{r['seconds'] * 1e6:9.1f} {r['spread_pct']:6.1f}%")
             cupy.get_default_memory_pool().free_all_blocks()
             if torch is not None:
                 torch.cuda.empty_cache()
