@@ -315,7 +315,8 @@ def main() -> int:
     ap.add_argument("--splits", type=int, default=None, help="force the split count")
     ap.add_argument("--max-gib", type=float, default=24.0,
                     help="skip shapes whose K+V (all rotating sets) exceed this")
-    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="no torch SDPA rows (the --peers still run through torch)")
     ap.add_argument("--no-tma", action="store_true",
                     help="contiguous caches by cp.async, not tensor maps (the A/B of use_tma)")
     ap.add_argument("--no-wide", action="store_true",
@@ -352,7 +353,7 @@ def main() -> int:
     props = cupy.cuda.runtime.getDeviceProperties(dev)
     l2 = int(props["l2CacheSize"])
     torch = None
-    if not a.no_torch:
+    if not a.no_torch or a.peers:
         try:
             import torch
         except ImportError:
@@ -385,7 +386,8 @@ def main() -> int:
                   + ("" if lay == "nhd" else f" {lay}"), "ours", p, lay)
                  for lay in layouts for p in pages]
         if torch is not None:
-            impls += [(f"torch {bk}", bk, None, "hnd") for bk in ("cudnn", "flash")]
+            if not a.no_torch:
+                impls += [(f"torch {bk}", bk, None, "hnd") for bk in ("cudnn", "flash")]
             impls += [((f"{peer} page={p}" if p else f"{peer} contig"), peer, p, "nhd")
                       for peer in a.peers for p in pages]
         for label, impl, page, layout in impls:
