@@ -324,6 +324,7 @@ struct TiledKV {
                                   t.row0 + j0, is_v ? t.v_h : t.k_h, is_v ? t.v_b : t.k_b, bar);
   }
   __device__ __forceinline__ void prepare(const Tile&, int, int) const {}
+  __device__ __forceinline__ void prefetch(const Tile&, int) const {}
   __device__ __forceinline__ void settle() const {}
 };
 
@@ -351,6 +352,7 @@ struct CacheSource {
     return static_cast<const T*>(p.k) + r.k;
   }
   __device__ __forceinline__ void prepare(const Tile&, int, int) const {}
+  __device__ __forceinline__ void prefetch(const Tile&, int) const {}
   __device__ __forceinline__ void settle() {}
 };
 
@@ -415,9 +417,33 @@ struct GatheredKV : CacheSource<Seqs> {
   u32 pending = 0;  // the full barrier of the last tile issued, not yet arrived on
   int parity = 0;   // the next claim slot
 
-  // The offsets of the count-th K tile, keys [j0, j0 + BLOCK_N).
+  // kPrefetch: each K tile's block-table entries are loaded a tile before its offsets
+  // are placed (prefetch, then prepare), where the tiles hold 128 keys in two stages:
+  // there the producer runs at most a tile ahead of the consumers, and the table reads
+  // in prepare held up the next copies. H200, chunked prefill at D = 128 (causal):
+  // 1.005-1.054x (D = 120 takes the same tiles; not timed). Not elsewhere: 64 keys
+  // (D = 256) lost 4-5% with it, 96 keys (D = 104-112) up to 3% at page 16, three
+  // stages (D = 64) 1-2% (benchmarks/results/notes-decode.md section 36).
+  static constexpr bool kPrefetch = KT::STAGES == 2 && KT::BLOCK_N == 128;
+  typename Rows::Ahead ahead{};
+  int ahead_j0 = -1;  // the key tile whose table entries `ahead` holds
+  // The offsets of the count-th K tile, keys [j0, j0 + BLOCK_N): from the entries
+  // fetched for it, else read here.
   __device__ __forceinline__ void prepare(const Tile& t, int j0, int count) {
-    Rows::locate(ring->rows[count % 3], p, this->cache, t.b, j0, t.n, threadIdx.x);
+    if (kPrefetch && ahead_j0 == j0) {
+      Rows::place(ring->rows[count % 3], ahead, p, this->cache, j0, threadIdx.x);
+      ahead_j0 = -1;
+    } else {
+      Rows::template locate<kPrefetch>(ring->rows[count % 3], p, this->cache, t.b, j0, t.n,
+                                       threadIdx.x);
+    }
+  }
+  // The table entries of the K tile after the next prepared one, into registers.
+  __device__ __forceinline__ void prefetch(const Tile& t, int j0) {
+    if constexpr (kPrefetch) {
+      Rows::fetch(ahead, this->cache, t.b, j0, t.n, threadIdx.x);
+      ahead_j0 = j0;
+    }
   }
   __device__ __forceinline__ void load(bool is_v, const Tile& t, u32 dst, u32 bar, int j0,
                                        int count) {
@@ -517,11 +543,13 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
     const int back = sched.diagonal(bound, q0, n_begin, n_blocks);
     const auto key_row = [&](int j) { return sched.key_block(j, n_begin, back) * KT::BLOCK_N; };
     // K_0 first: its buffer is free before the consumers hand back Q. A source
-    // prepares each K tile before its load (GatheredKV: one tile ahead).
+    // prepares each K tile before its load (GatheredKV: one tile ahead; the table
+    // entries of the tile after that one fetched with it, where kPrefetch).
     if (n_blocks > 0) {
       src.prepare(kv, key_row(0), loads);
       load(false, kv, st.k(0), st.full_k(0), st.empty_k(0), k_pipe, loads, key_row(0));
       if (n_blocks > 1) src.prepare(kv, key_row(1), loads + 1);
+      if (n_blocks > 2) src.prefetch(kv, key_row(2));
     }
     src.settle();
     for (int c = 0; c < KT::CONSUMERS; ++c) {
@@ -542,6 +570,7 @@ __device__ __forceinline__ void produce(const Smem<KT> st, const TileScheduler<K
       }
       load(true, kv, st.v(0), st.full_v(0), st.empty_v(0), v_pipe, loads + j - 1, key_row(j - 1));
       if (j + 1 < n_blocks) src.prepare(kv, key_row(j + 1), loads + j + 1);
+      if (j + 2 < n_blocks) src.prefetch(kv, key_row(j + 2));
     }
     loads += n_blocks;
     ++done;
