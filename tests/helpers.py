@@ -18,16 +18,20 @@ rounded to the dtype before P@V (fp32 accumulation), output rounded to the dtype
 
 ``nvrtc_probe`` compiles a source with NVRTC and reports whether it compiled: the
 CPU tests use it for probes that static_assert host figures against the kernels'.
+``load_script`` imports one of the repository's scripts (not a package) by path.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import math
 import os
+import sys
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -679,3 +683,18 @@ def nvrtc_probe(src: str, options) -> tuple[bool, str]:
         return ok, nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relpath: str, name: str | None = None):
+    """The module at ``relpath`` under the repository root (``scripts/x.py``), imported
+    by path and registered in sys.modules under ``name`` (default: its stem plus
+    ``_script``), which dataclasses defined while it loads look it up by."""
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(name or f"{path.stem}_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,18 +3,13 @@ flash_wgmma_bwd_dkdv's loop, and the stamped kernel compiles for sm_90a without 
 (a loop edit that moves a step's statement must update the script's BOUNDS)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "bwd_phase_trace.py"
-spec = importlib.util.spec_from_file_location("bwd_phase_trace_script", SCRIPT)
-trace = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = trace
-spec.loader.exec_module(trace)
+from helpers import ROOT, load_script
+
+trace = load_script("scripts/bwd_phase_trace.py")
 
 
 def test_patch_stamps_every_step_and_the_kernel_compiles(tmp_path):

@@ -3,21 +3,16 @@ decode_bench is a stand-in that writes a report)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("decode_ab", ROOT / "scripts" / "decode_ab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/decode_ab.py", "decode_ab")
 
 
 def _report(seconds: dict) -> dict:

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("decode_bench",
-                                                  ROOT / "scripts" / "decode_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+db = load_script("scripts/decode_bench.py")
 
 
 @pytest.mark.parametrize("sq,sk", [(1, 1), (1, 37), (5, 5), (7, 20), (16, 3), (128, 300)])
 def test_causal_flops_count_the_bottom_right_mask(sq, sk):
-    db = _module()
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
     seen = int((j <= sk - sq + i).sum())   # query row i sees keys 0 .. Sk - Sq + i
@@ -30,6 +19,5 @@ def test_causal_flops_count_the_bottom_right_mask(sq, sk):
 
 
 def test_prefill_shapes_hold_their_queries_in_the_cache():
-    db = _module()
     for b, hq, hkv, sq, sk, d in db.PREFILL:
         assert 1 < sq <= sk and hq % hkv == 0 and d % 8 == 0

@@ -2,17 +2,11 @@
 h200-wgmma-small-d-limits.md) still compiles against kernels/common/ for sm_90a,
 without register spills (no GPU needed)."""
 
-import importlib.util
-from pathlib import Path
-
-PIPES = Path(__file__).resolve().parents[1] / "benchmarks" / "micro" / "pipes.py"
+from helpers import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("pipes", PIPES)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/micro/pipes.py", "pipes")
 
 
 def test_pipes_compile_without_spills():

@@ -3,15 +3,9 @@ samples, the top instructions with their stall reasons (and the unnamed rest), a
 share of rarely executed instructions."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ncu_stalls.py"
-spec = importlib.util.spec_from_file_location("ncu_stalls_script", SCRIPT)
-ncu_stalls = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ncu_stalls
-spec.loader.exec_module(ncu_stalls)
+ncu_stalls = load_script("scripts/ncu_stalls.py")
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)",'
           '"Warp Stall Sampling (Not-issued Samples)","Instructions Executed",'

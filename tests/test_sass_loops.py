@@ -2,15 +2,9 @@
 line records, predicated opcodes) and its loops (backward branches, largest first)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sass_loops.py"
-spec = importlib.util.spec_from_file_location("sass_loops_script", SCRIPT)
-sass_loops = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = sass_loops
-spec.loader.exec_module(sass_loops)
+sass_loops = load_script("scripts/sass_loops.py")
 
 SASS = """
         .text.k:

@@ -3,18 +3,12 @@ with a fake runner (errors, failed checks, memory growth, cache bounds, drift, t
 wall-clock limit, the JSON record and the exit status)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "soak.py"
-spec = importlib.util.spec_from_file_location("soak_script", SCRIPT)
-soak = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = soak   # dataclasses look the module up while it loads
-spec.loader.exec_module(soak)
+soak = load_script("scripts/soak.py")
 
 MiB = 1 << 20
 
