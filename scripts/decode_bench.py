@@ -258,7 +258,7 @@ def bench_flashinfer(torch, shape, page, dtype, reps, l2):
 
     b, hq, hkv, sq, sk, d = shape
     if not page:
-        raise ValueError("FlashInfer's decode reads paged caches only")
+        raise ValueError("FlashInfer's wrappers here read paged caches only")
     tdt = getattr(torch, dtype)
     per_set = kv_bytes(b, hkv, sk, d)
     per = -(-sk // page)
