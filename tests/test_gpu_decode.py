@@ -494,6 +494,16 @@ PREFILL_CASES = [
          window=(300, -1)),
     dict(page=100, B=3, Hq=32, Hkv=8, D=96, Sq=256, dtype="float16", lengths="c",
          softcap=30.0, causal=False),
+    # gathered rows whose chunks fill a power of two of lanes only in part: spare lanes
+    # zero-fill (D = 88, 104, 232) or copy nothing (D = 136); one offset a load (D = 64
+    # under softcap: 112-key tiles)
+    dict(page=1, B=8, Hq=32, Hkv=4, D=88, Sq=160, dtype="float16", lengths="a"),
+    dict(page=8, B=3, Hq=32, Hkv=8, D=104, Sq=256, dtype="bfloat16", lengths="c"),
+    dict(page=1, B=3, Hq=32, Hkv=4, D=136, Sq=256, dtype="float16", lengths="c",
+         causal=False),
+    dict(page=24, B=8, Hq=32, Hkv=8, D=232, Sq=128, dtype="bfloat16", lengths="b"),
+    dict(page=8, B=8, Hq=32, Hkv=8, D=64, Sq=128, dtype="bfloat16", lengths="a",
+         softcap=30.0),
 ]
 
 

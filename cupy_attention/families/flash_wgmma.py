@@ -447,7 +447,10 @@ class FlashWgmma(FlashMma):
                              (128, "bfloat16", Variant(True, cache="paged")),
                              (96, "bfloat16", Variant(False, cache="paged")),
                              (192, "float16", Variant(True, (200, 0), cache="paged")),
-                             (256, "bfloat16", Variant(True, softcap=30.0, cache="paged"))):
+                             (256, "bfloat16", Variant(True, softcap=30.0, cache="paged")),
+                             # spare lanes past the tile's blocks; one row offset a load
+                             (136, "float16", Variant(False, cache="paged")),
+                             (64, "bfloat16", Variant(True, softcap=30.0, cache="paged"))):
             out.append(spec(d, dtype, vt, gather=True))
         return out
 

@@ -209,16 +209,35 @@ struct CacheTiles {
 template <class Tile, int ROWS, int D, int D_K, int THREADS>
 struct GatherTiles {
   static constexpr int CHUNKS = D_K / 8;   // 16-byte chunks of a tile row
-  static constexpr int TOTAL = ROWS * CHUNKS;
-  // Where a thread keeps one chunk column (THREADS a multiple of CHUNKS), it copies
-  // rows x0, x0 + STEP, ... (ROUNDS of them); their offsets are stored side by side
-  // (row x at (x % STEP) ROUNDS + x / STEP), four to a 16-byte load.
-  static constexpr int STEP = THREADS / CHUNKS;
-  static constexpr int ROUNDS = ROWS / (STEP > 0 ? STEP : 1);
-  static constexpr bool COLUMNS = THREADS % CHUNKS == 0 && (STEP & (STEP - 1)) == 0 &&
-                                  ROWS % STEP == 0 && ROUNDS % 4 == 0;
-  __device__ __forceinline__ static int slot(int x) {
-    return COLUMNS ? (x % STEP) * ROUNDS + x / STEP : x;
+  // The chunk slots of the tile's 64-column blocks (a block's rows are 128 bytes,
+  // whatever part of it D_K fills)
+  static constexpr int BLOCK_CHUNKS = CeilDiv<D_K, 64>::value * 8;
+  // Lanes a row: CHUNKS rounded up to a power of two. Thread tid keeps chunk column
+  // tid % LANES and copies rows x0, x0 + STEP, ... (x0 = tid / LANES, ROUNDS of them);
+  // their offsets are stored side by side (row x at (x % STEP) ROUNDS + x / STEP),
+  // GROUP to a load (four, or two or one where ROUNDS is not a multiple of four: the
+  // 112-key tiles). Lanes past the row's chunks zero-fill the block's unused slots, or
+  // (past BLOCK_CHUNKS) copy nothing. Against one chunk a thread in turn, this took
+  // chunked prefill at D = 80-192 from 1.12x to 1.92x as fast (H200, notes-decode.md
+  // section 37).
+  static constexpr int LANES = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : CHUNKS <= 32 ? 32 : 64;
+  static constexpr int STEP = THREADS / LANES;
+  static constexpr int ROUNDS = ROWS / STEP;
+  static constexpr int GROUP = ROUNDS % 4 == 0 ? 4 : ROUNDS % 2 == 0 ? 2 : 1;
+  static_assert(THREADS % LANES == 0 && ROWS % STEP == 0,
+                "GatherTiles: a tile's rows in whole rounds of the threads");
+  __device__ __forceinline__ static int slot(int x) { return (x % STEP) * ROUNDS + x / STEP; }
+  // GROUP offsets from shared memory in one load
+  __device__ __forceinline__ static void load_group(u32 (&off)[GROUP], const u32* at) {
+    if constexpr (GROUP == 4) {
+      const uint4 o = *reinterpret_cast<const uint4*>(at);
+      off[0] = o.x, off[1] = o.y, off[2] = o.z, off[3] = o.w;
+    } else if constexpr (GROUP == 2) {
+      const uint2 o = *reinterpret_cast<const uint2*>(at);
+      off[0] = o.x, off[1] = o.y;
+    } else {
+      off[0] = *at;
+    }
   }
   // TWO_STEP: through fetch and place (the form GatheredKV's prefetching builds were
   // timed with; the others keep this loop, whose SASS they had before).
@@ -277,41 +296,32 @@ struct GatherTiles {
   __device__ __forceinline__ static void copy(u32 dst, const T* head, const u32* offsets,
                                               int valid, int tid) {
     const char* bytes = reinterpret_cast<const char*>(head);
-    if constexpr (COLUMNS) {
-      // Thread tid copies chunk ch of rows x0 + i STEP: its source and destination
-      // computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both powers of
-      // two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk bits
-      // XORed by dr % 8: an immediate offset and at most one constant XOR.
-      const int ch = tid % CHUNKS, x0 = tid / CHUNKS;
-      const bool col_ok = D == D_K || ch < D / 8;
-      // the lane's source in a register, so that a row's address is one multiply-add
-      // of its offset (the compiler would rebuild it from element offsets: three)
-      const char* src;
-      asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
-      const u32 lane_dst = dst + Tile::offset(x0, ch);
-      const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
-      const uint4* mine = reinterpret_cast<const uint4*>(offsets + x0 * ROUNDS);
+    // Thread tid copies chunk ch of rows x0 + i STEP: its source and destination
+    // computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both powers of
+    // two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk bits
+    // XORed by dr % 8: an immediate offset and at most one constant XOR.
+    const int ch = tid % LANES, x0 = tid / LANES;
+    if (LANES > BLOCK_CHUNKS && ch >= BLOCK_CHUNKS) {
+      cp_async_commit();
+      return;
+    }
+    const bool col_ok = (D == D_K && LANES == CHUNKS) || ch < D / 8;
+    // the lane's source in a register, so that a row's address is one multiply-add
+    // of its offset (the compiler would rebuild it from element offsets: three)
+    const char* src;
+    asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
+    const u32 lane_dst = dst + Tile::offset(x0, ch);
+    const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
+    const u32* mine = offsets + x0 * ROUNDS;
 #pragma unroll
-      for (int q = 0; q < ROUNDS / 4; ++q) {
-        const uint4 o = mine[q];
-        const u32 off[4] = {o.x, o.y, o.z, o.w};
+    for (int q = 0; q < ROUNDS / GROUP; ++q) {
+      u32 off[GROUP];
+      load_group(off, mine + q * GROUP);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int dr = (4 * q + e) * STEP;
-          cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[e]) << 4),
-                      dr < rows);
-        }
-      }
-    } else {
-#pragma unroll 4
-      for (int i = 0; i < CeilDiv<TOTAL, THREADS>::value; ++i) {
-        const u32 f = u32(i * THREADS + tid);
-        if (TOTAL % THREADS == 0 || f < u32(TOTAL)) {
-          const u32 x = f / CHUNKS, ch = f % CHUNKS;
-          const bool ok = int(x) < valid && (D == D_K || ch < u32(D / 8));
-          cp_async_16(dst + Tile::offset(int(x), int(ch)),
-                      bytes + (u64(offsets[x]) << 4) + ch * 16, ok);
-        }
+      for (int e = 0; e < GROUP; ++e) {
+        const int dr = (GROUP * q + e) * STEP;
+        cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[e]) << 4),
+                    dr < rows);
       }
     }
     cp_async_commit();
