@@ -400,7 +400,11 @@ template <class KT, class Seqs>
 struct GatheredKV : CacheSource<Seqs> {
   static_assert(Seqs::kPaged, "GatheredKV reads a paged cache");
   using T = typename KT::T;
-  using Rows = GatherTiles<typename KT::KVTile, KT::BLOCK_N, KT::D, KT::D_K, 128>;
+  // Row offsets a producer thread loads before its copies: 16 in 40 registers (two
+  // consumers; 1.02-1.07x at D = 128-256); with 32 registers (three) a load's four at a
+  // time, where 8 ran 0.92-1.00x at D = 64-144 (H200, notes-decode.md section 37).
+  using Rows = GatherTiles<typename KT::KVTile, KT::BLOCK_N, KT::D, KT::D_K, 128,
+                           KT::PRODUCER_REGS >= 40 ? 16 : 0>;
   using typename CacheSource<Seqs>::Tile;
   static constexpr int kLanes = 128;
   static constexpr int kArrivals = 128;

@@ -504,6 +504,8 @@ PREFILL_CASES = [
     dict(page=24, B=8, Hq=32, Hkv=8, D=232, Sq=128, dtype="bfloat16", lengths="b"),
     dict(page=8, B=8, Hq=32, Hkv=8, D=64, Sq=128, dtype="bfloat16", lengths="a",
          softcap=30.0),
+    # gathered tiles of their own at D = 136-160 causal (GATHER_CAUSAL_WIDE)
+    dict(page=8, B=3, Hq=32, Hkv=8, D=160, Sq=256, dtype="bfloat16", lengths="c"),
 ]
 
 

@@ -452,6 +452,8 @@ class FlashWgmma(FlashMma):
                              (136, "float16", Variant(False, cache="paged")),
                              (64, "bfloat16", Variant(True, softcap=30.0, cache="paged"))):
             out.append(spec(d, dtype, vt, gather=True))
+        out.append(spec(160, "bfloat16", Variant(True, cache="paged"), GATHER_CAUSAL_WIDE,
+                        gather=True))
         return out
 
 
@@ -482,8 +484,21 @@ def cache_box_rows(block_n: int, page_size: int | None) -> int:
     return block_n if not page_size else math.gcd(block_n, page_size)
 
 
-def cache_config(s) -> tuple:
-    """flash_wgmma's tile config for a DecodeShape ``s`` (the table's row)."""
+# Gathered rows under a causal mask at D = 136-160 (no score transform) take two
+# consumers of 112 keys, not the table's three of 64: their producer's 40 registers hold
+# a batch of 16 row offsets (GatheredKV), and at D = 160 the table's row spills 48 bytes
+# in the gathering build (ptxas 12.9). Chunked prefill, H200, pages 16 and 1: D = 144
+# 1.11-1.14x, 152 1.05-1.08x, 160 1.21x; 136 not timed (benchmarks/results/notes-decode.md
+# section 37). At D = 80-112 two consumers lost (0.90-0.99x).
+GATHER_CAUSAL_WIDE = (2, 112, 1, 2)
+
+
+def cache_config(s, gather: bool = False) -> tuple:
+    """flash_wgmma's tile config for a DecodeShape ``s`` (the table's row); ``gather``:
+    for rows gathered with cp.async (GATHER_CAUSAL_WIDE)."""
+    if (gather and s.variant.causal and not s.variant.transforms
+            and 128 < s.head_dim <= 160):
+        return GATHER_CAUSAL_WIDE
     return tiles_for(s.head_dim, s.variant.causal, s.variant.transforms)
 
 
@@ -534,7 +549,7 @@ def can_gather(s, vec: bool, kv_dims, k_strides, v_strides) -> bool:
     pages, rows = kv_dims
     if ((pages - 1) * page + (rows - 1) * row) // 8 >= 2 ** 32:
         return False
-    cfg = cache_config(s)
+    cfg = cache_config(s, gather=True)
     return smem_bytes(s.head_dim, cfg) + gather_smem_bytes(cfg[1]) <= SMEM_LIMIT
 
 
@@ -555,7 +570,7 @@ class CacheLaunch:
     def __init__(self, s, scale: float, *, q_strides, o_strides, lse_strides, k_strides,
                  v_strides, kv_dims, block_table, seqlens, page_size: int, device_id: int,
                  arch: str, gather: bool = False):
-        cfg = cache_config(s)
+        cfg = cache_config(s, gather)
         self.vt = dataclasses.replace(s.variant, cache="paged" if s.paged else "contiguous")
         self.gather = gather
         self.kernel = jit.get_function(spec(s.head_dim, s.dtype, self.vt, cfg, gather), arch,

@@ -206,7 +206,7 @@ struct CacheTiles {
 // and commits them as one group. Rows past the sequence (`valid` on) and columns
 // D..D_K arrive as zeros (cp.async's zero fill), so no cache row past a sequence
 // reaches a tile.
-template <class Tile, int ROWS, int D, int D_K, int THREADS>
+template <class Tile, int ROWS, int D, int D_K, int THREADS, int BATCH>
 struct GatherTiles {
   static constexpr int CHUNKS = D_K / 8;   // 16-byte chunks of a tile row
   // The chunk slots of the tile's 64-column blocks (a block's rows are 128 bytes,
@@ -227,8 +227,33 @@ struct GatherTiles {
   static_assert(THREADS % LANES == 0 && ROWS % STEP == 0,
                 "GatherTiles: a tile's rows in whole rounds of the threads");
   __device__ __forceinline__ static int slot(int x) { return (x % STEP) * ROUNDS + x / STEP; }
+  // The copies of rounds [0, ROUNDS) of a thread (copy), in batches of B rounds: the
+  // batch's offsets loaded, then its copies issued; WHOLE: every row copied. BATCH 0:
+  // a load's GROUP at a time, always with the row predicate.
+  static constexpr int B = BATCH == 0 ? GROUP : BATCH < ROUNDS ? BATCH : ROUNDS;
+  static_assert(B % GROUP == 0, "GatherTiles: a batch of whole offset loads");
+  template <bool WHOLE>
+  __device__ __forceinline__ static void issue(u32 lane_dst, const char* src, const u32* mine,
+                                               int rows) {
+#pragma unroll
+    for (int b0 = 0; b0 < ROUNDS; b0 += B) {
+      u32 off[B];
+#pragma unroll
+      for (int q = 0; q < B; q += GROUP) {
+        if (b0 + q < ROUNDS) load_group(off + q, mine + b0 + q);
+      }
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        const int dr = (b0 + i) * STEP;
+        if (b0 + i < ROUNDS) {
+          cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[i]) << 4),
+                      WHOLE || dr < rows);
+        }
+      }
+    }
+  }
   // GROUP offsets from shared memory in one load
-  __device__ __forceinline__ static void load_group(u32 (&off)[GROUP], const u32* at) {
+  __device__ __forceinline__ static void load_group(u32* off, const u32* at) {
     if constexpr (GROUP == 4) {
       const uint4 o = *reinterpret_cast<const uint4*>(at);
       off[0] = o.x, off[1] = o.y, off[2] = o.z, off[3] = o.w;
@@ -312,17 +337,14 @@ struct GatherTiles {
     asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
     const u32 lane_dst = dst + Tile::offset(x0, ch);
     const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
+    // The thread's row offsets B at a time, each batch loaded before its copies; with
+    // BATCH, where every row is held and every lane's column is the head's, without the
+    // per-copy row predicate.
     const u32* mine = offsets + x0 * ROUNDS;
-#pragma unroll
-    for (int q = 0; q < ROUNDS / GROUP; ++q) {
-      u32 off[GROUP];
-      load_group(off, mine + q * GROUP);
-#pragma unroll
-      for (int e = 0; e < GROUP; ++e) {
-        const int dr = (GROUP * q + e) * STEP;
-        cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[e]) << 4),
-                    dr < rows);
-      }
+    if (BATCH > 0 && D == D_K && LANES == CHUNKS && valid >= ROWS) {
+      issue<true>(lane_dst, src, mine, rows);
+    } else {
+      issue<false>(lane_dst, src, mine, rows);
     }
     cp_async_commit();
   }
