@@ -408,6 +408,8 @@ def main() -> int:
             row = dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, Sk=sk, D=d, impl=impl, page=page,
                        layout=layout, **r)
             report["rows"].append(row)
+            if a.json:  # after every row: a peer's sticky CUDA error ends the process
+                Path(a.json).write_text(json.dumps(report, indent=1))
             if "error" in r:
                 print(f"{b:>4} {hq:>3} {hkv:>3} {sq:>3} {sk:>7} {d:>4} {label:>18}  {r['error']}")
             else:

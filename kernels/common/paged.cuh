@@ -228,13 +228,14 @@ struct GatherTiles {
                 "GatherTiles: a tile's rows in whole rounds of the threads");
   __device__ __forceinline__ static int slot(int x) { return (x % STEP) * ROUNDS + x / STEP; }
   // The copies of rounds [0, ROUNDS) of a thread (copy), in batches of B rounds: the
-  // batch's offsets loaded, then its copies issued; WHOLE: every row copied. BATCH 0:
-  // a load's GROUP at a time, always with the row predicate.
+  // batch's offsets loaded, then its copies issued (BATCH 0: a load's GROUP at a time).
+  // WHOLE: every row of the tile is held, so a copy's predicate is the lane's column
+  // alone (col_ok, one register), not a compare per row.
   static constexpr int B = BATCH == 0 ? GROUP : BATCH < ROUNDS ? BATCH : ROUNDS;
   static_assert(B % GROUP == 0, "GatherTiles: a batch of whole offset loads");
   template <bool WHOLE>
   __device__ __forceinline__ static void issue(u32 lane_dst, const char* src, const u32* mine,
-                                               int rows) {
+                                               int rows, bool col_ok) {
 #pragma unroll
     for (int b0 = 0; b0 < ROUNDS; b0 += B) {
       u32 off[B];
@@ -247,7 +248,7 @@ struct GatherTiles {
         const int dr = (b0 + i) * STEP;
         if (b0 + i < ROUNDS) {
           cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[i]) << 4),
-                      WHOLE || dr < rows);
+                      WHOLE ? col_ok : dr < rows);
         }
       }
     }
@@ -337,14 +338,13 @@ struct GatherTiles {
     asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
     const u32 lane_dst = dst + Tile::offset(x0, ch);
     const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
-    // The thread's row offsets B at a time, each batch loaded before its copies; with
-    // BATCH, where every row is held and every lane's column is the head's, without the
-    // per-copy row predicate.
+    // Whole tiles without a compare per row: 1.02-1.04x at D = 64-96 and 144-192
+    // (H200, notes-decode.md section 37)
     const u32* mine = offsets + x0 * ROUNDS;
-    if (BATCH > 0 && D == D_K && LANES == CHUNKS && valid >= ROWS) {
-      issue<true>(lane_dst, src, mine, rows);
+    if (valid >= ROWS) {
+      issue<true>(lane_dst, src, mine, rows, col_ok);
     } else {
-      issue<false>(lane_dst, src, mine, rows);
+      issue<false>(lane_dst, src, mine, rows, col_ok);
     }
     cp_async_commit();
   }
