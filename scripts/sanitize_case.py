@@ -21,7 +21,8 @@ result is wrong. Then each backward kernel
 reference backward.
 
 --decode runs attention_decode instead: contiguous caches (on sm_90 through tensor maps),
-paged ones, lengths off every tile, forced split counts (the merge), GQA with Sq > 1.
+paged ones, lengths off every tile, forced split counts (the merge), GQA with Sq > 1,
+and chunked prefill over gathered pages.
 
 --dropout P runs every case with attention dropout (seed 7, offset 3) on the families
 that take it (flash_wgmma, flash_mma; no dense masks), forward and backward, against the
@@ -103,6 +104,12 @@ DECODE_CASES = (
     # blocks (row_copies)
     (2, 8, 2, 1, 300, 128, (299, 64), 1, 2),
     (1, 8, 2, 1, 3000, 128, (3000,), 1, 1),
+    # chunked prefill (Sq >= 96, a work tile an SM) on flash_wgmma, rows gathered: lanes
+    # zero-filling a block's unused chunks (D = 104), lanes past the tile's blocks (D =
+    # 136, two consumers of 112 keys, as at D = 160)
+    (2, 64, 8, 256, 700, 104, (700, 300), 8, None),
+    (2, 64, 8, 256, 700, 136, (700, 300), 1, None),
+    (2, 64, 8, 256, 700, 160, (700, 300), 8, None),
 )
 
 

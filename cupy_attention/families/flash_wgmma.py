@@ -487,8 +487,8 @@ def cache_box_rows(block_n: int, page_size: int | None) -> int:
 # Gathered rows under a causal mask at D = 136-160 (no score transform) take two
 # consumers of 112 keys, not the table's three of 64: their producer's 40 registers hold
 # a batch of 16 row offsets (GatheredKV), and at D = 160 the table's row spills 48 bytes
-# in the gathering build (ptxas 12.9). Chunked prefill, H200, pages 16 and 1: D = 144
-# 1.11-1.14x, 152 1.05-1.08x, 160 1.21x; 136 not timed (benchmarks/results/notes-decode.md
+# in the gathering build (ptxas 12.9). Chunked prefill, H200, pages 16 and 1: D = 136
+# 1.05-1.12x, 144 1.11-1.14x, 152 1.05-1.08x, 160 1.21x (benchmarks/results/notes-decode.md
 # section 37). At D = 80-112 two consumers lost (0.90-0.99x).
 GATHER_CAUSAL_WIDE = (2, 112, 1, 2)
 
