@@ -396,7 +396,7 @@ struct CachedKV : CacheSource<Seqs> {
 // tile first). Measured beside arrivals made by the copies themselves
 // (cp.async.mbarrier.arrive, no fence), with and without a fence by the consumers after
 // their wait: as fast or faster (H100, notes-decode.md section 13); against the latter
-// again with this producer, 1.00-1.16x (H200, section 37).
+// again with this producer, 0.99-1.16x (H200, section 37).
 template <class KT, class Seqs>
 struct GatheredKV : CacheSource<Seqs> {
   static_assert(Seqs::kPaged, "GatheredKV reads a paged cache");
