@@ -338,8 +338,8 @@ struct GatherTiles {
     asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
     const u32 lane_dst = dst + Tile::offset(x0, ch);
     const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
-    // Whole tiles without a compare per row: 1.02-1.04x at D = 64-96 and 144-192
-    // (H200, notes-decode.md section 37)
+    // Whole tiles without a compare per row: 1.00-1.03x at D = 64-112, 1.03-1.04x at
+    // D = 144-192 (H200, notes-decode.md section 37)
     const u32* mine = offsets + x0 * ROUNDS;
     if (valid >= ROWS) {
       issue<true>(lane_dst, src, mine, rows, col_ok);
