@@ -365,13 +365,18 @@ __device__ __forceinline__ void copy_kv_chunk(typename KT::Storage& st, const ty
 }
 
 // Producer (every thread): the keys [j0, j0 + BLOCK_N) of K and V, below kv_hi, into
-// ring buffer `stage` (copy_kv_chunk: zeros past kv_hi and past D). Paged rows are
-// located through the page ids of ring slot `ids`, once per chunk; for the gathered
-// warpgroup tile and the tiles that take cp.async for their per-row copies (!ROW_COPIES)
-// once per row where a warp's chunks of the tile cover at most 32 rows (SHARED: lane m
-// locates the warp's m-th row, and the lanes copying that row's chunks take its offsets
-// by shuffle). H200, 2026-11-29, page 1, Sq = 16, GQA 4: 1.19-1.23x; the other mma.sync
-// tiles at Sq <= 4 moved -2% to +1% with it and keep their lookups.
+// ring buffer `stage` (zeros past kv_hi and past D). Paged rows are located through the
+// page ids of ring slot `ids`, once per chunk (copy_kv_chunk), except:
+// - SHARED, for the gathered warpgroup tile and the tiles that take cp.async for their
+//   per-row copies (!ROW_COPIES), where a warp's chunks of the tile cover at most 32
+//   rows: lane m locates the warp's m-th row, and the lanes copying that row's chunks
+//   take its offsets by shuffle (H200, page 1, Sq = 16, GQA 4, against a lookup a
+//   chunk: 1.19-1.23x; the other mma.sync tiles at Sq <= 4 moved -2% to +1% and keep
+//   their lookups; notes-decode.md section 36);
+// - COLUMNS, for the paged gathered tile where SHARED does not apply (D = 96, 192,
+//   ...): each thread locates its rows itself and copies their chunk columns
+//   (1.16-1.23x at D = 96 and 192; at D = 64 it ran 0.86-1.02x SHARED, at 128 and 256
+//   0.99-1.01x; section 38).
 template <class KT>
 __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParams& p,
                                         const CacheParams& cache, int b, int hk, int stage,
@@ -381,6 +386,7 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
   constexpr bool SHARED = (KT::GATHER || !KT::ROW_COPIES) && KT::Pages::kPaged &&
                           32 % CHUNKS == 0 && KT::BLOCK_N <= KT::THREADS &&
                           KT::BLOCK_N * CHUNKS % KT::THREADS == 0;
+  constexpr bool COLUMNS = KT::GATHER && KT::VEC && KT::Pages::kPaged && !SHARED;
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   if constexpr (SHARED) {
@@ -397,6 +403,46 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
       const KVRow at{__shfl_sync(0xffffffffu, at_mine.k, src),
                      __shfl_sync(0xffffffffu, at_mine.v, src)};
       copy_kv_chunk<KT>(st, k, v, stage, row, (c % CHUNKS) * 8, j0 + row < kv_hi, at);
+    }
+  } else if constexpr (COLUMNS) {
+    // The tile's chunk columns (paged.cuh's ChunkColumns, as GatherTiles takes them),
+    // each thread locating its own rows once and copying their chunk columns ch + LANES k
+    // of K and V: the destinations constant steps from the lane's first (rows STEP
+    // apart), the sources immediates past the row's address. Chunks wholly past the
+    // row's (never read) are not copied, nor any past the slots a row holds (the
+    // 64-column blocks of the swizzled tile). At least 8 lanes a row: 4 (more chunks a
+    // lane) ran 0.76-1.01x at D = 96 and 128 (section 38).
+    constexpr int SLOTS = CeilDiv<KT::D_PAD, 64>::value * 8;
+    using Cols = ChunkColumns<CHUNKS, KT::BLOCK_N, KT::THREADS, SLOTS, 4, 8>;
+    constexpr int LANES = Cols::LANES, STEP = Cols::STEP, SLABS = Cols::SLABS;
+    static_assert(KT::TMA && KT::KTile::BYTES == KT::VTile::BYTES &&
+                      KT::KTile::BLOCK_BYTES == KT::BLOCK_N * 128,
+                  "chunk columns: K and V in one whole-tile swizzled layout");
+    // chunk ch + dc of row x0 + dr, a constant step from the lane's (x0, ch) at `lane`
+    const auto step = [](u32 lane, int dr, int dc) {
+      return (KT::KTile::at(lane, 0, dc) + dr * 128) ^ u32((dr % 8) << 4);
+    };
+    const int ch = threadIdx.x % LANES, x0 = threadIdx.x / LANES;
+    const u32 k_lane = smem_addr(&st.ring.k[stage][0]) + KT::template kv_offset<false>(x0, ch);
+    const u32 v_lane = smem_addr(&st.ring.v[stage][0]) + KT::template kv_offset<true>(x0, ch);
+    // a row at a time (unrolled: 0.99-1.01x, section 38)
+#pragma unroll 1
+    for (int dr = 0; dr < KT::BLOCK_N; dr += STEP) {
+      const int x = x0 + dr, j = j0 + x;
+      const bool ok = j < kv_hi;
+      const KVRow at = ok ? KT::Pages::row(st.ids, p, cache, b, hk, ids, x, j) : KVRow{0, 0};
+      const T* k_row = k + at.k + ch * 8;
+      const T* v_row = v + at.v + ch * 8;
+#pragma unroll
+      for (int s = 0; s < SLABS; ++s) {
+        const int dc = LANES * s;  // chunk ch + dc
+        if (LANES * (s + 1) <= SLOTS || ch + dc < SLOTS) {
+          // a chunk inside the head's columns for every lane, else this lane's test
+          const bool in = ok && (8 * (dc + LANES) <= KT::D || 8 * (ch + dc) < KT::D);
+          cp_async_16_l2_256(step(k_lane, dr, dc), in ? k_row + 8 * dc : k, in);
+          cp_async_16_l2_256(step(v_lane, dr, dc), in ? v_row + 8 * dc : v, in);
+        }
+      }
     }
   } else {
 #pragma unroll

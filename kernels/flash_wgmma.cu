@@ -397,6 +397,10 @@ struct CachedKV : CacheSource<Seqs> {
 // (cp.async.mbarrier.arrive, no fence), with and without a fence by the consumers after
 // their wait: as fast or faster (H100, notes-decode.md section 13); against the latter
 // again with this producer, 0.99-1.16x (H200, section 37).
+// Chunks of a row a gathering thread copies from one row address, keeping at least
+// kMinLanes lanes a row (GatherTiles' CPL_MAX and MIN_LANES; notes-decode.md section 38)
+constexpr int kChunksPerLane = 4, kMinLanes = 8;
+
 template <class KT, class Seqs>
 struct GatheredKV : CacheSource<Seqs> {
   static_assert(Seqs::kPaged, "GatheredKV reads a paged cache");
@@ -405,7 +409,7 @@ struct GatheredKV : CacheSource<Seqs> {
   // consumers; 1.02-1.07x at D = 128-256); with 32 registers (three) a load's four at a
   // time, where 8 ran 0.92-1.00x at D = 64-144 (H200, notes-decode.md section 37).
   using Rows = GatherTiles<typename KT::KVTile, KT::BLOCK_N, KT::D, KT::D_K, 128,
-                           KT::PRODUCER_REGS >= 40 ? 16 : 0>;
+                           KT::PRODUCER_REGS >= 40 ? 16 : 0, kChunksPerLane, kMinLanes>;
   using typename CacheSource<Seqs>::Tile;
   static constexpr int kLanes = 128;
   static constexpr int kArrivals = 128;

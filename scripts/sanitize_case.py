@@ -99,7 +99,10 @@ DECODE_CASES = (
     (2, 16, 2, 8, 400, 128, (400, 33), 64, None),
     # ... gathered by cp.async where no tensor map takes the pages (GATHER traits)
     (2, 32, 8, 16, 300, 64, (299, 64), 1, 2),
-    (2, 16, 2, 8, 400, 128, (400, 33), 8, None),
+    (2, 16, 2, 8, 400, 128, (400, 33), 8, None),   # (one block of 128-key tiles)
+    # ... by chunk columns (D = 96, 192: chunks that do not divide a warp)
+    (2, 16, 2, 8, 400, 96, (400, 33), 1, 2),
+    (2, 16, 2, 8, 300, 192, (299, 64), 8, None),
     # ... and rows of 256 bytes without maps: per-row bulk copies, or cp.async in short
     # blocks (row_copies)
     (2, 8, 2, 1, 300, 128, (299, 64), 1, 2),

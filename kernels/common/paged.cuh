@@ -206,36 +206,68 @@ struct CacheTiles {
 // and commits them as one group. Rows past the sequence (`valid` on) and columns
 // D..D_K arrive as zeros (cp.async's zero fill), so no cache row past a sequence
 // reaches a tile.
-template <class Tile, int ROWS, int D, int D_K, int THREADS, int BATCH>
+// How THREADS threads share the copies of a tile's ROWS rows of CHUNKS 16-byte chunks
+// (SLOTS chunk slots a tile row holds): a row's chunks over a power-of-two count of
+// lanes, CPL chunks a lane LANES apart. Thread tid keeps chunk columns tid % LANES +
+// LANES k (k < SLABS: those that reach into the row) of rows tid / LANES + i STEP
+// (i < ROUNDS), one row address for its chunks of a row. CPL is the most (a power of
+// two up to CPL_MAX) that leaves at least MIN_LANES lanes a row (16 MIN_LANES bytes of
+// it a copy instruction), whole rounds of rows, and chunks LANES k wholly inside or
+// wholly past the slots. (GatherTiles; decode.cu's load_kv.)
+__host__ __device__ constexpr int chunks_per_lane(int c, int min_lanes, int lanes_all,
+                                                  int rows, int threads, int slots) {
+  return c <= 1 ? 1
+         : lanes_all / c >= min_lanes && rows % (threads / (lanes_all / c)) == 0 &&
+                 (lanes_all / c <= 8 || lanes_all <= slots)
+             ? c
+             : chunks_per_lane(c / 2, min_lanes, lanes_all, rows, threads, slots);
+}
+
+template <int CHUNKS, int ROWS, int THREADS, int SLOTS, int CPL_MAX, int MIN_LANES>
+struct ChunkColumns {
+  static constexpr int LANES_ALL = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : CHUNKS <= 32 ? 32 : 64;
+  static constexpr int CPL = chunks_per_lane(CPL_MAX, MIN_LANES, LANES_ALL, ROWS, THREADS, SLOTS);
+  static constexpr int LANES = LANES_ALL / CPL;
+  static constexpr int STEP = THREADS / LANES;
+  static constexpr int ROUNDS = ROWS / STEP;
+  static constexpr int SLABS = cmin(CPL, CeilDiv<CHUNKS, LANES>::value);
+  static_assert(THREADS % LANES == 0 && ROWS % STEP == 0,
+                "chunk columns: a tile's rows in whole rounds of the threads");
+};
+
+template <class Tile, int ROWS, int D, int D_K, int THREADS, int BATCH, int CPL_MAX,
+          int MIN_LANES>
 struct GatherTiles {
   static constexpr int CHUNKS = D_K / 8;   // 16-byte chunks of a tile row
   // The chunk slots of the tile's 64-column blocks (a block's rows are 128 bytes,
   // whatever part of it D_K fills)
   static constexpr int BLOCK_CHUNKS = CeilDiv<D_K, 64>::value * 8;
-  // Lanes a row: CHUNKS rounded up to a power of two. Thread tid keeps chunk column
-  // tid % LANES and copies rows x0, x0 + STEP, ... (x0 = tid / LANES, ROUNDS of them);
-  // their offsets are stored side by side (row x at (x % STEP) ROUNDS + x / STEP),
-  // GROUP to a load (four, or two or one where ROUNDS is not a multiple of four: the
-  // 112-key tiles). Lanes past the row's chunks zero-fill the block's unused slots, or
-  // (past BLOCK_CHUNKS) copy nothing. Against one chunk a thread in turn, this took
-  // chunked prefill at D = 80-192 from 1.12x to 1.92x as fast (H200, notes-decode.md
-  // section 37).
-  static constexpr int LANES = CHUNKS <= 8 ? 8 : CHUNKS <= 16 ? 16 : CHUNKS <= 32 ? 32 : 64;
-  static constexpr int STEP = THREADS / LANES;
-  static constexpr int ROUNDS = ROWS / STEP;
+  // The tile's chunk columns (ChunkColumns); the rows' offsets are stored side by
+  // side (row x at (x % STEP) ROUNDS + x / STEP), GROUP to a load (four, or two or one
+  // where ROUNDS is not a multiple of four). Lanes past the row's chunks zero-fill the
+  // block's unused slots, or (past BLOCK_CHUNKS, with one chunk a lane) copy nothing;
+  // a lane's chunks LANES k past the row's (never read: Q K^T's k16 steps and P V's N
+  // stop at D_K) are not copied. Against one chunk a thread in turn, power-of-two lanes
+  // took chunked prefill at D = 80-192 from 1.12x to 1.92x as fast (H200,
+  // notes-decode.md section 37); several chunks a lane (8 lanes a row: two chunks a
+  // lane at D = 72-128, four above) another 1.03-1.04x at D = 96 and 128, 1.11-1.15x at
+  // D = 160-256; 4 lanes a row (four chunks) ran 0.95-1.02x of one chunk a lane at D =
+  // 96 and 128 (section 38).
+  using Cols = ChunkColumns<CHUNKS, ROWS, THREADS, BLOCK_CHUNKS, CPL_MAX, MIN_LANES>;
+  static constexpr int LANES = Cols::LANES, STEP = Cols::STEP, ROUNDS = Cols::ROUNDS,
+                       SLABS = Cols::SLABS;
   static constexpr int GROUP = ROUNDS % 4 == 0 ? 4 : ROUNDS % 2 == 0 ? 2 : 1;
-  static_assert(THREADS % LANES == 0 && ROWS % STEP == 0,
-                "GatherTiles: a tile's rows in whole rounds of the threads");
   __device__ __forceinline__ static int slot(int x) { return (x % STEP) * ROUNDS + x / STEP; }
   // The copies of rounds [0, ROUNDS) of a thread (copy), in batches of B rounds: the
-  // batch's offsets loaded, then its copies issued (BATCH 0: a load's GROUP at a time).
-  // WHOLE: every row of the tile is held, so a copy's predicate is the lane's column
-  // alone (col_ok, one register), not a compare per row.
+  // batch's offsets loaded, then its copies issued (BATCH 0: a load's GROUP at a time),
+  // SLABS a row from one row address. WHOLE: every row of the tile is held, so a copy's
+  // predicate is the lane's column alone (col_ok[k]), not a compare per row.
   static constexpr int B = BATCH == 0 ? GROUP : BATCH < ROUNDS ? BATCH : ROUNDS;
   static_assert(B % GROUP == 0, "GatherTiles: a batch of whole offset loads");
   template <bool WHOLE>
-  __device__ __forceinline__ static void issue(u32 lane_dst, const char* src, const u32* mine,
-                                               int rows, bool col_ok) {
+  __device__ __forceinline__ static void issue(const u32 (&dst)[SLABS], const char* src,
+                                               const u32* mine, const int (&rows)[SLABS],
+                                               const bool (&col_ok)[SLABS]) {
 #pragma unroll
     for (int b0 = 0; b0 < ROUNDS; b0 += B) {
       u32 off[B];
@@ -247,8 +279,12 @@ struct GatherTiles {
       for (int i = 0; i < B; ++i) {
         const int dr = (b0 + i) * STEP;
         if (b0 + i < ROUNDS) {
-          cp_async_16((lane_dst + dr * 128) ^ ((dr % 8) << 4), src + (u64(off[i]) << 4),
-                      WHOLE ? col_ok : dr < rows);
+          const char* row = src + (u64(off[i]) << 4);
+#pragma unroll
+          for (int k = 0; k < SLABS; ++k) {
+            cp_async_16((dst[k] + dr * 128) ^ ((dr % 8) << 4), row + LANES * k * 16,
+                        WHOLE ? col_ok[k] : dr < rows[k]);
+          }
         }
       }
     }
@@ -322,29 +358,37 @@ struct GatherTiles {
   __device__ __forceinline__ static void copy(u32 dst, const T* head, const u32* offsets,
                                               int valid, int tid) {
     const char* bytes = reinterpret_cast<const char*>(head);
-    // Thread tid copies chunk ch of rows x0 + i STEP: its source and destination
-    // computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both powers of
-    // two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk bits
-    // XORed by dr % 8: an immediate offset and at most one constant XOR.
+    // Thread tid copies chunks ch + LANES k of rows x0 + i STEP: its sources and
+    // destinations computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both
+    // powers of two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk
+    // bits XORed by dr % 8: an immediate offset and at most one constant XOR; chunk
+    // ch + LANES k is SwizzledTile::at's constant step from chunk ch.
     const int ch = tid % LANES, x0 = tid / LANES;
     if (LANES > BLOCK_CHUNKS && ch >= BLOCK_CHUNKS) {
       cp_async_commit();
       return;
     }
-    const bool col_ok = (D == D_K && LANES == CHUNKS) || ch < D / 8;
     // the lane's source in a register, so that a row's address is one multiply-add
     // of its offset (the compiler would rebuild it from element offsets: three)
     const char* src;
     asm("mov.b64 %0, %1;" : "=l"(src) : "l"(bytes + ch * 16));
     const u32 lane_dst = dst + Tile::offset(x0, ch);
-    const int rows = col_ok ? valid - x0 : 0;  // row x0 + dr is copied where dr < rows
+    u32 dsts[SLABS];    // chunk ch + LANES k of row x0
+    bool col_ok[SLABS];
+    int rows[SLABS];    // row x0 + dr of chunk ch + LANES k is copied where dr < rows[k]
+#pragma unroll
+    for (int k = 0; k < SLABS; ++k) {
+      dsts[k] = Tile::at(lane_dst, 0, LANES * k);
+      col_ok[k] = (D == D_K && LANES * (k + 1) <= CHUNKS) || ch + LANES * k < D / 8;
+      rows[k] = col_ok[k] ? valid - x0 : 0;
+    }
     // Whole tiles without a compare per row: 1.00-1.03x at D = 64-112, 1.03-1.04x at
     // D = 144-192 (H200, notes-decode.md section 37)
     const u32* mine = offsets + x0 * ROUNDS;
     if (valid >= ROWS) {
-      issue<true>(lane_dst, src, mine, rows, col_ok);
+      issue<true>(dsts, src, mine, rows, col_ok);
     } else {
-      issue<false>(lane_dst, src, mine, rows, col_ok);
+      issue<false>(dsts, src, mine, rows, col_ok);
     }
     cp_async_commit();
   }
