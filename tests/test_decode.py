@@ -185,14 +185,16 @@ def test_use_wgmma():
         assert p.smem == fam.smem_bytes(128, p.tile, True, True, halves)
     assert not fam.plan(shape(B=8, Sq=16, cap=4096), True, 132, None, 227 * 1024, True,
                         True).halves   # (contiguous)
-    # gathered (pages without tensor maps): the one-block tile at 64 < D <= 128 where the
-    # grid is one wave, three stages of 128 keys; two blocks an SM elsewhere
-    for B, D, kw in ((8, 128, 2), (8, 112, 2), (8, 64, 1), (8, 192, 1), (64, 128, 1)):
+    # gathered (pages without tensor maps): the one-block tile at 64 < D <= 192 where the
+    # grid is one wave, 128-key tiles (three stages to D = 128, two past it); two blocks
+    # an SM elsewhere
+    for B, D, kw in ((8, 128, 2), (8, 112, 2), (8, 192, 2), (8, 64, 1), (8, 256, 1),
+                     (64, 128, 1)):
         p = fam.plan(shape(B=B, Sq=16, cap=8192, D=D, paged=True), True, 132, None,
                      227 * 1024, False, True, 1)
         assert ",gather," in p.spec.name and p.tile.key_warps == kw, (B, D)
         if kw == 2:
-            assert (p.tile.block_n, p.tile.stages) == (128, 3)
+            assert (p.tile.block_n, p.tile.stages) == (128, 3 if D <= 128 else 2)
         assert p.smem == fam.smem_bytes(D, p.tile, True, True) <= 227 * 1024
 
 

@@ -419,12 +419,13 @@ def plan(s: DecodeShape, vec: bool, sms: int, num_splits: int | None = None,
     one_wave = blocks64 <= sms
     paged_wide = wgmma and s.paged and one_wave and 64 < s.head_dim and (
         s.head_dim <= 128 or s.capacity * blocks64 <= PAGED_WIDE_KEYS_PER_SM * sms)
-    # ... and so does the gathered tile (pages without tensor maps) at 64 < D <= 128,
-    # three stages of 128 keys in place of two of 64 (H200, 2026-11-30, Sq = 16, pages 1
-    # and 8: D = 128 1.03-1.11x at B = 1-16, D = 112 1.05x, D = 96 0.99-1.01x;
-    # notes-decode.md section 38)
-    one_block = (tma or gather and s.paged and 64 < s.head_dim <= 128) and (
-        not s.paged or paged_wide)
+    # The gathered tile (pages without tensor maps) takes the one-block tile on one-wave
+    # grids at 64 < D <= 192: 128-key tiles, three stages at D <= 128 (two of 64 before),
+    # two past it (three of 32). H200, 2026-11-30, Sq = 16, pages 1 and 8: D = 128
+    # 1.03-1.11x at B = 1-16, D = 112 1.05x, D = 96 0.99-1.01x, D = 160 and 192
+    # 1.05-1.07x; D = 64 0.86-0.94x, D = 256 0.97-1.03x (notes-decode.md section 38).
+    one_block = (tma and (not s.paged or paged_wide)) or (
+        gather and s.paged and one_wave and 64 < s.head_dim <= 192)
     # KEY_WARPS_WIDE, KEY_WARPS_WGMMA: the one-block tiles serve grids of at most one
     # wave (which the split count fills); past it two blocks an SM overlap one block's
     # ring fill with the other's stream, except the D = 128 warpgroup tile's. H200
@@ -826,7 +827,7 @@ class Decode(Family):
         out.append(spec(128, "bfloat16", tile(64, 128, False, tma=True, wgmma=True),
                         Variant(causal=True, window=(64, 0), softcap=30.0), False, True, True,
                         gather=True))
-        for d in (112, 128):   # ... its one-block tile on one-wave grids (plan)
+        for d in (112, 128, 192):   # ... its one-block tile on one-wave grids (plan)
             out.append(spec(d, "bfloat16", tile(64, d, True, tma=True, wide=True, wgmma=True),
                             Variant(causal=True), True, True, True, gather=True))
         for d in (160, 192):   # past D = 128, head dims that are not a power of two
