@@ -418,9 +418,9 @@ __device__ __forceinline__ void load_kv(typename KT::Storage& st, const FwdParam
     static_assert(KT::TMA && KT::KTile::BYTES == KT::VTile::BYTES &&
                       KT::KTile::BLOCK_BYTES == KT::BLOCK_N * 128,
                   "chunk columns: K and V in one whole-tile swizzled layout");
-    // chunk ch + dc of row x0 + dr, a constant step from the lane's (x0, ch) at `lane`
+    // chunk ch + dc of row x0 + dr, constant steps from the lane's (x0, ch) at `lane`
     const auto step = [](u32 lane, int dr, int dc) {
-      return (KT::KTile::at(lane, 0, dc) + dr * 128) ^ u32((dr % 8) << 4);
+      return Cols::rows_below(KT::KTile::at(lane, 0, dc), dr);
     };
     const int ch = threadIdx.x % LANES, x0 = threadIdx.x / LANES;
     const u32 k_lane = smem_addr(&st.ring.k[stage][0]) + KT::template kv_offset<false>(x0, ch);

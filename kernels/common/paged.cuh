@@ -233,6 +233,12 @@ struct ChunkColumns {
   static constexpr int SLABS = cmin(CPL, CeilDiv<CHUNKS, LANES>::value);
   static_assert(THREADS % LANES == 0 && ROWS % STEP == 0,
                 "chunk columns: a tile's rows in whole rounds of the threads");
+  // In a SwizzledTile, the chunk dr rows below the one at `at` (dr a multiple of STEP,
+  // a row x0 < STEP: both powers of two, so row x0 + dr swizzles as x0 ^ dr): dr rows on,
+  // the chunk bits XORed by dr % 8 (an immediate and at most one constant XOR).
+  __device__ __forceinline__ static u32 rows_below(u32 at, int dr) {
+    return (at + dr * 128) ^ u32((dr % 8) << 4);
+  }
 };
 
 template <class Tile, int ROWS, int D, int D_K, int THREADS, int BATCH, int CPL_MAX,
@@ -282,7 +288,7 @@ struct GatherTiles {
           const char* row = src + (u64(off[i]) << 4);
 #pragma unroll
           for (int k = 0; k < SLABS; ++k) {
-            cp_async_16((dst[k] + dr * 128) ^ ((dr % 8) << 4), row + LANES * k * 16,
+            cp_async_16(Cols::rows_below(dst[k], dr), row + LANES * k * 16,
                         WHOLE ? col_ok[k] : dr < rows[k]);
           }
         }
@@ -359,10 +365,8 @@ struct GatherTiles {
                                               int valid, int tid) {
     const char* bytes = reinterpret_cast<const char*>(head);
     // Thread tid copies chunks ch + LANES k of rows x0 + i STEP: its sources and
-    // destinations computed once. Row x0 + dr (dr a multiple of STEP, x0 < STEP, both
-    // powers of two) swizzles as x0 ^ dr, so its chunk lies dr rows on with the chunk
-    // bits XORed by dr % 8: an immediate offset and at most one constant XOR; chunk
-    // ch + LANES k is SwizzledTile::at's constant step from chunk ch.
+    // destinations computed once (Cols::rows_below steps a destination down the rows;
+    // chunk ch + LANES k is SwizzledTile::at's constant step from chunk ch).
     const int ch = tid % LANES, x0 = tid / LANES;
     if (LANES > BLOCK_CHUNKS && ch >= BLOCK_CHUNKS) {
       cp_async_commit();
